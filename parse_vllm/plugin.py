@@ -1,0 +1,126 @@
+"""What the plugin does inside vLLM's own processes.
+
+`register()` (entry point `vllm.general_plugins`) runs in every vLLM process
+and only checks the vLLM version. The real arrangement happens in
+`arrange_engine`, called by the PARSE platform (platform.py) from vLLM's
+`Platform.check_and_update_config` hook in process 0 while the engine config
+is built: when `additional_config` names PARSE, it validates the PARSE
+options and the draft model, and points vLLM at the PARSE worker and
+scheduler — the user never passes --worker-cls or --scheduler-cls. Without a
+`parse` section it changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, request_options
+
+SCHEDULER_CLS = "parse_vllm.scheduler.ParseScheduler"
+CPU_WORKER_CLS = "parse_vllm.worker.ParseCPUWorker"
+GPU_WORKER_CLS = "parse_vllm.worker.ParseGPUWorker"
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    import parse_vllm._vllm  # noqa: F401  (fails clearly on an unsupported vLLM)
+
+    _registered = True
+
+
+def parse_enabled(vllm_config) -> bool:
+    return parse_section(getattr(vllm_config, "additional_config", None)) is not None
+
+
+def arrange_engine(vllm_config, worker_cls: str) -> None:
+    section = parse_section(vllm_config.additional_config)
+    if section is None:
+        return
+    from parse_vllm import _vllm
+
+    logger = _vllm.init_logger("parse_vllm")
+    config = ParseConfig.from_dict(section)
+    spec = vllm_config.speculative_config
+    if spec is None or spec.method != "draft_model":
+        raise ParseConfigError(
+            "PARSE needs a draft model: pass speculative_config={\"method\": "
+            "\"draft_model\", \"model\": DRAFT, \"num_speculative_tokens\": W} "
+            f"(got {None if spec is None else spec.method!r})"
+        )
+    check_same_tokenizer(vllm_config)
+    if vllm_config.parallel_config.pipeline_parallel_size != 1:
+        raise ParseConfigError("PARSE does not support pipeline parallelism yet")
+
+    pc = vllm_config.parallel_config
+    if pc.worker_cls == "auto":
+        pc.worker_cls = worker_cls
+    elif pc.worker_cls != worker_cls:
+        raise ParseConfigError(
+            f"PARSE installs its own worker ({worker_cls}) but worker_cls is "
+            f"{pc.worker_cls!r}; drop --worker-cls"
+        )
+    sc = vllm_config.scheduler_config
+    if sc.scheduler_cls is None:
+        sc.scheduler_cls = SCHEDULER_CLS
+    elif sc.scheduler_cls != SCHEDULER_CLS:
+        raise ParseConfigError(
+            f"PARSE installs its own scheduler ({SCHEDULER_CLS}) but scheduler_cls "
+            f"is {sc.scheduler_cls!r}; drop --scheduler-cls"
+        )
+    # PARSE replaces acceptance in model runner V1 and needs sync scheduling.
+    sc.async_scheduling = False
+    if worker_cls == GPU_WORKER_CLS:
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    window = spec.num_speculative_tokens
+    if sc.max_num_batched_tokens < window + 1:
+        raise ParseConfigError(
+            f"max_num_batched_tokens={sc.max_num_batched_tokens} cannot hold one "
+            f"verification of a {window}-token window; raise it to at least {window + 1}"
+        )
+    logger.info(
+        "PARSE named: draft %s, window W=%d, options %s",
+        spec.draft_model_config.model, window, config.to_dict(),
+    )
+
+
+def check_same_tokenizer(vllm_config) -> None:
+    """Refuse a draft whose own tokenizer differs from the target's: vLLM
+    would feed it the target's token ids, which then mean other text."""
+    from parse_vllm import _vllm
+
+    spec = vllm_config.speculative_config
+    if spec.use_heterogeneous_vocab:
+        raise ParseConfigError(
+            "PARSE needs a draft model with the target's tokenizer "
+            "(use_heterogeneous_vocab is not supported)"
+        )
+    target = _vllm.target_tokenizer(vllm_config)
+    draft_path = spec.draft_model_config.model
+    try:
+        draft = _vllm.get_tokenizer(draft_path, trust_remote_code=vllm_config.model_config.trust_remote_code)
+    except Exception:  # a draft folder without tokenizer files: vLLM uses the target's
+        return
+    if draft.get_vocab() != target.get_vocab():
+        raise ParseConfigError(
+            f"the draft model {draft_path!r} has a different tokenizer from the "
+            f"target {vllm_config.model_config.model!r}; PARSE needs a draft "
+            "with the same tokenizer (vocabulary and ids)"
+        )
+
+
+def validate_request_params(params) -> None:
+    """Per-request PARSE options (SamplingParams.extra_args / vllm_xargs);
+    raises vLLM's validation error (HTTP 400 on the server)."""
+    extra = getattr(params, "extra_args", None)
+    if not extra:
+        return
+    try:
+        request_options(extra, ParseConfig())
+    except ParseConfigError as e:
+        from parse_vllm import _vllm
+
+        raise _vllm.ValidationError(str(e)) from e

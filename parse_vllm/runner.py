@@ -1,0 +1,391 @@
+"""The PARSE model runner: vLLM's model runner with PARSE acceptance.
+
+vLLM's step (model runner V1) already does most of PARSE: the draft model
+drafts a window of W tokens (method "draft_model", num_speculative_tokens=W),
+the next step's target forward writes KV for the last token and the whole
+draft and computes logits at every draft position. PARSE replaces how many of
+those draft tokens are accepted, in `_sample`:
+
+  1. token-level verification, vLLM's own rejection sampler  -> L_tok
+  2. boundaries of each judged draft; one verification pass over all
+     (request, boundary) copies of the suffix                 -> p_k
+  3. L_sem = maximal valid prefix; accept max(L_sem, L_tok) draft tokens,
+     then one token sampled from the target at that position.
+
+The accepted prefix's KV was written by step 1's forward and is kept as is
+(the scheduler rolls back only the rejected tail). Per-request phases (draft
+a window / let the target write) steer how many draft tokens each request is
+given next (`propose_draft_token_ids`, `take_draft_token_ids`).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from parse_vllm import _vllm
+from parse_vllm.acceptance import final_accept_len, maximal_valid_prefix, view_draft
+from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
+from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, request_options
+from parse_vllm.metrics import ParseStats, PromExporter
+from parse_vllm.policy import Phase, RequestState
+from parse_vllm.templates import build_template
+from parse_vllm.verifier import CopyBatch, ForkedBlockTableVerifier, scratch_block_count
+
+logger = _vllm.init_logger("parse_vllm.runner")
+
+
+@dataclass
+class _Parse:
+    """What the runner holds for PARSE once the model is loaded."""
+
+    config: ParseConfig
+    window: int  # W = num_speculative_tokens
+    rule: BoundaryRule
+    sentence_end: np.ndarray  # [vocab] bool
+    suffix_ids: tuple[int, ...]
+    yes_id: int
+    no_id: int
+    layer_names: list[str]
+    verifier: ForkedBlockTableVerifier | None = None
+
+
+class ParseRunnerMixin:
+    """Mixed into vLLM's CPU and GPU model runners (see bottom of module)."""
+
+    # -- set-up -----------------------------------------------------------
+
+    def load_model(self, *args, **kwargs) -> None:
+        super().load_model(*args, **kwargs)
+        self._parse_states: dict[str, RequestState] = {}
+        self.parse_judgments: collections.deque = collections.deque(maxlen=1)
+        self.parse_stats = ParseStats()
+        self._parse_last_exported = ParseStats()
+        self._parse_prom = PromExporter({"model_name": str(self.vllm_config.model_config.served_model_name)})
+        section = parse_section(self.vllm_config.additional_config)
+        spec = self.speculative_config
+        if section is None or spec is None:
+            self._parse = None
+            return
+        config = ParseConfig.from_dict(section)
+        tokenizer = _vllm.target_tokenizer(self.vllm_config)
+        template = build_template(tokenizer, config)
+        vocab = self.model_config.get_vocab_size()
+        sentence_end = sentence_end_mask(tokenizer, vocab)
+        self._parse = _Parse(
+            config=config,
+            window=spec.num_speculative_tokens,
+            rule=BoundaryRule(config.boundaries, config.every, config.max_boundaries, sentence_end),
+            sentence_end=sentence_end,
+            suffix_ids=template.suffix_ids,
+            yes_id=template.yes_id,
+            no_id=template.no_id,
+            layer_names=_vllm.attention_layer_names(self.model),
+        )
+        self.parse_judgments = collections.deque(maxlen=max(1, config.record_judgments))
+        logger.info(
+            "PARSE on: window W=%d, τ=%.3g, boundaries=%s, max K=%d, suffix %d tokens %r, "
+            "labels %r/%r (ids %d/%d), on_reject=%s",
+            self._parse.window, config.threshold, config.boundaries, config.max_boundaries,
+            template.suffix_len, template.suffix_text, *config.labels,
+            template.yes_id, template.no_id, config.on_reject,
+        )
+
+    def initialize_kv_cache_tensors(self, *args, **kwargs):
+        caches = super().initialize_kv_cache_tensors(*args, **kwargs)
+        self._parse_caches_by_layer = caches  # addressed by scheduler block ids
+        return caches
+
+    def initialize_kv_cache(self, kv_cache_config, *args, **kwargs) -> None:
+        super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
+        p = getattr(self, "_parse", None)
+        if p is None:
+            return
+        gid = _vllm.kv_cache_group_of_layers(kv_cache_config, p.layer_names)
+        num_blocks = kv_cache_config.num_blocks
+        scratch = scratch_block_count(p.config.scratch_blocks, num_blocks)
+        # Rows of pseudo-requests per pass are bounded where the backend keeps
+        # per-request buffers sized max_num_seqs (kernel block tables, GPU).
+        groups = self.attn_groups[gid]
+        needs_row_limit = self.device.type != "cpu" or any(
+            g.kernel_block_size is not None for g in groups
+        )
+        p.verifier = ForkedBlockTableVerifier(
+            self,
+            suffix_ids=p.suffix_ids,
+            yes_id=p.yes_id,
+            no_id=p.no_id,
+            kv_cache_group_id=gid,
+            layer_names=p.layer_names,
+            layer_caches=[self._parse_caches_by_layer[n] for n in p.layer_names],
+            num_blocks=num_blocks,
+            block_size=kv_cache_config.kv_cache_groups[gid].kv_cache_spec.block_size,
+            scratch_ids=np.arange(num_blocks - scratch, num_blocks),
+            max_rows_per_pass=self.scheduler_config.max_num_seqs if needs_row_limit else None,
+            check_isolation=p.config.record_judgments > 0,
+        )
+        logger.info("PARSE scratch: %d of %d KV blocks", scratch, num_blocks)
+
+    # -- per-request state --------------------------------------------------
+
+    def _parse_state(self, req_id: str) -> RequestState:
+        state = self._parse_states.get(req_id)
+        if state is None:
+            try:
+                opts = request_options(_vllm.request_extra_args(self, req_id), self._parse.config)
+            except ParseConfigError as e:  # validated at admission; be safe anyway
+                logger.warning("request %s: %s; PARSE off for it", req_id, e)
+                opts = request_options(None, self._parse.config)
+                opts = type(opts)(enabled=False, threshold=opts.threshold)
+            if _vllm.request_wants_logprobs(self, req_id):
+                # Logprobs of semantically accepted tokens are not produced:
+                # such requests get token-level speculation only.
+                opts = type(opts)(enabled=False, threshold=opts.threshold)
+            state = self._parse_states[req_id] = RequestState(opts)
+        return state
+
+    def _update_states(self, scheduler_output):
+        out = super()._update_states(scheduler_output)
+        states = getattr(self, "_parse_states", None)
+        if states:
+            for req_id in scheduler_output.finished_req_ids:
+                states.pop(req_id, None)
+        return out
+
+    # -- drafting: how many draft tokens each request gets ------------------
+
+    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
+        p = getattr(self, "_parse", None)
+        if p is not None and self.input_batch.req_ids:
+            # The drafter must run every step (it consumes this step's tokens
+            # to keep its KV in sync), but drafts only as far as some request
+            # in the batch needs.
+            wanted = max(
+                self._parse_state(r).draft_len(p.config, p.window) for r in self.input_batch.req_ids
+            )
+            scheduler_output.num_spec_tokens_to_schedule = max(1, min(wanted, p.window))
+        return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
+
+    def take_draft_token_ids(self):
+        drafts = super().take_draft_token_ids()
+        p = getattr(self, "_parse", None)
+        if p is None or drafts is None:
+            return drafts
+        for i, req_id in enumerate(drafts.req_ids):
+            n = self._parse_state(req_id).draft_len(p.config, p.window)
+            if len(drafts.draft_token_ids[i]) > n:
+                drafts.draft_token_ids[i] = drafts.draft_token_ids[i][:n]
+        return drafts
+
+    # -- acceptance ---------------------------------------------------------
+
+    def _sample(self, logits, spec_decode_metadata):
+        p = getattr(self, "_parse", None)
+        md = spec_decode_metadata
+        if p is None or md is None:
+            return super()._sample(logits, md)
+
+        # 1. Token-level verification with vLLM's own rejection sampler (on at
+        #    most its 128-token limit per request; longer drafts are judged).
+        std_logits, std_md = _vllm.truncate_spec_decode(logits, md, _vllm.REJECTION_SAMPLER_MAX_SPEC_LEN)
+        std = super()._sample(std_logits, std_md)
+        width = md.max_spec_len + 1
+        out = _vllm.widen_sampled(std, width)  # [B, W+1], -1 padded
+        out_cpu = out.sampled_token_ids.cpu().numpy()
+        l_tok = (out_cpu != _vllm.PLACEHOLDER_TOKEN_ID).sum(axis=1) - 1  # [B]
+
+        req_ids = self.input_batch.req_ids
+        num_draft = np.asarray(md.num_draft_tokens)
+        cu_draft = np.concatenate([[0], np.cumsum(num_draft)])
+        drafts = md.draft_token_ids.cpu().numpy().astype(np.int64)  # [Σd]
+
+        # 2. What each judged request's draft offers, and its boundaries.
+        rows, views, bounds, cu_copies = [], [], [], [0]
+        for i, req_id in enumerate(req_ids):
+            if num_draft[i] == 0:
+                continue
+            state = self._parse_state(req_id)
+            if not state.judging:
+                continue
+            draft = drafts[cu_draft[i]:cu_draft[i + 1]]
+            max_tokens, min_tokens, stops = _vllm.request_limits(self, req_id)
+            view = view_draft(draft, stops, _vllm.request_output_len(self, req_id), max_tokens, min_tokens)
+            self.parse_stats.drafts += 1
+            self.parse_stats.draft_tokens += view.text_len
+            if l_tok[i] >= view.text_len:
+                # Token-level verification already took the whole draft.
+                self.parse_stats.drafts_accepted_whole += 1
+                self.parse_stats.tokens_accepted_token_level += int(l_tok[i])
+                continue
+            b = p.rule.select(draft[: view.text_len])
+            if p.config.two_stage and b.shape[0] > 1:
+                b = b[-1:]  # holistic check first; prefixes only if it fails
+            rows.append(i)
+            views.append(view)
+            bounds.append(b)
+            cu_copies.append(cu_copies[-1] + b.shape[0])
+
+        if rows:
+            self._judge_and_accept(p, logits, md, out, out_cpu, l_tok, rows, views, bounds, np.asarray(cu_copies))
+
+        # 3. Bookkeeping for requests the target is writing (REWRITE phase).
+        for i, req_id in enumerate(req_ids):
+            state = self._parse_states.get(req_id)
+            if state is not None and state.phase is Phase.REWRITE:
+                emitted = [int(t) for t in out_cpu[i] if t != _vllm.PLACEHOLDER_TOKEN_ID]
+                state.after_tokens(emitted, p.sentence_end)
+        self._parse_export()
+        return out
+
+    def _judge_and_accept(self, p, logits, md, out, out_cpu, l_tok, rows, views, bounds, cu_copies):
+        stats = self.parse_stats
+        num_computed = self.input_batch.num_computed_tokens_cpu
+        req_ids = self.input_batch.req_ids
+        cu_sampled = md.cu_num_sampled_tokens.cpu().numpy()
+        starts = cu_sampled - (np.asarray(md.num_draft_tokens) + 1)  # logits row of each request's last token
+
+        def judge(rows_, bounds_):
+            # Copy (i, b): the request's c = num_computed tokens were cached
+            # before this step; this step added its last token and the draft,
+            # so draft[:b] ends at cached length c + 1 + b.
+            req_row = np.repeat(np.asarray(rows_), [x.shape[0] for x in bounds_])
+            prefix = np.concatenate([num_computed[r] + 1 + bb for r, bb in zip(rows_, bounds_)])
+            t0 = time.perf_counter()
+            j = p.verifier.judge(CopyBatch(req_row=req_row, prefix_len=prefix))
+            stats.verification_passes += j.passes
+            stats.copies += int(req_row.shape[0])
+            stats.suffix_tokens += int(req_row.shape[0]) * p.verifier.suffix_len
+            logger.debug("PARSE: judged %d copies in %.1f ms", req_row.shape[0], 1e3 * (time.perf_counter() - t0))
+            if p.config.record_judgments:
+                self._record_judgments(md, rows_, bounds_, prefix, j)
+            return j.p_yes.numpy()
+
+        thresholds = np.array([self._parse_states[req_ids[i]].options.threshold for i in rows])
+        all_bounds = np.concatenate(bounds)
+        p_yes = judge(rows, bounds)
+        passed = p_yes >= np.repeat(thresholds, np.diff(cu_copies))
+
+        if p.config.two_stage:
+            # Drafts that failed the holistic check: judge their prefixes.
+            failed = [k for k in range(len(rows)) if not passed[cu_copies[k]]]
+            redo = [
+                (k, p.rule.select(views_draft)[:-1])
+                for k in failed
+                for views_draft in [self._draft_of(md, rows[k])[: views[k].text_len]]
+            ]
+            redo = [(k, b) for k, b in redo if b.shape[0] > 0]
+            new_bounds, new_passed, new_cu = [], [], [0]
+            redo_map = dict(redo)
+            p2 = judge([rows[k] for k, _ in redo], [b for _, b in redo]) if redo else np.zeros(0)
+            off = 0
+            for k in range(len(rows)):
+                if k in redo_map:
+                    b = redo_map[k]
+                    ok = p2[off:off + b.shape[0]] >= thresholds[k]
+                    off += b.shape[0]
+                    b = np.concatenate([b, bounds[k]])
+                    ok = np.concatenate([ok, passed[cu_copies[k]:cu_copies[k + 1]]])
+                else:
+                    b, ok = bounds[k], passed[cu_copies[k]:cu_copies[k + 1]]
+                new_bounds.append(b)
+                new_passed.append(ok)
+                new_cu.append(new_cu[-1] + b.shape[0])
+            all_bounds, passed, cu_copies = np.concatenate(new_bounds), np.concatenate(new_passed), np.asarray(new_cu)
+
+        l_sem, first_fail = maximal_valid_prefix(all_bounds, passed, cu_copies)
+
+        override_rows, override_len = [], []
+        for k, i in enumerate(rows):
+            state = self._parse_states[req_ids[i]]
+            accepted = final_accept_len(int(l_sem[k]), int(l_tok[i]), views[k])
+            stats.tokens_accepted_token_level += int(l_tok[i])
+            stats.tokens_accepted_semantic += max(0, accepted - int(l_tok[i]))
+            rejected = accepted < views[k].text_len
+            if rejected:
+                stats.reject_at(int(first_fail[k]) if first_fail[k] >= 0 else 0)
+            else:
+                stats.drafts_accepted_whole += 1
+            before = state.phase
+            state.after_judged_draft(p.config, rejected)
+            if state.phase is Phase.REWRITE and before is not Phase.REWRITE:
+                stats.rounds += 1
+            if accepted > l_tok[i]:
+                override_rows.append(i)
+                override_len.append(accepted)
+
+        if override_rows:
+            # draft[:L] plus one token sampled from the target at position L,
+            # with the request's own sampling parameters.
+            num_reqs = len(req_ids)
+            take = starts + np.asarray(md.num_draft_tokens)  # default: bonus rows
+            take[override_rows] = starts[override_rows] + np.asarray(override_len)
+            sampled = _vllm.sample_rows(
+                self.sampler, logits[torch.from_numpy(take).to(logits.device)], self.input_batch.sampling_metadata
+            ).view(num_reqs).cpu().numpy()
+            ids = out.sampled_token_ids
+            for i, n in zip(override_rows, override_len):
+                row = np.full(ids.shape[1], _vllm.PLACEHOLDER_TOKEN_ID, dtype=np.int64)
+                row[:n] = self._draft_of(md, i)[:n]
+                row[n] = sampled[i]
+                out_cpu[i] = row
+                ids[i] = torch.from_numpy(row).to(ids.device, ids.dtype)
+
+    def _record_judgments(self, md, rows, bounds, prefix_len, j) -> None:
+        tokens = self.input_batch.token_ids_cpu
+        c = 0
+        for row, bb in zip(rows, bounds):
+            draft = self._draft_of(md, row)
+            committed = tokens[row, : self.input_batch.num_computed_tokens_cpu[row] + 1].tolist()
+            for b in bb:
+                self.parse_judgments.append({
+                    "req_id": self.input_batch.req_ids[row],
+                    "boundary": int(b),
+                    "token_ids": committed + draft[:b].tolist(),
+                    "p_yes": float(j.p_yes[c]),
+                    "logit_yes": float(j.logit_yes[c]),
+                    "logit_no": float(j.logit_no[c]),
+                    "requests_kv_unchanged": j.requests_kv_unchanged,
+                })
+                assert len(self.parse_judgments[-1]["token_ids"]) == prefix_len[c]
+                c += 1
+
+    @staticmethod
+    def _draft_of(md, row: int) -> np.ndarray:
+        cu = md.cu_num_draft_tokens.cpu().numpy()
+        start = 0 if row == 0 else int(cu[row - 1])
+        return md.draft_token_ids[start:int(cu[row])].cpu().numpy().astype(np.int64)
+
+    # -- metrics ------------------------------------------------------------
+
+    def _parse_export(self) -> None:
+        now, last = self.parse_stats, self._parse_last_exported
+        delta = ParseStats(**{
+            k: getattr(now, k) - getattr(last, k)
+            for k in now.as_dict() if k != "rejections_by_boundary"
+        })
+        delta.rejections_by_boundary = {
+            k: v - last.rejections_by_boundary.get(k, 0)
+            for k, v in now.rejections_by_boundary.items()
+            if v != last.rejections_by_boundary.get(k, 0)
+        }
+        self._parse_prom.add(delta)
+        self._parse_last_exported = ParseStats(**{**now.as_dict(), "rejections_by_boundary": dict(now.rejections_by_boundary)})
+
+
+def _make_runner(base):
+    return type(f"Parse{base.__name__}", (ParseRunnerMixin, base), {"__module__": __name__})
+
+
+ParseCPUModelRunner = _make_runner(_vllm.cpu_model_runner_cls())
+
+
+def __getattr__(name):  # the GPU runner imports CUDA-only modules: on demand
+    if name == "ParseGPUModelRunner":
+        cls = _make_runner(_vllm.gpu_model_runner_cls())
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)

