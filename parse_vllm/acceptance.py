@@ -42,13 +42,20 @@ class DraftView:
 
 
 def view_draft(
-    draft: np.ndarray,  # [d]
+    draft: np.ndarray,  # [d] as scheduled
     stop_ids: frozenset[int],
     output_len: int,  # tokens generated before this step's draft
     max_tokens: int,
     min_tokens: int,
+    vocab_size: int | None = None,
 ) -> DraftView:
     d = int(draft.shape[0])
+    # Placeholder drafts (-1: vLLM pads new one-token decodes to the spec
+    # length) and out-of-vocab ids are not text: the draft ends before them.
+    invalid = np.flatnonzero((draft < 0) | ((draft >= vocab_size) if vocab_size else False))
+    if invalid.shape[0]:
+        d = int(invalid[0])
+        draft = draft[:d]
     stop_index = -1
     if stop_ids:
         hits = np.flatnonzero(np.isin(draft, np.fromiter(stop_ids, dtype=np.int64)))

@@ -40,13 +40,21 @@ def load_yaml_config(path: str | os.PathLike) -> dict:
         raise SystemExit(f"{path}: unknown top-level keys {sorted(unknown)}")
     if "parse" in raw:
         ParseConfig.from_dict(raw["parse"])  # fail early and clearly
-    # Model paths may use ~ and $VARS (e.g. the model cache).
+    # Model paths may use ~, $VARS and $PARSE_VLLM_CACHE (the model cache,
+    # ~/.cache/parse-vllm unless set).
     if isinstance(raw.get("model"), str):
-        raw["model"] = os.path.expandvars(os.path.expanduser(raw["model"]))
+        raw["model"] = _expand_path(raw["model"])
     spec = raw.get("speculative_config")
     if isinstance(spec, dict) and isinstance(spec.get("model"), str):
-        spec["model"] = os.path.expandvars(os.path.expanduser(spec["model"]))
+        spec["model"] = _expand_path(spec["model"])
     return raw
+
+
+def _expand_path(path: str) -> str:
+    from parse_vllm.models import default_cache_dir
+
+    path = path.replace("$PARSE_VLLM_CACHE", str(default_cache_dir()))
+    return os.path.expandvars(os.path.expanduser(path))
 
 
 def yaml_to_flags(raw: dict) -> list[str]:

@@ -213,7 +213,12 @@ class ParseRunnerMixin:
                 continue
             draft = drafts[cu_draft[i]:cu_draft[i + 1]]
             max_tokens, min_tokens, stops = _vllm.request_limits(self, req_id)
-            view = view_draft(draft, stops, _vllm.request_output_len(self, req_id), max_tokens, min_tokens)
+            view = view_draft(
+                draft, stops, _vllm.request_output_len(self, req_id), max_tokens, min_tokens,
+                vocab_size=p.sentence_end.shape[0],
+            )
+            if view.text_len == 0:
+                continue  # nothing to judge (placeholder drafts, or a stop first)
             self.parse_stats.drafts += 1
             self.parse_stats.draft_tokens += view.text_len
             if l_tok[i] >= view.text_len:
@@ -270,31 +275,26 @@ class ParseRunnerMixin:
         passed = p_yes >= np.repeat(thresholds, np.diff(cu_copies))
 
         if p.config.two_stage:
-            # Drafts that failed the holistic check: judge their prefixes.
+            # Stage 2: drafts that failed the holistic check get their earlier
+            # boundaries judged, in one more pass.
             failed = [k for k in range(len(rows)) if not passed[cu_copies[k]]]
-            redo = [
-                (k, p.rule.select(views_draft)[:-1])
-                for k in failed
-                for views_draft in [self._draft_of(md, rows[k])[: views[k].text_len]]
-            ]
-            redo = [(k, b) for k, b in redo if b.shape[0] > 0]
-            new_bounds, new_passed, new_cu = [], [], [0]
-            redo_map = dict(redo)
-            p2 = judge([rows[k] for k, _ in redo], [b for _, b in redo]) if redo else np.zeros(0)
-            off = 0
-            for k in range(len(rows)):
-                if k in redo_map:
-                    b = redo_map[k]
-                    ok = p2[off:off + b.shape[0]] >= thresholds[k]
-                    off += b.shape[0]
-                    b = np.concatenate([b, bounds[k]])
-                    ok = np.concatenate([ok, passed[cu_copies[k]:cu_copies[k + 1]]])
-                else:
+            earlier = {k: p.rule.select(self._draft_of(md, rows[k])[: views[k].text_len])[:-1] for k in failed}
+            earlier = {k: b for k, b in earlier.items() if b.shape[0]}
+            if earlier:
+                p2 = judge([rows[k] for k in earlier], list(earlier.values()))
+                cuts = np.cumsum([0] + [b.shape[0] for b in earlier.values()])
+                new_bounds, new_passed = [], []
+                for k in range(len(rows)):
                     b, ok = bounds[k], passed[cu_copies[k]:cu_copies[k + 1]]
-                new_bounds.append(b)
-                new_passed.append(ok)
-                new_cu.append(new_cu[-1] + b.shape[0])
-            all_bounds, passed, cu_copies = np.concatenate(new_bounds), np.concatenate(new_passed), np.asarray(new_cu)
+                    if k in earlier:
+                        i = list(earlier).index(k)
+                        b = np.concatenate([earlier[k], b])
+                        ok = np.concatenate([p2[cuts[i]:cuts[i + 1]] >= thresholds[k], ok])
+                    new_bounds.append(b)
+                    new_passed.append(ok)
+                bounds = new_bounds
+                all_bounds, passed = np.concatenate(new_bounds), np.concatenate(new_passed)
+                cu_copies = np.cumsum([0] + [b.shape[0] for b in new_bounds])
 
         l_sem, first_fail = maximal_valid_prefix(all_bounds, passed, cu_copies)
 

@@ -134,6 +134,9 @@ def test_view_draft_stops_and_limits():
     assert (v.text_len, v.stop_index, v.stop_allowed) == (2, 2, True)
     # min_tokens=5: the EOS would be output token 1 + 2 = 3 < 5
     assert not view_draft(draft, frozenset({2}), 1, 100, 5).stop_allowed
+    # placeholder (-1) and out-of-vocab drafts are not text
+    assert view_draft(np.array([7, -1, -1]), frozenset(), 1, 100, 0).text_len == 1
+    assert view_draft(np.array([7, 8, 99]), frozenset(), 1, 100, 0, vocab_size=50).text_len == 2
     # max_tokens caps what may be judged
     assert view_draft(np.array([7, 8, 9, 9]), frozenset(), 1, 3, 0).text_len == 2
     # Judged valid to its EOS: the EOS is accepted too; else max(L_sem, L_tok).

@@ -1,0 +1,285 @@
+"""PARSE through `LLM(...).generate`, the way users run it offline.
+
+Engines (module-scoped, float32 so outputs compare token for token):
+  ref    the target alone (plugin installed, PARSE not named)
+  draft  the draft alone (to know what the draft writes)
+  parse  target + draft with PARSE (`continue` after rejections), recording
+         its judgments for white-box checks
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import PROMPTS, WINDOW, close_llm, engine_kwargs, make_llm, parse_kwargs
+
+pytestmark = pytest.mark.slow
+
+GREEDY = dict(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def ref(tiny_models):
+    llm = make_llm(**engine_kwargs(tiny_models["target"]))
+    yield llm
+    close_llm(llm)
+
+
+@pytest.fixture(scope="module")
+def draft(tiny_models):
+    llm = make_llm(**engine_kwargs(tiny_models["draft"]))
+    yield llm
+    close_llm(llm)
+
+
+@pytest.fixture(scope="module")
+def parse(tiny_models):
+    llm = make_llm(**parse_kwargs(tiny_models, record_judgments=4096), disable_log_stats=False)
+    yield llm
+    close_llm(llm)
+
+
+def sp(max_tokens=40, **kw):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, **{**GREEDY, **kw})
+
+
+def ids(outputs):
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def prompt_ids(llm, prompts):
+    tok = llm.get_tokenizer()
+    return [tok.encode(p) for p in prompts]
+
+
+# -- the invariants ----------------------------------------------------------------
+
+
+def test_lossless_when_threshold_above_one(ref, parse):
+    """τ > 1: no prefix ever passes, so PARSE must give exactly the target's
+    own greedy output (token-level acceptance only)."""
+    import parse_vllm
+
+    want = ids(ref.generate(PROMPTS, sp(48)))
+    before = parse_vllm.get_stats(parse)
+    got = ids(parse.generate(PROMPTS, sp(48, extra_args={"parse_threshold": 1.5})))
+    assert got == want
+    after = parse_vllm.get_stats(parse)
+    assert after["drafts"] > before["drafts"]
+    assert after["rejections"] > before["rejections"]
+    assert after["tokens_accepted_semantic"] == before["tokens_accepted_semantic"]
+
+
+def _accept_all_expected(ref, draft, prompt, max_tokens):
+    """What τ = 0 must produce: the target's first token (prefill), then
+    repeatedly W draft tokens accepted whole plus one target token after
+    them, until max_tokens or a stop."""
+    eos = ref.get_tokenizer().eos_token_id
+    out: list[int] = []
+    while len(out) < max_tokens:
+        t = ids(ref.generate([{"prompt_token_ids": prompt + out}], sp(1)))[0]
+        out += t
+        if t[-1] == eos or len(out) >= max_tokens:
+            break
+        d = ids(draft.generate([{"prompt_token_ids": prompt + out}], sp(min(WINDOW, max_tokens - len(out)))))[0]
+        out += d
+        if d and d[-1] == eos:
+            break
+    return out[:max_tokens]
+
+
+def test_accept_all_when_threshold_zero(ref, draft, parse):
+    """τ = 0: every draft is accepted whole; the target writes only the token
+    after each window."""
+    prompts = prompt_ids(parse, PROMPTS[:4])
+    max_tokens = 2 * WINDOW + 6
+    want = [_accept_all_expected(ref, draft, p, max_tokens) for p in prompts]
+    got = ids(parse.generate([{"prompt_token_ids": p} for p in prompts],
+                             sp(max_tokens, extra_args={"parse_threshold": 0.0})))
+    assert got == want
+    # One window of W draft tokens, then the target's token:
+    first = ids(draft.generate([{"prompt_token_ids": prompts[0] + got[0][:1]}], sp(WINDOW)))[0]
+    assert got[0][1:1 + WINDOW] == first
+
+
+def test_judgments_equal_separate_target_forwards(parse, tiny_models):
+    """Each P(label) from the one-pass verification equals a plain target
+    forward over prompt + draft[:b] + suffix (HF transformers, float32)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import parse_vllm
+    from parse_vllm.config import ParseConfig
+    from parse_vllm.templates import build_template
+
+    parse.generate(PROMPTS, sp(40, extra_args={"parse_threshold": 0.5}))
+    records = parse_vllm.get_judgments(parse)
+    assert len(records) >= 10
+    tok = AutoTokenizer.from_pretrained(tiny_models["target"])
+    t = build_template(tok, ParseConfig())
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["target"], dtype=torch.float32).eval()
+    # Judgments of one request at several boundaries share its prefix: check a
+    # spread of requests and boundaries.
+    rng = np.random.default_rng(0)
+    picked = [records[i] for i in sorted(rng.choice(len(records), size=min(40, len(records)), replace=False))]
+    assert len({(r["req_id"]) for r in picked}) > 1
+    worst = 0.0
+    for r in picked:
+        with torch.no_grad():
+            logits = model(torch.tensor([r["token_ids"] + list(t.suffix_ids)])).logits[0, -1]
+        worst = max(worst, abs(float(logits[t.yes_id]) - r["logit_yes"]), abs(float(logits[t.no_id]) - r["logit_no"]))
+        p = torch.softmax(logits[[t.yes_id, t.no_id]], -1)[0].item()
+        assert abs(p - r["p_yes"]) <= 1e-4
+    assert worst <= 1e-4, f"max |logit diff| {worst}"
+    # The pass never wrote into the requests' own KV blocks.
+    assert all(r["requests_kv_unchanged"] is True for r in records)
+
+
+def test_mixed_batch_equals_each_request_alone(ref, parse):
+    """PARSE on and off per request, in one batch, at different phases (some
+    requests already continuing after a rejection): each output equals the
+    same request run alone; PARSE-off requests equal the target's own."""
+    prompts = PROMPTS[:6]
+    extra = [{}, {"parse": False}, {"parse_threshold": 0.0}, {"parse": "off"}, {"parse_threshold": 0.3}, {}]
+    params = [sp(40, extra_args=e) for e in extra]
+    together = ids(parse.generate(prompts, params))
+    alone = [ids(parse.generate([p], [q]))[0] for p, q in zip(prompts, params)]
+    assert together == alone
+    want_off = ids(ref.generate([prompts[1], prompts[3]], sp(40)))
+    assert [together[1], together[3]] == want_off
+
+
+def test_limits_hold_inside_accepted_drafts(parse):
+    """max_tokens, stop token ids, min_tokens and stop strings hold when whole
+    drafts are accepted (τ = 0)."""
+    accept = {"parse_threshold": 0.0}
+    base = ids(parse.generate(PROMPTS[:3], sp(30, extra_args=accept)))
+    assert all(len(o) == 30 for o in base if parse.get_tokenizer().eos_token_id not in o)
+    # max_tokens inside a window
+    short = ids(parse.generate(PROMPTS[:3], sp(7, extra_args=accept)))
+    assert [o[:7] for o in base] == short
+    # a stop token that the draft writes mid-window: output ends at its first use
+    out0 = base[0]
+    stop_tok = out0[5]
+    first = out0.index(stop_tok)
+    stopped = ids(parse.generate([PROMPTS[0]], sp(30, extra_args=accept, stop_token_ids=[stop_tok])))[0]
+    assert stopped == out0[: first + 1]
+    # min_tokens: the stop token may not come before min_tokens outputs
+    held = ids(parse.generate([PROMPTS[0]], sp(30, extra_args=accept, stop_token_ids=[stop_tok], min_tokens=first + 4)))[0]
+    assert stop_tok not in held[: first + 4]
+    assert len(held) >= first + 4
+    # stop strings (detokenized) still cut the text
+    text = parse.generate([PROMPTS[0]], sp(30, extra_args=accept))[0].outputs[0].text
+    cut = text[len(text) // 2:][:6]
+    if cut.strip():
+        stopped_text = parse.generate([PROMPTS[0]], sp(30, extra_args=accept, stop=[cut]))[0].outputs[0].text
+        assert cut not in stopped_text and text.startswith(stopped_text)
+
+
+def test_bad_request_options_are_refused_and_engine_survives(parse):
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    for bad in ({"parse_threshold": "high"}, {"parse_tau": 0.2}, {"parse": "maybe"}, {"parse_threshold": -1}):
+        with pytest.raises(VLLMValidationError, match="parse"):
+            parse.generate(["hi"], SamplingParams(max_tokens=4, extra_args=bad))
+    assert len(ids(parse.generate(["hi"], sp(4)))[0]) == 4
+
+
+def test_no_kv_block_leak_after_100_requests(parse):
+    """100 PARSE requests of mixed lengths; afterwards no KV block is held."""
+    prompts = [PROMPTS[i % len(PROMPTS)] + f" #{i}" for i in range(100)]
+    params = [sp(4 + (i * 7) % 30, extra_args={"parse_threshold": [0.0, 0.5, 1.5][i % 3]}) for i in range(100)]
+    outs = parse.generate(prompts, params)
+    assert len(outs) == 100 and all(o.finished for o in outs)
+    usage = [m for m in parse.get_metrics() if m.name == "vllm:kv_cache_usage_perc"]
+    assert usage and usage[0].value == 0.0
+
+
+def test_spec_decode_metrics_and_parse_stats(parse):
+    import parse_vllm
+
+    parse_vllm.reset_stats(parse)
+    parse.generate(PROMPTS, sp(40, extra_args={"parse_threshold": 0.0}))
+    stats = parse_vllm.get_stats(parse)
+    assert stats["drafts"] > 0 and stats["copies"] > 0 and stats["verification_passes"] > 0
+    assert stats["suffix_tokens"] % stats["copies"] == 0  # L tokens per copy
+    assert stats["tokens_accepted_semantic"] > 0
+    metrics = {m.name: m for m in parse.get_metrics()}
+    assert metrics["vllm:spec_decode_num_drafts"].value > 0
+    assert metrics["vllm:spec_decode_num_accepted_tokens"].value > 0
+
+
+def test_plugin_installed_but_not_named_changes_nothing(ref, tiny_models, tmp_path):
+    """The same target-only run with vLLM's plugins disabled (VLLM_PLUGINS='')
+    gives the same tokens as with parse-vllm installed (the `ref` engine)."""
+    want = ids(ref.generate(PROMPTS, sp(32)))
+    script = tmp_path / "plain.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from conftest import PROMPTS, engine_kwargs
+        from pathlib import Path
+        def main():
+            from vllm import LLM, SamplingParams
+            import vllm.platforms as p
+            llm = LLM(**engine_kwargs(Path({str(tiny_models["target"])!r})))
+            out = llm.generate(PROMPTS, SamplingParams(max_tokens=32, temperature=0.0))
+            print("PLATFORM", type(p.current_platform).__name__)
+            print("RESULT", json.dumps([list(o.outputs[0].token_ids) for o in out]))
+        if __name__ == "__main__":
+            main()
+    """))
+    env = {**os.environ, "VLLM_PLUGINS": ""}
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    lines = {l.split(" ", 1)[0]: l.split(" ", 1)[1] for l in res.stdout.splitlines() if l.startswith(("RESULT", "PLATFORM"))}
+    assert "RESULT" in lines, res.stderr[-3000:]
+    assert lines["PLATFORM"] == "CpuPlatform"  # truly without the plugin
+    assert json.loads(lines["RESULT"]) == want
+
+
+# -- a long window (W > the stock sampler's 128), redraft mode, two-stage ----------
+
+LONG_WINDOW = 256
+
+
+@pytest.fixture(scope="module")
+def parse_long(tiny_models):
+    llm = make_llm(**parse_kwargs(
+        tiny_models, window=LONG_WINDOW, on_reject="redraft", redraft_tokens=8, max_rounds=3,
+        two_stage=True, boundaries="both", every=16,
+    ))
+    yield llm
+    close_llm(llm)
+
+
+def test_long_window_redraft_lossless(ref, parse_long):
+    import parse_vllm
+
+    params = [sp(300 if i < 2 else 48, extra_args={"parse_threshold": 1.5}) for i in range(len(PROMPTS))]
+    want = ids(ref.generate(PROMPTS, [sp(q.max_tokens) for q in params]))
+    assert ids(parse_long.generate(PROMPTS, params)) == want
+    stats = parse_vllm.get_stats(parse_long)
+    assert stats["rounds"] > 0  # rejected drafts were redrafted
+    # two-stage: holistic copies first, then the earlier boundaries of those
+    # that failed, i.e. more passes than judged steps would need in one stage
+    assert stats["copies"] > stats["drafts"]
+
+
+def test_long_window_accept_all(ref, draft, parse_long):
+    prompts = prompt_ids(parse_long, PROMPTS[:2])
+    got = ids(parse_long.generate([{"prompt_token_ids": p} for p in prompts],
+                                  sp(200, extra_args={"parse_threshold": 0.0}, ignore_eos=True)))
+    for p, g in zip(prompts, got):
+        t0 = ids(ref.generate([{"prompt_token_ids": p}], sp(1)))[0]
+        d = ids(draft.generate([{"prompt_token_ids": p + t0}], sp(199, ignore_eos=True)))[0]
+        assert g == t0 + d
