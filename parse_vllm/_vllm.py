@@ -51,7 +51,6 @@ import torch  # noqa: E402
 # use: this module is also imported while vLLM resolves its platform (inside
 # `import vllm.config`), when most of vLLM cannot be imported yet.
 _LAZY = {
-    "init_logger": ("vllm.logger", "init_logger"),
     "get_tokenizer": ("vllm.tokenizers.registry", "get_tokenizer"),
     "Scheduler": ("vllm.v1.core.sched.scheduler", "Scheduler"),
     "StatLoggerBase": ("vllm.v1.metrics.loggers", "StatLoggerBase"),
@@ -60,6 +59,15 @@ _LAZY = {
     # vllm/exceptions.py: a ValueError the OpenAI server maps to HTTP 400.
     "ValidationError": ("vllm.exceptions", "VLLMValidationError"),
 }
+
+
+def init_logger(name: str):
+    """A logger under vLLM's "vllm" logger, so PARSE's lines get vLLM's
+    handlers, format and VLLM_LOGGING_LEVEL (vllm/logger.py configures only
+    the "vllm" namespace)."""
+    from vllm.logger import init_logger as _init_logger
+
+    return _init_logger(f"vllm.plugins.{name}")
 
 
 def __getattr__(name: str):

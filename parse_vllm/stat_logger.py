@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from parse_vllm._vllm import StatLoggerBase, init_logger
+from parse_vllm import _vllm
 from parse_vllm.metrics import read_multiprocess_counters
 
-logger = init_logger("parse_vllm")
+logger = _vllm.init_logger("parse_vllm")
 
 
-class ParseStatLogger(StatLoggerBase):
+class ParseStatLogger(_vllm.StatLoggerBase):
     """vLLM stat logger plugin (`vllm.stat_logger_plugins`): adds a PARSE line
     to vLLM's periodic stats log. Does nothing unless PARSE is configured."""
 
