@@ -176,9 +176,19 @@ class ParseRunnerMixin:
         if p is None or drafts is None:
             return drafts
         for i, req_id in enumerate(drafts.req_ids):
+            if req_id not in self.requests:
+                continue
+            draft = drafts.draft_token_ids[i]
             n = self._parse_state(req_id).draft_len(p.config, p.window)
-            if len(drafts.draft_token_ids[i]) > n:
-                drafts.draft_token_ids[i] = drafts.draft_token_ids[i][:n]
+            # A draft ends at its first stop token: what the drafter wrote
+            # after it is not part of the answer and need not be verified.
+            stops = _vllm.request_limits(self, req_id)[2]
+            for j, t in enumerate(draft[:n]):
+                if t in stops:
+                    n = j + 1
+                    break
+            if len(draft) > n:
+                drafts.draft_token_ids[i] = draft[:n]
         return drafts
 
     # -- acceptance ---------------------------------------------------------

