@@ -20,7 +20,7 @@ $(MODELS): $(STAMP) parse_vllm/models.py
 	touch $@
 
 demo: setup models
-	$(VENV)/bin/parse-vllm demo
+	$(VENV)/bin/parse-vllm demo --compare
 
 test: setup models
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -12,8 +12,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+# Measured on SmolLM2-135M-Instruct (8 hand-made cases): this wording rates
+# garbage answers lower than the plainer "Is the answer so far correct?".
 DEFAULT_QUESTION = (
-    "Is the answer so far correct? Reply with one word: Correct or Incorrect."
+    "Is the assistant's answer above correct and well written so far? "
+    "Answer Correct or Incorrect."
 )
 
 BOUNDARY_MODES = ("sentence", "tokens", "both")
@@ -51,12 +54,12 @@ class ParseConfig:
     # fail it (cheaper when most drafts are right, one more pass when not).
     two_stage: bool = False
     # After a rejected draft: "continue" = the target writes the rest of the
-    # answer (the paper), with token-level speculation of `spec_tokens` draft
-    # tokens; "redraft" = the target writes up to `redraft_tokens` tokens or
+    # answer (the paper), optionally with token-level speculation of
+    # `spec_tokens` draft tokens (0: the target alone); "redraft" = the target writes up to `redraft_tokens` tokens or
     # to the next sentence end, then the draft drafts again, at most
     # `max_rounds` times.
     on_reject: str = "continue"
-    spec_tokens: int = 4
+    spec_tokens: int = 0
     redraft_tokens: int = 32
     max_rounds: int = 4
     # KV-cache blocks held back from the scheduler as scratch space for the

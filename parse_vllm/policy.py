@@ -9,7 +9,7 @@ does after a rejected draft.
            most `max_rounds` rewrites, then CONTINUE.
 
 Requests with PARSE off behave as vLLM's own draft-model speculation with
-`spec_tokens` draft tokens.
+`spec_tokens` draft tokens (0: the target alone).
 """
 
 from __future__ import annotations
@@ -39,6 +39,12 @@ class RequestState:
     def judging(self) -> bool:
         """Whether this request's drafts are judged semantically now."""
         return self.options.enabled and self.phase is Phase.DRAFT
+
+    @property
+    def will_draft(self) -> bool:
+        """Whether this request drafts a window now or later (so the drafter
+        must keep up with its tokens)."""
+        return self.options.enabled and self.phase in (Phase.DRAFT, Phase.REWRITE)
 
     def draft_len(self, config: ParseConfig, window: int) -> int:
         """How many draft tokens to schedule for this request next step."""

@@ -161,12 +161,17 @@ class ParseRunnerMixin:
     def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
         p = getattr(self, "_parse", None)
         if p is not None and self.input_batch.req_ids:
-            # The drafter must run every step (it consumes this step's tokens
-            # to keep its KV in sync), but drafts only as far as some request
-            # in the batch needs.
-            wanted = max(
-                self._parse_state(r).draft_len(p.config, p.window) for r in self.input_batch.req_ids
-            )
+            states = [self._parse_state(r) for r in self.input_batch.req_ids]
+            if p.config.spec_tokens == 0 and not any(s.will_draft for s in states):
+                # No request here drafts again (all are past a rejection in
+                # `continue` mode, or have PARSE off): the target decodes
+                # alone, like vLLM without speculation, and the drafter's KV
+                # for these requests is never read again.
+                return [[] for _ in states]
+            # Otherwise the drafter runs for the whole batch (it consumes
+            # this step's tokens to keep its KV in sync), drafting only as far
+            # as some request needs.
+            wanted = max(s.draft_len(p.config, p.window) for s in states)
             scheduler_output.num_spec_tokens_to_schedule = max(1, min(wanted, p.window))
         return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
 

@@ -270,7 +270,7 @@ LONG_WINDOW = 256
 def parse_long(tiny_models):
     llm = make_llm(**parse_kwargs(
         tiny_models, window=LONG_WINDOW, on_reject="redraft", redraft_tokens=8, max_rounds=3,
-        two_stage=True, boundaries="both", every=16,
+        two_stage=True, boundaries="both", every=16, spec_tokens=3,
     ))
     yield llm
     close_llm(llm)

@@ -246,3 +246,11 @@ def test_demo_yaml_names_the_demo_models():
     raw = load_yaml_config(ROOT / "configs" / "smollm2-135m-demo.yaml")
     assert raw["model"] == str(model_dir(DEMO_TARGET_NAME))
     assert raw["speculative_config"]["model"] == str(model_dir(DEMO_DRAFT_NAME))
+
+
+def test_defaults_yaml_is_the_defaults():
+    from parse_vllm.cli import load_yaml_config
+
+    raw = load_yaml_config(ROOT / "configs" / "parse-defaults.yaml")
+    assert ParseConfig.from_dict(raw["parse"]) == ParseConfig()
+    assert set(raw["parse"]) == set(ParseConfig.__dataclass_fields__)
