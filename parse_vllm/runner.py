@@ -252,10 +252,12 @@ class ParseRunnerMixin:
         if rows:
             self._judge_and_accept(p, logits, md, out, out_cpu, l_tok, rows, views, bounds, np.asarray(cu_copies))
 
-        # 3. Bookkeeping for requests the target is writing (REWRITE phase).
+        # 3. Bookkeeping for requests the target is writing (REWRITE phase);
+        #    a request judged this step starts counting from the next one.
+        judged = set(rows)
         for i, req_id in enumerate(req_ids):
             state = self._parse_states.get(req_id)
-            if state is not None and state.phase is Phase.REWRITE:
+            if state is not None and state.phase is Phase.REWRITE and i not in judged:
                 emitted = [int(t) for t in out_cpu[i] if t != _vllm.PLACEHOLDER_TOKEN_ID]
                 state.after_tokens(emitted, p.sentence_end)
         self._parse_export()
