@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 .PHONY: setup models demo test test-fast clean
 
 setup: $(STAMP)
-$(STAMP): pyproject.toml setup.py scripts/setup_env.sh $(wildcard csrc/*.h csrc/*/*.cpp csrc/*/*.cu csrc/*.cpp)
+$(STAMP): pyproject.toml $(wildcard setup.py) scripts/setup_env.sh $(wildcard csrc/*.h csrc/*/*.cpp csrc/*/*.cu csrc/*.cpp)
 	bash scripts/setup_env.sh $(VENV)
 	touch $@
 
