@@ -20,6 +20,7 @@ DEFAULT_QUESTION = (
 )
 
 BOUNDARY_MODES = ("sentence", "tokens", "both")
+VERIFIERS = ("auto", "forked", "kernel")
 ON_REJECT_MODES = ("continue", "redraft")
 
 
@@ -62,8 +63,14 @@ class ParseConfig:
     spec_tokens: int = 0
     redraft_tokens: int = 32
     max_rounds: int = 4
+    # How the verification pass attends over the cached prefixes: "forked"
+    # (forked block tables + vLLM's own paged attention, with scratch KV
+    # blocks; the CPU path), "kernel" (the fused prefix-verify kernel over the
+    # backend's standard paged layout, no scratch; GPU), or "auto" (kernel
+    # where available, else forked).
+    verifier: str = "auto"
     # KV-cache blocks held back from the scheduler as scratch space for the
-    # verification suffixes (0 = auto). More copies than fit run in chunks.
+    # forked verification (0 = auto). More copies than fit run in chunks.
     scratch_blocks: int = 0
     # PARSE for requests that don't say otherwise in their extra_args.
     default_enabled: bool = True
@@ -114,6 +121,8 @@ class ParseConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(name, "must be an integer >= 1")
+        if self.verifier not in VERIFIERS:
+            raise bad("verifier", f"must be one of {VERIFIERS}")
         if self.on_reject not in ON_REJECT_MODES:
             raise bad("on_reject", f"must be one of {ON_REJECT_MODES}")
         if not isinstance(self.question, str) or not self.question.strip():

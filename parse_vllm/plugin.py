@@ -55,6 +55,11 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
     if vllm_config.parallel_config.pipeline_parallel_size != 1:
         raise ParseConfigError("PARSE does not support pipeline parallelism yet")
 
+    if config.verifier == "kernel" and worker_cls == CPU_WORKER_CLS:
+        raise ParseConfigError(
+            "parse.verifier='kernel' needs a GPU attention backend (vLLM's CPU KV "
+            "cache is packed per instruction set); use 'auto' or 'forked' on CPU"
+        )
     pc = vllm_config.parallel_config
     if pc.worker_cls == "auto":
         pc.worker_cls = worker_cls

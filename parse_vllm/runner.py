@@ -51,7 +51,7 @@ class _Parse:
     yes_id: int
     no_id: int
     layer_names: list[str]
-    verifier: ForkedBlockTableVerifier | None = None
+    verifier: object | None = None  # ForkedBlockTableVerifier | KernelVerifier
 
 
 class ParseRunnerMixin:
@@ -107,15 +107,8 @@ class ParseRunnerMixin:
             return
         gid = _vllm.kv_cache_group_of_layers(kv_cache_config, p.layer_names)
         num_blocks = kv_cache_config.num_blocks
-        scratch = scratch_block_count(p.config.scratch_blocks, num_blocks)
-        # Rows of pseudo-requests per pass are bounded where the backend keeps
-        # per-request buffers sized max_num_seqs (kernel block tables, GPU).
-        groups = self.attn_groups[gid]
-        needs_row_limit = self.device.type != "cpu" or any(
-            g.kernel_block_size is not None for g in groups
-        )
-        p.verifier = ForkedBlockTableVerifier(
-            self,
+        scratch = scratch_block_count(p.config.scratch_blocks, num_blocks, p.config.verifier)
+        common = dict(
             suffix_ids=p.suffix_ids,
             yes_id=p.yes_id,
             no_id=p.no_id,
@@ -124,11 +117,39 @@ class ParseRunnerMixin:
             layer_caches=[self._parse_caches_by_layer[n] for n in p.layer_names],
             num_blocks=num_blocks,
             block_size=kv_cache_config.kv_cache_groups[gid].kv_cache_spec.block_size,
-            scratch_ids=np.arange(num_blocks - scratch, num_blocks),
-            max_rows_per_pass=self.scheduler_config.max_num_seqs if needs_row_limit else None,
             check_isolation=p.config.record_judgments > 0,
         )
-        logger.info("PARSE scratch: %d of %d KV blocks", scratch, num_blocks)
+        p.verifier = None
+        if p.config.verifier in ("kernel", "auto") and self.device.type != "cpu":
+            # The fused prefix-verify kernel reads the backend's standard paged
+            # KV layout (GPU backends); it writes no scratch KV.
+            from parse_vllm.kernel_verifier import KernelVerifier
+
+            try:
+                p.verifier = KernelVerifier(
+                    self, **common, max_tokens_per_pass=self.scheduler_config.max_num_batched_tokens
+                )
+            except (NotImplementedError, ValueError, RuntimeError) as e:
+                if p.config.verifier == "kernel":
+                    raise
+                logger.warning("PARSE: kernel verification unavailable (%s); using forked block tables", e)
+        if p.verifier is None:
+            # Rows of pseudo-requests per pass are bounded where the backend
+            # keeps per-request buffers sized max_num_seqs (kernel block
+            # tables, GPU backends).
+            needs_row_limit = self.device.type != "cpu" or any(
+                g.kernel_block_size is not None for g in self.attn_groups[gid]
+            )
+            p.verifier = ForkedBlockTableVerifier(
+                self,
+                **common,
+                scratch_ids=np.arange(num_blocks - scratch, num_blocks),
+                max_rows_per_pass=self.scheduler_config.max_num_seqs if needs_row_limit else None,
+            )
+        logger.info(
+            "PARSE verification: %s, scratch %d of %d KV blocks",
+            type(p.verifier).__name__, scratch, num_blocks,
+        )
 
     # -- per-request state --------------------------------------------------
 

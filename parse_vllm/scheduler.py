@@ -20,7 +20,7 @@ logger = _vllm.init_logger("parse_vllm.scheduler")
 class ParseScheduler(_vllm.Scheduler):
     def __init__(self, vllm_config, kv_cache_config, *args, **kwargs):
         config = ParseConfig.from_dict(parse_section(vllm_config.additional_config))
-        scratch = scratch_block_count(config.scratch_blocks, kv_cache_config.num_blocks)
+        scratch = scratch_block_count(config.scratch_blocks, kv_cache_config.num_blocks, config.verifier)
         kv_cache_config = dataclasses.replace(
             kv_cache_config, num_blocks=kv_cache_config.num_blocks - scratch
         )

@@ -47,10 +47,15 @@ class Judgments:
     requests_kv_unchanged: bool | None = None
 
 
-def scratch_block_count(requested: int, num_blocks: int, suffix_blocks_hint: int = 2, copies_hint: int = 64) -> int:
+def scratch_block_count(
+    requested: int, num_blocks: int, verifier: str = "forked", suffix_blocks_hint: int = 2, copies_hint: int = 64
+) -> int:
     """Scratch blocks held back from the scheduler. Deterministic in its
     inputs, because the scheduler (engine-core process) and the runner
-    (worker process) compute it independently and must agree."""
+    (worker process) compute it independently and must agree. The kernel
+    path needs none; "auto" keeps them for its fallback."""
+    if verifier == "kernel":
+        return 0
     if requested:
         if requested >= num_blocks:
             raise ValueError(

@@ -329,3 +329,5 @@ def test_refusals_at_start(tiny_models, tmp_path):
         make_llm(**engine_kwargs(tiny_models["target"], additional_config={"parse": {}}))
     with pytest.raises(ParseConfigError, match="unknown PARSE option"):
         make_llm(**parse_kwargs(tiny_models, tau=0.3))
+    with pytest.raises(ParseConfigError, match="needs a GPU attention backend"):
+        make_llm(**parse_kwargs(tiny_models, verifier="kernel"))
