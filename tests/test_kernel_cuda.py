@@ -1,0 +1,160 @@
+"""CUDA kernel of torch.ops.parse_vllm.prefix_verify_attention on a GPU.
+
+Compared with the plain-PyTorch reference (same cases as the CPU twin's tests)
+and, where installed, with flash-attn and xformers run once per copy over the
+copy's gathered prefix + suffix.  Every test here needs a CUDA GPU and a build
+with the CUDA kernel; elsewhere the module is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import parse_vllm.ops as ops
+from parse_vllm.ops.reference import gather_prefix
+
+from test_kernel_cpu import ARG_ORDER, LAYOUTS, TOL, make_case, nested, reference
+
+if not torch.cuda.is_available():
+    _skip = f"no CUDA GPU (torch {torch.__version__}, torch.version.cuda={torch.version.cuda})"
+elif not ops.has_cuda_op():
+    _skip = ("parse_vllm._C was built without the CUDA kernel: rebuild with "
+             "`PARSE_VLLM_BUILD_CUDA=1 pip install --no-build-isolation -e .`"
+             + (f" ({ops.compiled_op_error()})" if ops.compiled_op_error() else ""))
+else:
+    _skip = None
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
+
+
+def to_cuda(case):
+    return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+
+
+def to_cuda_strided(case):
+    """Moves to the GPU keeping the views: caches/q that are views stay views."""
+    out = {}
+    for k, v in case.items():
+        if isinstance(v, torch.Tensor) and v.untyped_storage().nbytes() > v.numel() * v.element_size():
+            base = torch.empty(0, dtype=v.dtype).set_(v.untyped_storage(), 0,
+                                                       (v.untyped_storage().nbytes() // v.element_size(),))
+            out[k] = base.cuda().as_strided(v.shape, v.stride(), v.storage_offset())
+        elif isinstance(v, torch.Tensor):
+            out[k] = v.cuda()
+        else:
+            out[k] = v
+    return out
+
+
+def check_cuda(case_cpu, strided=True):
+    case = to_cuda_strided(case_cpu) if strided else to_cuda(case_cpu)
+    out = torch.full_like(case["q"], float("nan"))
+    ops.prefix_verify_attention(out, *[case[k] for k in ARG_ORDER])
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any(), "output not fully written"
+    ref = reference(case_cpu).cuda()
+    err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+    tol = max(TOL[case["q"].dtype], 2e-5)  # fp32 on GPU: different summation order, fast exp
+    assert err <= tol, f"relative error {err:.3e} > {tol:.0e}"
+    return out, case
+
+
+@pytest.mark.parametrize("Hq,Hkv", [(4, 4), (4, 2), (8, 2), (8, 1)])
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_gqa_block_sizes_dtypes(Hq, Hkv, block_size, dtype):
+    copies = nested(0, 3 * block_size + 5, 4, 6, block_size // 2 + 3) + nested(1, 2 * block_size, 3, 5, block_size)
+    check_cuda(make_case(copies, Hq=Hq, Hkv=Hkv, block_size=block_size, dtype=dtype, seed=Hq + block_size))
+
+
+@pytest.mark.parametrize("D", [32, 64, 80, 96, 128, 256])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_head_sizes_layouts(D, layout):
+    copies = nested(0, 70, 3, 7, 20) + [(1, 33, 4), (1, 0, 2)]
+    check_cuda(make_case(copies, D=D, layout=layout, dtype=torch.bfloat16, seed=D))
+
+
+@pytest.mark.parametrize("P", [0, 1, 15, 16, 17, 4095, 4096, 4097])
+def test_prefix_edges_and_splits(P):
+    copies = [(0, P, 5), (0, max(P - 1, 0), 24), (0, P + 1, 1)]
+    check_cuda(make_case(copies, block_size=16, Hq=8, Hkv=1, D=128, seed=P))
+
+
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+@pytest.mark.parametrize("window", [None, 1, 17, 512])
+def test_softcap_window(softcap, window):
+    copies = nested(0, 3000, 8, 24, 200) + [(1, 33, 5)]
+    check_cuda(make_case(copies, Hq=4, Hkv=1, D=256, dtype=torch.bfloat16, softcap=softcap,
+                         sliding_window=window, seed=5))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random(seed):
+    rng = random.Random(2000 + seed)
+    Hkv = rng.choice([1, 2, 4])
+    copies = []
+    for r in range(rng.randint(1, 6)):
+        P = rng.randint(0, 5000)
+        for _ in range(rng.randint(1, 16)):
+            copies.append((r, rng.randint(0, P), rng.randint(0, 40)))
+    if sum(L for _, _, L in copies) == 0:
+        copies.append((0, 5, 2))
+    check_cuda(make_case(copies, Hq=Hkv * rng.choice([1, 2, 4, 8]), Hkv=Hkv,
+                         D=rng.choice([64, 80, 96, 128, 256]), block_size=rng.choice([16, 32, 64, 128]),
+                         dtype=rng.choice([torch.float16, torch.bfloat16]), layout=rng.choice(LAYOUTS),
+                         softcap=rng.choice([0.0, 20.0]), sliding_window=rng.choice([None, 256]),
+                         max_blocks=rng.choice([None, 1024]), seed=seed))
+
+
+def _per_copy_inputs(case):
+    cu = case["cu_copy_lens"].tolist()
+    for c, (r, p) in enumerate(zip(case["copy_req"].tolist(), case["copy_prefix_len"].tolist())):
+        t0, t1 = cu[c], cu[c + 1]
+        if t1 == t0:
+            continue
+        k = torch.cat([gather_prefix(case["key_cache"], case["block_table"], r, p), case["k_new"][t0:t1]])
+        v = torch.cat([gather_prefix(case["value_cache"], case["block_table"], r, p), case["v_new"][t0:t1]])
+        yield t0, t1, case["q"][t0:t1], k, v
+
+
+@pytest.mark.parametrize("softcap,window", [(0.0, None), (30.0, 256)])
+def test_matches_flash_attn_per_copy(softcap, window):
+    flash_attn = pytest.importorskip("flash_attn")
+    case_cpu = make_case(nested(0, 2000, 8, 24, 100) + nested(1, 700, 4, 24, 50), Hq=8, Hkv=2, D=128,
+                         dtype=torch.bfloat16, softcap=softcap, sliding_window=window, seed=9)
+    out, case = check_cuda(case_cpu)
+    for t0, t1, q, k, v in _per_copy_inputs(case):
+        # causal with seqlen_q < seqlen_k is bottom-right aligned: query j sees keys <= P + j
+        o = flash_attn.flash_attn_func(q[None].contiguous(), k[None].contiguous(), v[None].contiguous(),
+                                       softmax_scale=case["scale"], causal=True, softcap=softcap,
+                                       window_size=((window - 1) if window else -1, 0))[0]
+        torch.testing.assert_close(out[t0:t1].float(), o.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_matches_xformers_per_copy():
+    xops = pytest.importorskip("xformers.ops")
+    case_cpu = make_case(nested(0, 1500, 6, 24, 100), Hq=8, Hkv=8, D=128, dtype=torch.float16, seed=10)
+    out, case = check_cuda(case_cpu)
+    for t0, t1, q, k, v in _per_copy_inputs(case):
+        o = xops.memory_efficient_attention(
+            q[None].contiguous(), k[None].contiguous(), v[None].contiguous(), scale=case["scale"],
+            attn_bias=xops.fmha.attn_bias.LowerTriangularFromBottomRightMask())[0]
+        torch.testing.assert_close(out[t0:t1].float(), o.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_cuda_graph_capture():
+    case = to_cuda(make_case(nested(0, 500, 4, 8, 50), dtype=torch.float16, seed=11))
+    out = torch.empty_like(case["q"])
+    args = [case[k] for k in ARG_ORDER[:-1]] + [0]
+    torch.ops.parse_vllm.prefix_verify_attention(out, *args)  # warm-up (kernel attributes)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        torch.ops.parse_vllm.prefix_verify_attention(out, *args)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    ref = reference({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}).cuda()
+    assert ((out.float() - ref).abs().max() / ref.abs().max()).item() <= TOL[torch.float16]
