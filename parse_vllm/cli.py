@@ -94,6 +94,11 @@ def _has_model(argv: list[str]) -> bool:
 
 def serve(argv: list[str]) -> None:
     argv = expand_parse_config(argv)
+    if any('"parse"' in a for a in argv):
+        # PARSE runs on model runner V1. vLLM >= 0.33 decides V1/V2 while it
+        # builds its config, before the PARSE platform hook can say so, and on
+        # V2 caps max_model_len to the draft's; the environment is read first.
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     # PARSE counters are written by the worker processes; the API server's
     # /metrics collects them in prometheus_client's multiprocess mode, which
     # must be on before prometheus_client is first imported (by vLLM).

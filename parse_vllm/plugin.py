@@ -51,6 +51,12 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
             "\"draft_model\", \"model\": DRAFT, \"num_speculative_tokens\": W} "
             f"(got {None if spec is None else spec.method!r})"
         )
+    method = getattr(spec, "rejection_sample_method", "standard")
+    if method != "standard":
+        raise ParseConfigError(
+            f"PARSE's token-level acceptance must be lossless; rejection_sample_method={method!r} "
+            "is not supported (use the default 'standard')"
+        )
     check_same_tokenizer(vllm_config)
     if vllm_config.parallel_config.pipeline_parallel_size != 1:
         raise ParseConfigError("PARSE does not support pipeline parallelism yet")

@@ -103,7 +103,10 @@ class ParseRunnerMixin:
     def initialize_kv_cache(self, kv_cache_config, *args, **kwargs) -> None:
         super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
         p = getattr(self, "_parse", None)
-        if p is None:
+        is_profiling = kwargs.get("is_profiling", args[0] if args else False)
+        if p is None or is_profiling:
+            # (GPU CUDA-graph memory profiling builds a throwaway cache of a
+            # few blocks first; the verifier is set up on the real one.)
             return
         gid = _vllm.kv_cache_group_of_layers(kv_cache_config, p.layer_names)
         num_blocks = kv_cache_config.num_blocks
