@@ -283,7 +283,6 @@ def run_target_forward(
     given block tables, through the model's own nn.Module and the backend's
     own metadata builders (v1/worker/utils.py:341 build_metadata;
     forward_context.py:278). Returns the hidden states [num_tokens, hidden]."""
-    from vllm.forward_context import set_forward_context
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     num_rows = int(seq_lens.shape[0])
@@ -309,21 +308,13 @@ def run_target_forward(
     missing = set(layer_names) - per_layer.keys()
     if missing:
         raise RuntimeError(f"no attention metadata for target layers {sorted(missing)}")
-    with set_forward_context(
-        per_layer,
-        runner.vllm_config,
-        num_tokens=num_tokens,
+    return run_target_forward_with_layer_metadata(
+        runner,
+        input_ids=input_ids,
+        positions=positions,
+        attn_metadata=per_layer,
         slot_mapping={name: slot_mapping for name in per_layer},
-    ):
-        hidden = runner.model(
-            input_ids=input_ids,
-            positions=positions,
-            intermediate_tensors=None,
-            inputs_embeds=None,
-        )
-    if isinstance(hidden, tuple):  # models returning aux hidden states
-        hidden = hidden[0]
-    return hidden
+    )
 
 
 def request_extra_args(runner, req_id: str) -> dict | None:
@@ -694,18 +685,19 @@ def run_target_forward_with_layer_metadata(
     input_ids: torch.Tensor,  # [num_tokens]
     positions: torch.Tensor,  # [num_tokens]
     attn_metadata: dict[str, Any],  # layer name -> metadata, every target layer
+    slot_mapping: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One forward of the runner's target model with the given per-layer
-    attention metadata and no slot mapping (so `unified_kv_cache_update`
-    writes nothing, attention.py:734; 0.33: :739). Returns hidden states
-    [num_tokens, hidden]."""
+    attention metadata (forward_context.py:278). With no slot mapping,
+    `unified_kv_cache_update` writes nothing (attention.py:734; 0.33: :739).
+    Returns hidden states [num_tokens, hidden]."""
     from vllm.forward_context import set_forward_context
 
     with set_forward_context(
         attn_metadata,
         runner.vllm_config,
         num_tokens=int(input_ids.shape[0]),
-        slot_mapping={},
+        slot_mapping=slot_mapping or {},
     ):
         hidden = runner.model(
             input_ids=input_ids,
