@@ -84,6 +84,15 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
         )
     # PARSE replaces acceptance in model runner V1 and needs sync scheduling.
     sc.async_scheduling = False
+    # The verification pass forks one block table per copy, so all target
+    # layers must share one KV-cache group: models with sliding-window layers
+    # (Gemma 3) keep full KV in every layer instead of vLLM's hybrid groups.
+    if sc.disable_hybrid_kv_cache_manager is False:
+        raise ParseConfigError(
+            "PARSE needs one KV-cache group for all target layers; drop "
+            "--no-disable-hybrid-kv-cache-manager (disable_hybrid_kv_cache_manager=False)"
+        )
+    sc.disable_hybrid_kv_cache_manager = True
     if worker_cls == GPU_WORKER_CLS:
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     window = spec.num_speculative_tokens

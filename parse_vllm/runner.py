@@ -241,6 +241,7 @@ class ParseRunnerMixin:
         num_draft = np.asarray(md.num_draft_tokens)
         cu_draft = np.concatenate([[0], np.cumsum(num_draft)])
         drafts = md.draft_token_ids.cpu().numpy().astype(np.int64)  # [Σd]
+        self._parse_step_drafts = (drafts, cu_draft)  # for _draft_of, this step only
 
         # 2. What each judged request's draft offers, and its boundaries.
         rows, views, bounds, cu_copies = [], [], [], [0]
@@ -250,7 +251,7 @@ class ParseRunnerMixin:
             state = self._parse_state(req_id)
             if not state.judging:
                 continue
-            draft = drafts[cu_draft[i]:cu_draft[i + 1]]
+            draft = self._draft_of(i)
             max_tokens, min_tokens, stops = _vllm.request_limits(self, req_id)
             view = view_draft(
                 draft, stops, _vllm.request_output_len(self, req_id), max_tokens, min_tokens,
@@ -319,7 +320,7 @@ class ParseRunnerMixin:
             # Stage 2: drafts that failed the holistic check get their earlier
             # boundaries judged, in one more pass.
             failed = [k for k in range(len(rows)) if not passed[cu_copies[k]]]
-            earlier = {k: p.rule.select(self._draft_of(md, rows[k])[: views[k].text_len])[:-1] for k in failed}
+            earlier = {k: p.rule.select(self._draft_of(rows[k])[: views[k].text_len])[:-1] for k in failed}
             earlier = {k: b for k, b in earlier.items() if b.shape[0]}
             if earlier:
                 p2 = judge([rows[k] for k in earlier], list(earlier.values()))
@@ -370,7 +371,7 @@ class ParseRunnerMixin:
             ids = out.sampled_token_ids
             for i, n in zip(override_rows, override_len):
                 row = np.full(ids.shape[1], _vllm.PLACEHOLDER_TOKEN_ID, dtype=np.int64)
-                row[:n] = self._draft_of(md, i)[:n]
+                row[:n] = self._draft_of(i)[:n]
                 row[n] = sampled[i]
                 out_cpu[i] = row
                 ids[i] = torch.from_numpy(row).to(ids.device, ids.dtype)
@@ -379,7 +380,7 @@ class ParseRunnerMixin:
         tokens = self.input_batch.token_ids_cpu
         c = 0
         for row, bb in zip(rows, bounds):
-            draft = self._draft_of(md, row)
+            draft = self._draft_of(row)
             committed = tokens[row, : self.input_batch.num_computed_tokens_cpu[row] + 1].tolist()
             for b in bb:
                 self.parse_judgments.append({
@@ -394,11 +395,11 @@ class ParseRunnerMixin:
                 assert len(self.parse_judgments[-1]["token_ids"]) == prefix_len[c]
                 c += 1
 
-    @staticmethod
-    def _draft_of(md, row: int) -> np.ndarray:
-        cu = md.cu_num_draft_tokens.cpu().numpy()
-        start = 0 if row == 0 else int(cu[row - 1])
-        return md.draft_token_ids[start:int(cu[row])].cpu().numpy().astype(np.int64)
+    def _draft_of(self, row: int) -> np.ndarray:
+        """This step's draft of input-batch row `row` [d] (copied to the CPU
+        once in `_sample`)."""
+        drafts, cu_draft = self._parse_step_drafts
+        return drafts[cu_draft[row]:cu_draft[row + 1]]
 
     # -- metrics ------------------------------------------------------------
 
