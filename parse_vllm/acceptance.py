@@ -41,6 +41,14 @@ class DraftView:
     stop_allowed: bool  # accepting that stop token respects min_tokens
 
 
+def first_stop_index(draft, stop_ids: frozenset[int]) -> int:
+    """Index of the first token of `draft [d]` that ends the request, -1 if none."""
+    if not stop_ids:
+        return -1
+    hits = np.flatnonzero(np.isin(np.asarray(draft, dtype=np.int64), np.fromiter(stop_ids, dtype=np.int64)))
+    return int(hits[0]) if hits.shape[0] else -1
+
+
 def view_draft(
     draft: np.ndarray,  # [d] as scheduled
     stop_ids: frozenset[int],
@@ -56,11 +64,7 @@ def view_draft(
     if invalid.shape[0]:
         d = int(invalid[0])
         draft = draft[:d]
-    stop_index = -1
-    if stop_ids:
-        hits = np.flatnonzero(np.isin(draft, np.fromiter(stop_ids, dtype=np.int64)))
-        if hits.shape[0]:
-            stop_index = int(hits[0])
+    stop_index = first_stop_index(draft, stop_ids)
     text_len = d if stop_index < 0 else stop_index
     if max_tokens > 0:
         text_len = max(0, min(text_len, max_tokens - output_len))

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from parse_vllm import _vllm
-from parse_vllm.acceptance import final_accept_len, maximal_valid_prefix, view_draft
+from parse_vllm.acceptance import final_accept_len, first_stop_index, maximal_valid_prefix, view_draft
 from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
 from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, request_options
 from parse_vllm.metrics import ParseStats, PromExporter
@@ -211,11 +211,9 @@ class ParseRunnerMixin:
             n = self._parse_state(req_id).draft_len(p.config, p.window)
             # A draft ends at its first stop token: what the drafter wrote
             # after it is not part of the answer and need not be verified.
-            stops = _vllm.request_limits(self, req_id)[2]
-            for j, t in enumerate(draft[:n]):
-                if t in stops:
-                    n = j + 1
-                    break
+            stop = first_stop_index(draft[:n], _vllm.request_limits(self, req_id)[2])
+            if stop >= 0:
+                n = stop + 1
             if len(draft) > n:
                 drafts.draft_token_ids[i] = draft[:n]
         return drafts
@@ -325,13 +323,13 @@ class ParseRunnerMixin:
             if earlier:
                 p2 = judge([rows[k] for k in earlier], list(earlier.values()))
                 cuts = np.cumsum([0] + [b.shape[0] for b in earlier.values()])
+                p2_of = {k: p2[cuts[i]:cuts[i + 1]] for i, k in enumerate(earlier)}
                 new_bounds, new_passed = [], []
                 for k in range(len(rows)):
                     b, ok = bounds[k], passed[cu_copies[k]:cu_copies[k + 1]]
                     if k in earlier:
-                        i = list(earlier).index(k)
                         b = np.concatenate([earlier[k], b])
-                        ok = np.concatenate([p2[cuts[i]:cuts[i + 1]] >= thresholds[k], ok])
+                        ok = np.concatenate([p2_of[k] >= thresholds[k], ok])
                     new_bounds.append(b)
                     new_passed.append(ok)
                 bounds = new_bounds
