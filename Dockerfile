@@ -75,8 +75,7 @@ COPY configs configs
 # rebuild flash-attn. --no-build-isolation: the op compiles against that torch.
 # PARSE_VLLM_BUILD_CUDA=1 fails the build if the CUDA op cannot be built.
 ENV PIP_NO_CACHE_DIR=1 \
-    PIP_BREAK_SYSTEM_PACKAGES=1 \
-    CUDA_HOME=/usr/local/cuda
+    PIP_BREAK_SYSTEM_PACKAGES=1
 RUN python3 -m pip install 'setuptools>=77' 'wheel>=0.43' \
  && PARSE_VLLM_BUILD_CUDA=1 PARSE_VLLM_CUDA_ARCHS="${PARSE_VLLM_CUDA_ARCHS}" PARSE_VLLM_CPU_ISA=avx2 \
     python3 -m pip install -v --no-build-isolation --no-deps . \
