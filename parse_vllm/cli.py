@@ -107,8 +107,8 @@ def _engine_flag(key: str, value: Any) -> list[str]:
     if isinstance(value, bool):
         # vLLM's boolean arguments come in --flag / --no-flag pairs.
         return [flag] if value else ["--no-" + key.replace("_", "-")]
-    if isinstance(value, list):
-        return [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)]
+    if isinstance(value, list):  # an empty list says nothing, as in vLLM's --config
+        return [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)] if value else []
     if isinstance(value, dict):
         return [flag, json.dumps(value)]
     return [flag, str(value)]
@@ -295,12 +295,12 @@ def check_with_vllm(preset: Preset | None, argv: list[str]) -> argparse.Namespac
     where = preset.path if preset else "arguments"
     if preset is not None:
         for key, value in preset.engine.items():
-            for flag in _engine_flag(key, value)[:1]:
-                if flag not in known:
-                    near = difflib.get_close_matches(flag, list(known), n=1)
-                    hint = f"; did you mean {near[0][2:].replace('-', '_')}?" if near else ""
-                    no = " (false needs a --no- form; leave it out instead)" if value is False else ""
-                    raise PresetError(f"{where}: engine.{key}: not a `vllm serve` argument{no}{hint}")
+            flag = (_engine_flag(key, value) or ["--" + key.replace("_", "-")])[0]
+            if flag not in known:
+                near = difflib.get_close_matches(flag, list(known), n=1)
+                hint = f"; did you mean {near[0][2:].replace('-', '_')}?" if near else ""
+                no = " (false needs a --no- form; leave it out instead)" if value is False else ""
+                raise PresetError(f"{where}: engine.{key}: not a `vllm serve` argument{no}{hint}")
         spec_fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
         unknown = sorted(set(preset.speculative_config or {}) - spec_fields)
         if unknown:

@@ -161,6 +161,14 @@ def test_yaml_shapes_become_vllm_config_file_flags():
     ]
 
 
+def test_false_and_empty_engine_values_reach_vllm(vllm_parser):
+    preset = cli.Preset(path="x", model="t", engine={"enforce_eager": False, "enable_prefix_caching": False,
+                                                      "served_model_name": []})
+    assert preset.flags()[2:] == ["--no-enforce-eager", "--no-enable-prefix-caching"]
+    args = check_with_vllm(preset, preset.argv())
+    assert args.enforce_eager is False and args.enable_prefix_caching is False and args.served_model_name is None
+
+
 # -- `parse-vllm serve --config` -----------------------------------------------
 
 def test_serve_config_runs_vllm_serve_with_the_preset(no_engine, vllm_parser):
