@@ -137,9 +137,85 @@ def cpu_worker_builds_runner(runner_cls):
 
 
 def cpu_platform_cls():
-    from vllm.platforms.cpu import CpuPlatform
+    """vLLM's CpuPlatform, and one thing more when PARSE is named: vLLM's Ray
+    executor made to run on CPU (see `cpu_ray_executor_cls`). vLLM 0.32 has no
+    Ray support for CPU (CpuPlatform.ray_device_key is empty, so
+    v1/executor/ray_utils.py:572 `initialize_ray_cluster` refuses it), so
+    `distributed_executor_backend="ray"` is replaced by the PARSE CPU Ray
+    executor. Without a `parse` section nothing changes."""
+    global _CPU_PLATFORM
+    if _CPU_PLATFORM is None:
+        from vllm.platforms.cpu import CpuPlatform
 
-    return CpuPlatform
+        class CpuPlatformWithRay(CpuPlatform):
+            @classmethod
+            def check_and_update_config(cls, vllm_config) -> None:
+                from parse_vllm.plugin import parse_enabled
+
+                pc = vllm_config.parallel_config
+                if parse_enabled(vllm_config) and pc.distributed_executor_backend == "ray":
+                    # By class path: the config is pickled to the engine core
+                    # process, which imports the class from there.
+                    from parse_vllm.worker import ParseCpuRayExecutor
+
+                    pc.distributed_executor_backend = ParseCpuRayExecutor
+                super().check_and_update_config(vllm_config)
+
+        CpuPlatformWithRay.__name__ = CpuPlatformWithRay.__qualname__ = "CpuPlatform"
+        _CPU_PLATFORM = CpuPlatformWithRay
+    return _CPU_PLATFORM
+
+
+_CPU_PLATFORM = None
+
+
+def cpu_ray_executor_cls():
+    """vLLM's Ray executor (v1/executor/ray_executor_v2.py: RayExecutorV2, the
+    default `ray` backend of 0.32, VLLM_USE_RAY_V2_EXECUTOR_BACKEND=1) adapted
+    to CPU workers. What it assumes of GPUs, and what replaces it:
+
+    - ray_utils.py:572/416 `initialize_ray_cluster` and
+      `get_bundles_sorted_by_node` read `current_platform.ray_device_key` for
+      the placement-group bundles: "CPU" while the executor starts (the
+      engine-core process only), so each worker's bundle reserves one CPU.
+    - ray_executor_v2.py:276 `_get_actor_resource_kwargs` asks for
+      `resources={ray_device_key: n}`, which Ray refuses for "CPU": the actor
+      asks for nothing itself (num_cpus=0, as vLLM sets) and runs in its
+      bundle.
+    - ray_executor_v2.py:144 `RayWorkerProc.get_node_and_physical_gpu_ids`
+      reads Ray's accelerator ids, which have no "CPU": the CPU actor answers
+      its node and no devices. The executor builds actors from the module
+      global `RayWorkerProc` (:389), swapped for the CPU one during start-up.
+
+    The workers themselves are vLLM's (WorkerProc building
+    parallel_config.worker_cls, the PARSE CPU worker), and load the plugin
+    through its entry points like any vLLM process."""
+    import ray
+    import vllm.v1.executor.ray_executor_v2 as rx
+    from vllm.platforms import current_platform
+
+    class CpuRayWorkerProc(rx.RayWorkerProc):
+        def get_node_and_physical_gpu_ids(self) -> tuple[str, list[int]]:
+            return ray.get_runtime_context().get_node_id(), []
+
+    class CpuRayExecutor(rx.RayExecutorV2):
+        @staticmethod
+        def _get_actor_resource_kwargs() -> dict:
+            return {"num_gpus": 0}
+
+        def _init_executor(self) -> None:
+            saved_proc = rx.RayWorkerProc
+            had_key = "ray_device_key" in vars(current_platform)
+            rx.RayWorkerProc = CpuRayWorkerProc
+            current_platform.ray_device_key = "CPU"
+            try:
+                super()._init_executor()
+            finally:
+                rx.RayWorkerProc = saved_proc
+                if not had_key:
+                    del current_platform.ray_device_key
+
+    return CpuRayExecutor, CpuRayWorkerProc
 
 
 def cuda_platform_cls():
@@ -619,6 +695,18 @@ def request_block_table(runner, kv_cache_group_id: int):
     """The input batch's block table of one KV-cache group, as numpy
     [max_num_reqs, max_blocks] (rows = input-batch rows, manager block ids)."""
     return runner.input_batch.block_table[kv_cache_group_id].get_numpy_array()
+
+
+def batch_request_block_ids(input_batch) -> set[int]:
+    """Every KV block id held by the requests now in the input batch, over
+    all KV-cache groups (v1/worker/block_table.py: MultiGroupBlockTable
+    `.block_tables`, each row valid up to `num_blocks_per_row[row]`)."""
+    held: set[int] = set()
+    for table in input_batch.block_table.block_tables:
+        ids = table.get_numpy_array()
+        for row in range(input_batch.num_reqs):
+            held.update(int(b) for b in ids[row, : table.num_blocks_per_row[row]])
+    return held
 
 
 def layer_block_tables(runner, kv_cache_group_id: int, table) -> dict[str, Any]:

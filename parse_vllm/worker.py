@@ -1,5 +1,9 @@
-"""Workers that build the PARSE model runner, and answer `parse_stats` RPCs
-(`LLM.collective_rpc("parse_stats")`, see parse_vllm.get_stats)."""
+"""Workers that build the PARSE model runner, and answer the PARSE RPCs
+(`LLM.collective_rpc("parse_stats")`, see parse_vllm.get_stats; on a server
+started with VLLM_SERVER_DEV_MODE=1, `POST /collective_rpc {"method": ...}`):
+
+  parse_stats, parse_judgments, parse_reset_stats   PARSE counters
+  parse_kv_blocks   the worker's view of the KV blocks (leak checks)"""
 
 from __future__ import annotations
 
@@ -23,6 +27,34 @@ class _StatsRPC:
             self.model_runner._parse_last_exported = ParseStats()
 
 
+    def parse_kv_blocks(self) -> dict:
+        """The worker's side of KV-block accounting, for leak checks
+        (scripts/load_test.py): how many blocks the cache has and how many
+        are held back as PARSE scratch (the scheduler hands out only the
+        rest), which blocks the requests now in the batch hold, whether any
+        of those is a scratch block (never allowed), and how many requests
+        the runner still keeps state for (0 once the server is idle)."""
+        import numpy as np
+
+        runner = self.model_runner
+        verifier = getattr(getattr(runner, "_parse", None), "verifier", None)
+        scratch = getattr(verifier, "scratch_ids", None)  # [R] or None (kernel path)
+        scratch = np.zeros(0, dtype=np.int64) if scratch is None else np.asarray(scratch)
+        num_blocks = int(getattr(verifier, "num_blocks", 0)) or None
+        batch = runner.input_batch
+        held = _vllm.batch_request_block_ids(batch)
+        return {
+            "num_blocks": num_blocks,
+            "scratch_blocks": int(scratch.shape[0]),
+            "scheduler_blocks": None if num_blocks is None else num_blocks - int(scratch.shape[0]),
+            "batch_requests": int(batch.num_reqs),
+            "runner_requests": len(runner.requests),
+            "parse_request_states": len(getattr(runner, "_parse_states", ())),
+            "request_blocks_held": len(held),
+            "scratch_blocks_in_request_tables": len(held.intersection(scratch.tolist())),
+        }
+
+
 class ParseCPUWorker(_StatsRPC, _vllm.cpu_worker_cls()):
     def init_device(self):
         from parse_vllm.runner import ParseCPUModelRunner
@@ -31,7 +63,18 @@ class ParseCPUWorker(_StatsRPC, _vllm.cpu_worker_cls()):
             super().init_device()
 
 
-def __getattr__(name):  # CUDA-only imports stay lazy on CPU installs
+def __getattr__(name):  # CUDA-only (and Ray) imports stay lazy
+    if name in ("ParseCpuRayExecutor", "ParseCpuRayWorkerProc"):
+        # vLLM's Ray executor on CPU, for PARSE engines named with
+        # distributed_executor_backend="ray" (chosen by the PARSE CPU
+        # platform; see _vllm.cpu_ray_executor_cls). Module-level names, so
+        # the config and the Ray actors can refer to them by class path.
+        executor, proc = _vllm.cpu_ray_executor_cls()
+        for cls, cls_name in ((executor, "ParseCpuRayExecutor"), (proc, "ParseCpuRayWorkerProc")):
+            cls.__name__ = cls.__qualname__ = cls_name
+            cls.__module__ = __name__
+            globals()[cls_name] = cls
+        return globals()[name]
     if name == "ParseGPUWorker":
 
         class ParseGPUWorker(_StatsRPC, _vllm.gpu_worker_cls()):
