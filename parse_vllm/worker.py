@@ -7,6 +7,8 @@ started with VLLM_SERVER_DEV_MODE=1, `POST /collective_rpc {"method": ...}`):
 
 from __future__ import annotations
 
+import os
+
 from parse_vllm import _vllm
 
 
@@ -44,6 +46,7 @@ class _StatsRPC:
         batch = runner.input_batch
         held = _vllm.batch_request_block_ids(batch)
         return {
+            "pid": os.getpid(),
             "num_blocks": num_blocks,
             "scratch_blocks": int(scratch.shape[0]),
             "scheduler_blocks": None if num_blocks is None else num_blocks - int(scratch.shape[0]),

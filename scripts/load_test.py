@@ -147,6 +147,19 @@ def make_jobs(n: int, seed: int) -> list[Job]:
     return jobs
 
 
+def make_warmup_jobs(n: int, seed: int) -> list[Job]:
+    """Jobs like the measured ones, every fourth at the largest shapes (350
+    words, 128 tokens), so buffers sized by the longest requests exist
+    before the memory baseline."""
+    jobs = make_jobs(n, seed)
+    rng = random.Random(seed)
+    for job in jobs[::4]:
+        job.prompt = " ".join(rng.choice(WORDS) for _ in range(350))
+        job.max_tokens = 128
+        job.ignore_eos = True
+    return jobs
+
+
 # -- HTTP ---------------------------------------------------------------------
 
 
@@ -310,18 +323,29 @@ class Server:
         self._log.close()
 
 
-def tree_rss_mb(pid: int) -> float:
-    """Resident memory of a process and all its descendants, MiB."""
+def rss_by_process_mb(pid: int, extra_pids: tuple[int, ...] = ()) -> dict[str, float]:
+    """Resident memory of a process and all its descendants (the API
+    server, engine core, worker; with Ray, also the Ray daemons the engine
+    started), plus `extra_pids` outside that tree, MiB, by process name."""
     import psutil
 
     root = psutil.Process(pid)
-    total = 0
-    for p in [root, *root.children(recursive=True)]:
+    procs = {p.pid: p for p in [root, *root.children(recursive=True)]}
+    for extra in extra_pids:
+        if extra not in procs and psutil.pid_exists(extra):
+            procs[extra] = psutil.Process(extra)
+    out: dict[str, float] = {}
+    for p in procs.values():
         try:
-            total += p.memory_info().rss
+            name = "api-server" if p.pid == pid else p.name()
+            out[name] = out.get(name, 0.0) + p.memory_info().rss / 2**20
         except psutil.NoSuchProcess:
             pass
-    return total / 2**20
+    return {k: round(v, 1) for k, v in sorted(out.items())}
+
+
+def tree_rss_mb(pid: int, extra_pids: tuple[int, ...] = ()) -> float:
+    return sum(rss_by_process_mb(pid, extra_pids).values())
 
 
 # -- the test -------------------------------------------------------------------
@@ -382,11 +406,15 @@ def summarize(results: list[Result]) -> dict:
 def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_pid: int | None) -> tuple[dict, list[Result]]:
     deadline = time.time() + args.max_seconds
     asyncio.run(run_jobs(base, args.model_name, warmup, args.clients, deadline, args.request_timeout))
-    wait_idle(base)
-    rss_before = tree_rss_mb(server_pid) if server_pid else None
+    _, idle_blocks = wait_idle(base)
+    rpc_ok = idle_blocks is not None
+    # The worker may live outside the server's process tree (a Ray actor).
+    worker_pids = (idle_blocks["pid"],) if rpc_ok else ()
+    by_process_before = rss_by_process_mb(server_pid, worker_pids) if server_pid else None
+    rss_before = by_process_before and sum(by_process_before.values())
 
-    seen = {"polls": 0, "scratch_in_tables_max": 0, "blocks_held_max": 0, "kv_usage_max": 0.0}
-    rpc_ok = worker_rpc(base, "parse_kv_blocks") is not None
+    seen = {"polls": 0, "scratch_in_tables_max": 0, "blocks_held_max": 0, "kv_usage_max": 0.0, "rss": []}
+    t0 = time.time()
 
     def poll():
         if rpc_ok:
@@ -394,16 +422,20 @@ def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_
             seen["scratch_in_tables_max"] = max(seen["scratch_in_tables_max"], b["scratch_blocks_in_request_tables"])
             seen["blocks_held_max"] = max(seen["blocks_held_max"], b["request_blocks_held"])
         seen["kv_usage_max"] = max(seen["kv_usage_max"], metric_sum(base, "vllm:kv_cache_usage_perc") or 0.0)
+        if server_pid:
+            seen["rss"].append((round(time.time() - t0, 1), round(tree_rss_mb(server_pid, worker_pids), 1)))
         seen["polls"] += 1
 
-    t0 = time.time()
     deadline = t0 + args.max_seconds
     results = asyncio.run(run_jobs(base, args.model_name, jobs, args.clients, deadline, args.request_timeout, poll))
     wall = time.time() - t0
 
     usage, blocks = wait_idle(base)
     time.sleep(2)  # let the allocator settle before measuring
-    rss_after = tree_rss_mb(server_pid) if server_pid else None
+    by_process_after = rss_by_process_mb(server_pid, worker_pids) if server_pid else None
+    rss_after = by_process_after and sum(by_process_after.values())
+    samples = seen["rss"]
+    half = samples[len(samples) // 2][1] if samples else None
     pool = blocks["scheduler_blocks"] if blocks else None
     scheduler_leak = None if usage is None or pool is None else round(usage * (pool - 1))  # -1: vLLM's null block
     worker_leak = blocks["request_blocks_held"] if blocks else None
@@ -424,6 +456,11 @@ def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_
         "rss_before_mb": rss_before and round(rss_before, 1),
         "rss_after_mb": rss_after and round(rss_after, 1),
         "rss_growth_mb": None if rss_before is None else round(rss_after - rss_before, 1),
+        # A leak grows with the requests served; allocator warm-up levels off.
+        "rss_growth_second_half_mb": None if half is None else round(rss_after - half, 1),
+        "rss_samples_mb": samples[:: max(1, len(samples) // 40)],
+        "rss_by_process_before_mb": by_process_before,
+        "rss_by_process_after_mb": by_process_after,
         "parse_stats": worker_rpc(base, "parse_stats") if rpc_ok else None,
         "parse_drafts_total_metric": metric_sum(base, "parse:drafts_total"),
     }
@@ -434,13 +471,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=32, help="concurrent streaming clients")
     ap.add_argument("--requests", type=int, default=500, help="requests of the measured run")
-    ap.add_argument("--warmup", type=int, default=None, help="warm-up requests before the RSS baseline (default: --clients)")
+    ap.add_argument("--warmup", type=int, default=None, help="warm-up requests before the RSS baseline (default: 2 x --clients)")
     ap.add_argument("--max-seconds", type=float, default=1800, help="time bound of the load (requests not started by then are incomplete)")
     ap.add_argument("--request-timeout", type=float, default=300)
     ap.add_argument("--seed", type=int, default=0, help="workload seed")
     ap.add_argument("--out", type=Path, required=True, help="JSON file for the figures")
     ap.add_argument("--base-url", help="a running PARSE server (else one is started on 127.0.0.1)")
     ap.add_argument("--server-pid", type=int, help="with --base-url: its PID, for the RSS figure")
+    ap.add_argument("--no-reference", action="store_true", help="skip the target-alone comparison (mismatches_vs_target: null)")
     ap.add_argument("--reference-url", help="a running target-alone server (else one is started when --target is known)")
     ap.add_argument("--target", type=Path, help="target model (default: a tiny random model)")
     ap.add_argument("--draft", type=Path, help="draft model (default: a tiny random model)")
@@ -455,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_num_seqs is None:
         args.max_num_seqs = args.clients
     if args.warmup is None:
-        args.warmup = args.clients
+        args.warmup = 2 * args.clients
     for name in ("clients", "requests", "max_num_seqs", "window"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -467,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--base-url must be a loopback address (this is a load test)")
 
     jobs = make_jobs(args.requests, args.seed)
-    warmup = make_jobs(args.warmup, args.seed + 1)
+    warmup = make_warmup_jobs(args.warmup, args.seed + 1)
     work = Path(tempfile.mkdtemp(prefix="parse-load-"))
     logs = args.keep_logs or work
     logs.mkdir(parents=True, exist_ok=True)
@@ -490,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     lossless = [j for j in jobs if j.lossless]
     ref_results: dict[int, Result] | None = None
     reference = None
-    if args.reference_url or args.target is not None:
+    if not args.no_reference and (args.reference_url or args.target is not None):
         def run_ref(base):
             out = asyncio.run(run_jobs(base, args.model_name, lossless, args.clients,
                                        time.time() + args.max_seconds, args.request_timeout))
@@ -544,7 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
     keys = ("requests", "errors", "incomplete", "mismatches_vs_target", "leaked_blocks",
-            "scratch_blocks_in_request_tables_max", "rss_growth_mb", "wall_s", "completion_tokens")
+            "scratch_blocks_in_request_tables_max", "rss_growth_mb", "rss_growth_second_half_mb",
+            "wall_s", "completion_tokens")
     print(json.dumps({k: out[k] for k in keys}))
     if not args.keep_logs:
         shutil.rmtree(work, ignore_errors=True)
