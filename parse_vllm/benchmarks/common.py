@@ -1,0 +1,99 @@
+"""What the benchmarks share: models, engines, the results folder and summary.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+#: Keys of bench/results/summary.json (null where a run did not measure them).
+SUMMARY_KEYS = (
+    "verify_over_floor_N256_K8", "verify_token_bound_N256_K8", "sequential_over_parallel_N256_K8",
+    "accept_all_fraction_of_ideal", "reject_all_over_ideal_overhead",
+    "e2e_speedup_bs1", "e2e_speedup_bs16", "draft_token_acceptance_rate", "draft_mean_acceptance_length",
+)
+
+
+def setup_env() -> None:
+    # The probes are callables sent to the workers (collective_rpc), which vLLM
+    # only unpickles when this is set.
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def resolve_models(target: Path | None, draft: Path | None) -> tuple[Path, Path]:
+    """The given pair, else the CPU pair: SmolLM2-135M-Instruct and its shipped trained draft."""
+    from parse_vllm import models
+
+    if target is None:
+        target = models.prepare_models(names=(models.DEMO_TARGET_NAME,), progress=False)[models.DEMO_TARGET_NAME]
+    if draft is None:
+        draft = models.prepare_demo_draft(progress=False)
+    return target, draft
+
+
+def engine_kwargs(target: Path, *, max_model_len: int, max_num_seqs: int = 16, **extra) -> dict:
+    kw = dict(model=str(target), dtype="bfloat16", enforce_eager=True, block_size=32,
+              max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_cache_memory_bytes=2 << 30, seed=0)
+    kw.update(extra)
+    return kw
+
+
+def parse_engine(target: Path, draft: Path, window: int, parse: dict, **kw) -> dict:
+    return engine_kwargs(target, speculative_config={"method": "draft_model", "model": str(draft),
+                                                     "num_speculative_tokens": window},
+                         additional_config={"parse": parse}, **kw)
+
+
+def close(llm) -> None:
+    import gc
+
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # noqa: BLE001 - best effort at teardown
+        pass
+    del llm
+    gc.collect()
+
+
+def machine() -> dict[str, Any]:
+    import torch
+    import vllm
+
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(), "torch": torch.__version__, "vllm": vllm.__version__,
+            "torch_threads": torch.get_num_threads()}
+
+
+def update_summary(results_dir: Path, values: dict[str, Any]) -> Path:
+    """Merge ``values`` into summary.json (every key present, null if never measured)."""
+    path = results_dir / "summary.json"
+    summary = {k: None for k in SUMMARY_KEYS}
+    if path.exists():
+        summary.update(json.loads(path.read_text()))
+    summary.update(values)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
+    """Markdown table; cols = (key, header, format)."""
+    head = "| " + " | ".join(h for _, h, _ in cols) + " |"
+    sep = "|" + "|".join("---:" for _ in cols) + "|"
+    body = []
+    for r in rows:
+        cells = []
+        for key, _, fmt in cols:
+            v = r.get(key)
+            cells.append("—" if v is None else (format(v, fmt) if fmt else str(v)))
+        body.append("| " + " | ".join(cells) + " |")
+    return "\n".join([head, sep, *body])

