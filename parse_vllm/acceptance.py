@@ -8,7 +8,7 @@ tokens and then one token sampled from the target at that position.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -80,3 +80,12 @@ def final_accept_len(l_sem: int, l_tok: int, view: DraftView) -> int:
     if l_sem > 0 and l_sem == view.text_len and view.stop_index == view.text_len and view.stop_allowed:
         l_sem += 1
     return max(l_sem, l_tok)
+
+
+def constrained_view(view: DraftView, l_sem: int, allowed: int) -> tuple[DraftView, int]:
+    """Cut a judged draft to its first `allowed` tokens (the request's
+    constraints — grammar, allowed token ids — forbid the next one): L_sem
+    cannot pass it, and the stop token counts only if it is allowed too."""
+    if allowed > view.text_len:
+        return view, l_sem
+    return replace(view, stop_allowed=False), min(l_sem, allowed)

@@ -58,6 +58,7 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
             "is not supported (use the default 'standard')"
         )
     check_same_tokenizer(vllm_config)
+    check_verification_template(vllm_config, config)
     if vllm_config.parallel_config.pipeline_parallel_size != 1:
         raise ParseConfigError("PARSE does not support pipeline parallelism yet")
 
@@ -96,6 +97,12 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
     if worker_cls == GPU_WORKER_CLS:
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     window = spec.num_speculative_tokens
+    max_model_len = vllm_config.model_config.max_model_len
+    if window >= max_model_len:
+        raise ParseConfigError(
+            f"speculative_config.num_speculative_tokens={window} (the PARSE window W) must be "
+            f"below max_model_len={max_model_len}: no request could hold one window"
+        )
     if sc.max_num_batched_tokens < window + 1:
         raise ParseConfigError(
             f"max_num_batched_tokens={sc.max_num_batched_tokens} cannot hold one "
@@ -130,6 +137,19 @@ def check_same_tokenizer(vllm_config) -> None:
             f"target {vllm_config.model_config.model!r}; PARSE needs a draft "
             "with the same tokenizer (vocabulary and ids)"
         )
+
+
+def check_verification_template(vllm_config, config: ParseConfig) -> None:
+    """Build the verification suffix and label tokens once here, in process 0,
+    so a bad `question`/`labels` (or a target without a chat template) is
+    refused before any engine process starts; the worker builds the same."""
+    from parse_vllm import _vllm
+    from parse_vllm.templates import build_template
+
+    try:
+        build_template(_vllm.target_tokenizer(vllm_config), config)
+    except ParseConfigError as e:
+        raise ParseConfigError(f"{e} (target {vllm_config.model_config.model!r})") from e
 
 
 def validate_request_params(params) -> None:

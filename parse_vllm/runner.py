@@ -28,7 +28,13 @@ import numpy as np
 import torch
 
 from parse_vllm import _vllm
-from parse_vllm.acceptance import final_accept_len, first_stop_index, maximal_valid_prefix, view_draft
+from parse_vllm.acceptance import (
+    constrained_view,
+    final_accept_len,
+    first_stop_index,
+    maximal_valid_prefix,
+    view_draft,
+)
 from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
 from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, request_options
 from parse_vllm.metrics import ParseStats, PromExporter
@@ -341,7 +347,12 @@ class ParseRunnerMixin:
         override_rows, override_len = [], []
         for k, i in enumerate(rows):
             state = self._parse_states[req_ids[i]]
-            accepted = final_accept_len(int(l_sem[k]), int(l_tok[i]), views[k])
+            view = views[k]
+            if l_sem[k] > l_tok[i]:
+                # Semantic acceptance takes draft tokens the rejection sampler
+                # did not: they must still obey the request's constraints.
+                view, l_sem[k] = constrained_view(view, int(l_sem[k]), self._allowed_draft_len(logits, i, starts[i], view))
+            accepted = final_accept_len(int(l_sem[k]), int(l_tok[i]), view)
             stats.tokens_accepted_token_level += int(l_tok[i])
             stats.tokens_accepted_semantic += max(0, accepted - int(l_tok[i]))
             rejected = accepted < views[k].text_len
@@ -373,6 +384,29 @@ class ParseRunnerMixin:
                 row[n] = sampled[i]
                 out_cpu[i] = row
                 ids[i] = torch.from_numpy(row).to(ids.device, ids.dtype)
+
+    def _allowed_draft_len(self, logits, row: int, start: int, view) -> int:
+        """How many leading tokens of input-batch row `row`'s draft (its text
+        and the stop token after it) the request's constraints allow.
+
+        vLLM's scheduler already cuts drafts of structured-output requests to
+        their grammar-valid prefix, and the grammar bitmask has been applied
+        to `logits` in place before `_sample`: a forbidden draft token has a
+        -inf logit at its position. `allowed_token_ids` is a per-request
+        mask. `bad_words` depend on the tokens before each position, which
+        the sampler's history does not hold for accepted draft tokens: such
+        requests take no draft token beyond the token-level check."""
+        md = self.input_batch.sampling_metadata
+        if row in (md.bad_words_token_ids or {}):
+            return 0
+        n = view.text_len + (1 if view.stop_index == view.text_len else 0)
+        draft = torch.from_numpy(self._draft_of(row)[:n]).to(logits.device)
+        positions = torch.arange(start, start + n, device=logits.device)
+        ok = torch.isfinite(logits[positions, draft])
+        if md.allowed_token_ids_mask is not None:
+            ok &= ~md.allowed_token_ids_mask[row, draft]
+        bad = np.flatnonzero(~ok.cpu().numpy())
+        return int(bad[0]) if bad.shape[0] else n
 
     def _record_judgments(self, md, rows, bounds, prefix_len, j) -> None:
         tokens = self.input_batch.token_ids_cpu

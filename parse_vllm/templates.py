@@ -69,11 +69,11 @@ def label_token_ids(tokenizer, labels: tuple[str, str]) -> tuple[int, int]:
     for label in labels:
         toks = tokenizer.encode(label, add_special_tokens=False)
         if not toks:
-            raise ParseConfigError(f"label {label!r} tokenizes to nothing")
+            raise ParseConfigError(f"parse.labels: label {label!r} tokenizes to nothing")
         ids.append(toks[0])
     if ids[0] == ids[1]:
         raise ParseConfigError(
-            f"labels {labels[0]!r} and {labels[1]!r} share their first token "
+            f"parse.labels: {labels[0]!r} and {labels[1]!r} share their first token "
             f"({ids[0]}: {tokenizer.decode([ids[0]])!r}); pick labels that "
             "start with different tokens"
         )

@@ -331,3 +331,49 @@ def test_refusals_at_start(tiny_models, tmp_path):
         make_llm(**parse_kwargs(tiny_models, tau=0.3))
     with pytest.raises(ParseConfigError, match="needs a GPU attention backend"):
         make_llm(**parse_kwargs(tiny_models, verifier="kernel"))
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
+
+
+def _unreadable_draft(tiny_models, tmp_path):
+    import shutil
+
+    bad = tmp_path / "draft-unreadable"
+    shutil.copytree(tiny_models["draft"], bad)
+    (bad / "config.json").write_text("{ not json")
+    return bad
+
+
+@pytest.mark.parametrize("case, want", [
+    ("draft_missing", "no-such-draft"),
+    ("draft_unreadable", "draft-unreadable"),
+    ("threshold", r"parse\.threshold"),
+    ("boundaries", r"parse\.boundaries"),
+    ("labels", r"parse\.labels.*share their first token"),
+    ("window", r"num_speculative_tokens=2048.*max_model_len=1024"),
+])
+def test_bad_configuration_refused_at_start(tiny_models, tmp_path, case, want):
+    """Each bad start-up setting: an error naming the field, raised before any
+    engine process is left running."""
+    kw = parse_kwargs(tiny_models)
+    spec = kw["speculative_config"]
+    if case == "draft_missing":
+        spec["model"] = str(tmp_path / "no-such-draft")
+    elif case == "draft_unreadable":
+        spec["model"] = str(_unreadable_draft(tiny_models, tmp_path))
+    elif case == "threshold":
+        kw["additional_config"] = {"parse": {"threshold": -0.1}}
+    elif case == "boundaries":
+        kw["additional_config"] = {"parse": {"boundaries": "paragraph"}}
+    elif case == "labels":
+        kw["additional_config"] = {"parse": {"labels": ["Correct", "Correctly"]}}
+    elif case == "window":
+        spec["num_speculative_tokens"] = 2048
+    before = _children()
+    with pytest.raises(Exception, match=want):
+        make_llm(**kw)
+    assert _children() <= before
