@@ -72,6 +72,9 @@ OPTION_MIX = (
 MAX_TOKENS = ((10, 1), (15, 8), (25, 32), (30, 64), (20, 128))
 
 
+POLL_ERRORS: list[str] = []  # failed polls of the RPCs and /metrics under load
+
+
 @dataclass
 class Job:
     idx: int
@@ -221,10 +224,14 @@ async def run_jobs(base: str, model: str, jobs: list[Job], clients: int, deadlin
             results[job.idx] = await stream_one(client, base, model, job, timeout)
 
     stop = asyncio.Event()
+    poll_errors = POLL_ERRORS
 
     async def poller():
         while poll is not None and not stop.is_set():
-            await asyncio.to_thread(poll)
+            try:
+                await asyncio.to_thread(poll)
+            except Exception as e:  # a failed poll is reported, not fatal
+                poll_errors.append(f"{type(e).__name__}: {e}")
             try:
                 await asyncio.wait_for(stop.wait(), 1.0)
             except asyncio.TimeoutError:
@@ -453,6 +460,7 @@ def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_
         "runner_requests_left": blocks and blocks["runner_requests"],
         "parse_request_states_left": blocks and blocks["parse_request_states"],
         "rpc_polls": seen["polls"],
+        "poll_errors": POLL_ERRORS[:5],
         "rss_before_mb": rss_before and round(rss_before, 1),
         "rss_after_mb": rss_after and round(rss_after, 1),
         "rss_growth_mb": None if rss_before is None else round(rss_after - rss_before, 1),
