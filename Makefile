@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.parse-vllm-setup
 MODELS  := $(VENV)/.parse-vllm-models
 PYTEST_ARGS ?=
 
-.PHONY: setup models demo test test-fast clean
+.PHONY: setup models demo test test-fast bench bench-full clean
 
 setup: $(STAMP)
 $(STAMP): pyproject.toml $(wildcard setup.py) scripts/setup_env.sh $(wildcard csrc/*.h csrc/*/*.cpp csrc/*/*.cu csrc/*.cpp)
@@ -24,6 +24,17 @@ demo: setup models
 
 test: setup models
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Benchmarks (BENCHMARKS.md): a quick pass of both (~15 min here), or the full runs that
+# regenerate BENCHMARKS.md and bench/full/. Results of the last run: bench/results/.
+bench: setup models
+	$(PY) scripts/bench_verify.py --quick
+	$(PY) scripts/bench_e2e.py --quick
+
+bench-full: setup models
+	$(PY) scripts/bench_verify.py
+	$(PY) scripts/bench_e2e.py
+	$(PY) scripts/bench_report.py
 
 clean:
 	rm -rf build *.egg-info parse_vllm/*.so

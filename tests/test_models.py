@@ -18,7 +18,6 @@ import pytest
 
 from parse_vllm import models
 from parse_vllm.models import (
-    DEMO_DRAFT_LAYERS,
     MARKER_FILE,
     ModelPackageMissingError,
     make_layer_skip_draft,
@@ -276,7 +275,18 @@ def test_make_layer_skip_draft_of_tiny_model_keeps_dtype(prepared, tmp_path):
 def test_prepare_demo_draft_idempotent(prepared):
     path = models.prepare_demo_draft(progress=False)
     assert path == models.model_dir(models.DEMO_DRAFT_NAME)
-    assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == DEMO_DRAFT_LAYERS
+    shipped = json.loads((models.SHIPPED_DRAFTS / models.DEMO_DRAFT_NAME / "config.json").read_text())
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg == shipped and cfg["num_hidden_layers"] < 30
+    # the embedding came from the target, the layers from the shipped delta
+    from safetensors import safe_open
+    with safe_open(str(path / "model.safetensors"), framework="pt") as d, \
+            safe_open(str(models.model_dir(models.DEMO_TARGET_NAME) / "model.safetensors"), framework="pt") as t:
+        assert torch.equal(d.get_tensor("model.embed_tokens.weight"), t.get_tensor("model.embed_tokens.weight"))
+    with safe_open(str(models.SHIPPED_DRAFTS / models.DEMO_DRAFT_NAME / "draft_delta.safetensors"), framework="pt") as s, \
+            safe_open(str(path / "model.safetensors"), framework="pt") as d:
+        assert "model.embed_tokens.weight" not in s.keys()
+        assert all(torch.equal(s.get_tensor(k), d.get_tensor(k)) for k in s.keys())
     mtime = (path / MARKER_FILE).stat().st_mtime_ns
     assert models.prepare_demo_draft(progress=False) == path
     assert (path / MARKER_FILE).stat().st_mtime_ns == mtime

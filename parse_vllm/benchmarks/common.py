@@ -65,7 +65,9 @@ def machine() -> dict[str, Any]:
 
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(), "torch": torch.__version__, "vllm": vllm.__version__,
-            "torch_threads": torch.get_num_threads()}
+            "torch_threads": torch.get_num_threads(),
+            # vLLM's CPU worker pins its compute threads (one core here unless told otherwise)
+            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")}
 
 
 def update_summary(results_dir: Path, values: dict[str, Any]) -> Path:

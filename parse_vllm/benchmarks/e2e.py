@@ -34,7 +34,7 @@ from typing import Any
 from . import common
 
 TAUS_QUICK = (0.0, 0.5, 1.5)
-TAUS_FULL = (0.0, 0.3, 0.5, 0.7, 0.9, 1.5)
+TAUS_FULL = (0.0, 0.5, 0.9, 1.5)
 
 
 def rouge_l(a: list[int], b: list[int]) -> float:
@@ -90,8 +90,9 @@ def _spec_counters(llm) -> dict[str, float]:
     return got
 
 
-def run_config(name: str, kw: dict, prompts: list[list[int]], batches: list[int], taus: list[float | None],
+def run_config(name: str, kw: dict, prompt_sets: dict[int, list[list[int]]], taus: list[float | None],
                parse: bool) -> list[dict]:
+    """One engine; every (batch size, τ) run of this configuration on it."""
     import parse_vllm
     from vllm import LLM, SamplingParams
 
@@ -102,8 +103,9 @@ def run_config(name: str, kw: dict, prompts: list[list[int]], batches: list[int]
     try:
         llm.collective_rpc(probe.install)
         # warm-up: one short request (first-call allocations, lazy inits)
-        llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
-        for batch in batches:
+        first = next(iter(prompt_sets.values()))[0]
+        llm.generate([{"prompt_token_ids": first}], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+        for batch, prompts in prompt_sets.items():
             for tau in taus:
                 extra = {"parse_threshold": tau} if tau is not None else None
                 params = [SamplingParams(temperature=0.0, max_tokens=common_max_tokens, extra_args=extra)
@@ -176,8 +178,10 @@ def main(argv=None) -> int:
     global common_max_tokens
     ap = argparse.ArgumentParser(prog="bench_e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few prompts, 3 τ values (make bench)")
-    ap.add_argument("--bs1-prompts", type=int, default=None, help="questions run at batch 1 (default: quick 4, full 16)")
-    ap.add_argument("--bs16-prompts", type=int, default=None, help="questions run at batch 16 (default: quick 16, full 80)")
+    ap.add_argument("--bs1-prompts", type=int, default=None,
+                    help="questions run at batch 1, spread over the 8 categories (default: quick 4, full 8)")
+    ap.add_argument("--bs16-prompts", type=int, default=None,
+                    help="questions run at batch 16 (default: quick 16, full 32; 80 = all)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--window", type=int, default=None, help="PARSE draft window W (default 128; quick 64)")
     ap.add_argument("--taus", type=float, nargs="+", default=None)
@@ -192,13 +196,15 @@ def main(argv=None) -> int:
     from ..train_prompts import mtbench_questions
 
     questions = mtbench_questions()
-    n1 = args.bs1_prompts or (4 if args.quick else 16)
-    n16 = args.bs16_prompts or (16 if args.quick else 80)
+    n1 = args.bs1_prompts or (4 if args.quick else 8)
+    n16 = args.bs16_prompts or (16 if args.quick else 32)
     taus = list(args.taus or (TAUS_QUICK if args.quick else TAUS_FULL))
     window = args.window or (64 if args.quick else 128)
     # spread the batch-1 subset over the categories (questions come grouped by category)
-    step = max(1, len(questions) // n1)
-    sets = {1: questions[::step][:n1], 16: questions[:n16]}
+    def spread(n):
+        return [questions[round(i * len(questions) / n)] for i in range(n)] if n < len(questions) else questions
+
+    sets = {1: spread(n1), 16: spread(n16)}
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(target))
@@ -211,14 +217,13 @@ def main(argv=None) -> int:
             "method": "draft_model", "model": str(draft), "num_speculative_tokens": 4}, **base), [None], False),
         ("parse-continue", common.parse_engine(target, draft, window, {"on_reject": "continue"}, **base), taus, True),
         ("parse-continue-k4", common.parse_engine(target, draft, window, {"on_reject": "continue", "spec_tokens": 4},
-                                                  **base), [t for t in taus if t in (0.5, 1.5)] or taus[:1], True),
+                                                  **base), [0.5], True),
         ("parse-redraft", common.parse_engine(target, draft, 32, {"on_reject": "redraft", "redraft_tokens": 32},
-                                              **base), [t for t in taus if t in (0.0, 0.5, 1.5)] or taus[:1], True),
+                                              **base), [0.5, 0.9] if not args.quick else [0.5], True),
     ]
     rows: list[dict] = []
     for name, kw, tau_list, is_parse in configs:
-        for b in (1, 16):
-            rows += run_config(name, kw, ids[b], [b], tau_list, is_parse)
+        rows += run_config(name, kw, ids, tau_list, is_parse)
     # speedup and agreement against the target alone, per batch size
     for b in (1, 16):
         ref = next(r for r in rows if r["config"] == "target" and r["batch"] == b)

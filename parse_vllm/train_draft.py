@@ -1,0 +1,459 @@
+"""Train a small draft for a target by distilling the target's own greedy answers.
+
+``parse-vllm train-draft`` (also ``scripts/train_draft.py``) runs two resumable stages in a
+work folder (default ``<cache>/train/<target name>``):
+
+1. **answers** -- :mod:`parse_vllm.train_prompts` makes topic-driven prompts (never the
+   evaluation questions); the target answers them greedily with vLLM (chat template
+   applied, ``max_tokens`` each).  Written in chunks to ``answers.jsonl``; a re-run
+   continues after the last finished chunk.
+2. **distill** -- a ``LlamaForCausalLM`` with few layers, the target's width and the
+   target's (frozen, tied) token embedding, initialised from target layers, is trained
+   with cross-entropy on the target's greedy tokens (sequence-level distillation: the
+   labels are exactly what the target emits, which is what token-level acceptance rewards).
+   bf16 autocast, AdamW, cosine schedule, a token budget and a wall-clock bound;
+   checkpoints every few minutes, resumes from the last one; a fixed seed fixes the data
+   order and initialisation.
+
+The result is a *delta*: only the draft's own weights (its layers and final norm) plus its
+config, tens of MB -- :func:`assemble_draft` rebuilds a normal HF folder from it and the
+target's embedding, which is how the shipped draft (``parse_vllm/drafts/``) is installed
+by ``parse-vllm prepare-models``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Weights that belong to the target and are shared, never trained or shipped.
+SHARED_WEIGHTS = ("model.embed_tokens.weight",)
+
+
+@dataclass
+class DraftShape:
+    """Shape of the draft relative to its target."""
+
+    num_layers: int = 2
+    intermediate_size: int = 1024
+    #: target layers the draft's layers start from (len == num_layers)
+    init_layers: tuple[int, ...] = (0, 1)
+
+
+@dataclass
+class TrainConfig:
+    num_prompts: int = 2000
+    max_tokens: int = 256           # answer length cap when generating data
+    token_budget: int = 700_000     # answer tokens seen in training (epochs as needed)
+    max_minutes: float = 30.0       # wall-clock bound of the distill stage
+    batch_tokens: int = 4096        # padded tokens per optimiser step
+    lr: float = 1.5e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    seed: int = 0
+    checkpoint_minutes: float = 3.0
+    shape: DraftShape = field(default_factory=DraftShape)
+    #: continue from an exported draft (its folder) instead of cutting the target's layers
+    init_from: str | None = None
+
+
+def flops_per_token(cfg: dict, context: int = 512) -> float:
+    """Multiply-accumulates per generated token (weights + attention at ``context``)."""
+    h, i, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = cfg.get("head_dim") or h // heads
+    per_layer = h * heads * d * 2 + h * kv * d * 2 + 3 * h * i + 2 * heads * d * context
+    return L * per_layer + h * cfg["vocab_size"]
+
+
+# --------------------------------------------------------------------------- stage 1
+def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequence[str], chunk: int = 250) -> Path:
+    """Greedy target answers for ``cfg.num_prompts`` prompts -> ``work/answers.jsonl``."""
+    from tqdm import tqdm
+    from vllm import LLM, SamplingParams
+
+    from .train_prompts import make_prompts
+
+    out = work / "answers.jsonl"
+    prompts = make_prompts(cfg.num_prompts, seed=cfg.seed, exclude=exclude)
+    done = 0
+    if out.exists():
+        with open(out) as f:
+            done = sum(1 for line in f if line.strip())
+    if done >= len(prompts):
+        return out
+    llm = LLM(model=target, dtype="bfloat16", max_model_len=1024, max_num_seqs=128, enforce_eager=True,
+              kv_cache_memory_bytes=4 << 30, seed=cfg.seed)
+    tok = llm.get_tokenizer()
+    params = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens)
+    bar = tqdm(total=len(prompts), initial=done, desc="target answers", unit="prompt")
+    t0, new_tokens = time.perf_counter(), 0
+    for start in range(done, len(prompts), chunk):
+        rows = prompts[start : start + chunk]
+        ids = [chat_prompt_ids(tok, r["prompt"]) for r in rows]
+        results = llm.generate([{"prompt_token_ids": p} for p in ids], params, use_tqdm=False)
+        with open(out, "a") as f:
+            for r, p, res in zip(rows, ids, results):
+                answer = list(res.outputs[0].token_ids)
+                new_tokens += len(answer)
+                f.write(json.dumps({**r, "prompt_ids": list(p), "answer_ids": answer}) + "\n")
+        bar.update(len(rows))
+        bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - t0):.0f}")
+    bar.close()
+    del llm
+    return out
+
+
+def chat_prompt_ids(tok: Any, prompt: str) -> list[int]:
+    """Token ids of a one-turn chat prompt, the way vLLM's chat entry points render it."""
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+    return tok.encode(text, add_special_tokens=False)
+
+
+def load_answers(path: Path) -> list[tuple[list[int], list[int]]]:
+    rows = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                rows.append((r["prompt_ids"], r["answer_ids"]))
+    return rows
+
+
+# --------------------------------------------------------------------------- stage 2
+def init_draft(target_dir: Path, shape: DraftShape, seed: int) -> tuple[Any, dict]:
+    """The draft: target config with fewer/narrower layers, weights cut from the target.
+
+    Layers come from ``shape.init_layers``; the MLP keeps the ``intermediate_size`` neurons
+    with the largest ``|up| * |down|`` weight norms (a standard magnitude prune), so the
+    draft starts as a shallow copy of the target rather than from noise.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    target = LlamaForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32)
+    if len(shape.init_layers) != shape.num_layers:
+        raise ValueError(f"init_layers {shape.init_layers} must name {shape.num_layers} target layers")
+    dcfg = dict(tcfg)
+    dcfg.update(num_hidden_layers=shape.num_layers, intermediate_size=shape.intermediate_size,
+                tie_word_embeddings=True, dtype="bfloat16")
+    dcfg.pop("transformers_version", None)
+    draft = LlamaForCausalLM(LlamaConfig(**dcfg)).float()
+    sd_t = target.state_dict()
+    # The final norm starts at 1: the target's gains are tuned for its last layer's residual
+    # stream and make a shallow draft's first predictions wildly over-confident (initial
+    # loss ~15 instead of ~8 here).
+    new = {"model.embed_tokens.weight": sd_t["model.embed_tokens.weight"],
+           "model.norm.weight": torch.ones_like(sd_t["model.norm.weight"])}
+    n_t = tcfg["num_hidden_layers"]
+    for i, src in enumerate(shape.init_layers):
+        src %= n_t
+        pre_d, pre_t = f"model.layers.{i}.", f"model.layers.{src}."
+        for k, v in sd_t.items():
+            if k.startswith(pre_t) and ".mlp." not in k:
+                new[pre_d + k[len(pre_t):]] = v
+        up, gate, down = (sd_t[pre_t + f"mlp.{n}_proj.weight"] for n in ("up", "gate", "down"))
+        score = up.norm(dim=1) * down.norm(dim=0) * gate.norm(dim=1)
+        keep = score.topk(shape.intermediate_size).indices.sort().values
+        new[pre_d + "mlp.up_proj.weight"] = up[keep]
+        new[pre_d + "mlp.gate_proj.weight"] = gate[keep]
+        new[pre_d + "mlp.down_proj.weight"] = down[:, keep]
+    missing, unexpected = draft.load_state_dict(new, strict=False)
+    missing = [m for m in missing if m != "lm_head.weight"]
+    if missing or unexpected:
+        raise RuntimeError(f"draft init: missing {missing}, unexpected {unexpected}")
+    draft.tie_weights()
+    del target
+    return draft, dcfg
+
+
+def _batches(rows: list[tuple[list[int], list[int]]], batch_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Index batches of similar length (little padding), in a seeded random order."""
+    order = sorted(range(len(rows)), key=lambda i: (len(rows[i][0]) + len(rows[i][1]), rng.random()))
+    batches, cur, cur_max = [], [], 0
+    for i in order:
+        n = len(rows[i][0]) + len(rows[i][1])
+        if cur and max(cur_max, n) * (len(cur) + 1) > batch_tokens:
+            batches.append(cur)
+            cur, cur_max = [], 0
+        cur.append(i)
+        cur_max = max(cur_max, n)
+    if cur:
+        batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
+def _collate(rows, idx, pad_id: int):
+    """inputs [B, T], labels [B, T] (-100 outside the answer): position t predicts token t+1."""
+    import torch
+
+    seqs = [rows[i][0] + rows[i][1] for i in idx]
+    T = max(len(s) for s in seqs) - 1
+    inputs = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    labels = torch.full((len(seqs), T), -100, dtype=torch.long)
+    for b, i in enumerate(idx):
+        s, p = seqs[b], len(rows[i][0])
+        inputs[b, : len(s) - 1] = torch.tensor(s[:-1])
+        labels[b, p - 1 : len(s) - 1] = torch.tensor(s[p:])
+    return inputs, labels
+
+
+def _loss_and_hits(model, inputs, labels):
+    """Cross-entropy on answer positions only; the lm_head runs on those rows alone."""
+    import torch
+    import torch.nn.functional as F
+
+    mask = labels != -100
+    hidden = model.model(input_ids=inputs, attention_mask=(inputs >= 0).long()).last_hidden_state
+    h = hidden[mask]                                   # [num_answer_tokens, hidden]
+    logits = F.linear(h, model.model.embed_tokens.weight)  # tied head, frozen
+    y = labels[mask]
+    loss = F.cross_entropy(logits.float(), y)
+    hits = (logits.argmax(-1) == y).sum().item()
+    return loss, hits, int(y.numel())
+
+
+def evaluate(model, rows, batch_tokens: int, pad_id: int) -> float:
+    """Teacher-forced greedy agreement with the target on ``rows`` (a proxy for acceptance)."""
+    import torch
+
+    model.eval()
+    hits = total = 0
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for idx in _batches(rows, batch_tokens, random.Random(0)):
+            _, h, n = _loss_and_hits(model, *_collate(rows, idx, pad_id))
+            hits, total = hits + h, total + n
+    model.train()
+    return hits / max(total, 1)
+
+
+def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
+    """Train the draft on ``work/answers.jsonl``; checkpoints in ``work/ckpt.pt``; -> ``work/draft``."""
+    import torch
+    from tqdm import tqdm
+
+    torch.manual_seed(cfg.seed)
+    rows = load_answers(work / "answers.jsonl")[: cfg.num_prompts]
+    rng = random.Random(cfg.seed)
+    perm = list(range(len(rows)))
+    rng.shuffle(perm)
+    n_eval = max(16, len(rows) // 20)
+    eval_rows = [rows[i] for i in perm[:n_eval]]
+    train_rows = [rows[i] for i in perm[n_eval:]]
+    answer_tokens = sum(len(a) for _, a in train_rows)
+    log(f"[train-draft] data: {len(train_rows)} train answers ({answer_tokens} answer tokens, "
+        f"{sum(len(p) for p, _ in train_rows)} prompt tokens), {len(eval_rows)} held out")
+
+    model, dcfg = init_draft(target_dir, cfg.shape, cfg.seed)
+    if cfg.init_from:
+        from safetensors.torch import load_file
+
+        prev = load_file(str(Path(cfg.init_from) / DELTA_WEIGHTS))
+        model.load_state_dict({k: v.float() for k, v in prev.items()}, strict=False)
+        log(f"[train-draft] starting from {cfg.init_from} ({len(prev)} tensors)")
+    pad_id = int(dcfg.get("pad_token_id") or 0)
+    model.model.embed_tokens.weight.requires_grad_(False)  # shared with the target, never trained
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    steps_per_epoch = len(_batches(train_rows, cfg.batch_tokens, random.Random(0)))
+    total_steps = max(1, math.ceil(cfg.token_budget / max(answer_tokens, 1) * steps_per_epoch))
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total_steps)))
+
+    state = {"step": 0, "epoch": 0, "pos": 0, "tokens": 0, "seconds": 0.0, "history": []}
+    ckpt = work / "ckpt.pt"
+    if ckpt.exists():
+        saved = torch.load(ckpt, weights_only=False)
+        if saved.get("config") != asdict(cfg):
+            raise ValueError(f"{ckpt} was made with other settings; delete it or pass the same options")
+        model.load_state_dict(saved["model"], strict=False)
+        opt.load_state_dict(saved["opt"])
+        state = saved["state"]
+        log(f"[train-draft] resuming at step {state['step']} ({state['tokens']} tokens seen)")
+    else:
+        acc0 = evaluate(model, eval_rows, cfg.batch_tokens, pad_id)
+        state["history"].append({"step": 0, "tokens": 0, "eval_agreement": acc0})
+        log(f"[train-draft] before training: held-out greedy agreement {acc0:.3f}")
+
+    def save() -> None:
+        trainable = {k: v for k, v in model.state_dict().items() if k not in SHARED_WEIGHTS and k != "lm_head.weight"}
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save({"config": asdict(cfg), "model": trainable, "opt": opt.state_dict(), "state": state}, tmp)
+        os.replace(tmp, ckpt)
+
+    t_start = time.perf_counter() - state["seconds"]
+    last_save = time.perf_counter()
+    bar = tqdm(total=total_steps, initial=state["step"], desc="distill", unit="step")
+    run_hits = run_n = 0
+    while state["step"] < total_steps:
+        batches = _batches(train_rows, cfg.batch_tokens, random.Random(cfg.seed * 1000 + state["epoch"]))
+        while state["pos"] < len(batches) and state["step"] < total_steps:
+            if time.perf_counter() - t_start > cfg.max_minutes * 60:
+                break
+            for g in opt.param_groups:
+                g["lr"] = lr_at(state["step"])
+            inputs, labels = _collate(train_rows, batches[state["pos"]], pad_id)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss, hits, n = _loss_and_hits(model, inputs, labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            state["step"] += 1
+            state["pos"] += 1
+            state["tokens"] += n
+            run_hits, run_n = run_hits + hits, run_n + n
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", agree=f"{run_hits / max(run_n, 1):.3f}")
+            if time.perf_counter() - last_save > cfg.checkpoint_minutes * 60:
+                state["seconds"] = time.perf_counter() - t_start
+                save()
+                last_save = time.perf_counter()
+                run_hits = run_n = 0
+        else:
+            if state["pos"] >= len(batches):
+                state["epoch"] += 1
+                state["pos"] = 0
+            continue
+        break  # out of time
+    bar.close()
+    state["seconds"] = time.perf_counter() - t_start
+    acc = evaluate(model, eval_rows, cfg.batch_tokens, pad_id)
+    state["history"].append({"step": state["step"], "tokens": state["tokens"], "eval_agreement": acc})
+    save()
+    log(f"[train-draft] {state['step']}/{total_steps} steps, {state['tokens']} tokens, "
+        f"{state['seconds'] / 60:.1f} min; held-out greedy agreement {acc:.3f}")
+
+    out = work / "draft"
+    export_delta(model, dcfg, out, meta={
+        "target": target_dir.name, "train": asdict(cfg), "data_answers": len(train_rows),
+        "data_answer_tokens": answer_tokens, "steps": state["step"], "tokens_seen": state["tokens"],
+        "train_minutes": round(state["seconds"] / 60, 2), "history": state["history"],
+        "flops_per_token_target": flops_per_token(json.loads((target_dir / "config.json").read_text())),
+        "flops_per_token_draft": flops_per_token(dcfg),
+        # a continued run records the run it started from
+        "previous": (json.loads((Path(cfg.init_from) / DELTA_META).read_text())
+                     if cfg.init_from and (Path(cfg.init_from) / DELTA_META).exists() else None),
+    })
+    return out
+
+
+DELTA_WEIGHTS = "draft_delta.safetensors"
+DELTA_CONFIG = "config.json"
+DELTA_META = "training.json"
+
+
+def export_delta(model, dcfg: dict, out: Path, meta: dict) -> None:
+    """The draft minus the shared embedding, in bf16: what gets shipped."""
+    import torch
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()
+          if k not in SHARED_WEIGHTS and k != "lm_head.weight"}
+    save_file(sd, str(out / DELTA_WEIGHTS), metadata={"shared_from_target": ",".join(SHARED_WEIGHTS)})
+    (out / DELTA_CONFIG).write_text(json.dumps(dcfg, indent=2) + "\n")
+    (out / DELTA_META).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def assemble_draft(delta_dir: Path, target_dir: Path, out: Path) -> Path:
+    """A normal HF folder: the delta's weights + the target's embedding and tokenizer files."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(delta_dir / DELTA_WEIGHTS))
+    dcfg = json.loads((delta_dir / DELTA_CONFIG).read_text())
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    for key in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads"):
+        if dcfg.get(key) != tcfg.get(key):
+            raise ValueError(f"draft {delta_dir} was trained for another target: {key} "
+                             f"{dcfg.get(key)} != {tcfg.get(key)} in {target_dir}")
+    with safe_open(str(target_dir / "model.safetensors"), framework="pt") as f:
+        for name in SHARED_WEIGHTS:
+            sd[name] = f.get_tensor(name).to(torch.bfloat16)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(dcfg, indent=2) + "\n")
+    for f in target_dir.iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("chat_template.jinja", "special_tokens_map.json",
+                                                        "generation_config.json"):
+            shutil.copy2(f, out / f.name)
+    shutil.copy2(delta_dir / DELTA_META, out / DELTA_META)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``parse-vllm train-draft``: answers, then distill, then (``--ship``) install the delta."""
+    from .models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME, SHIPPED_DRAFTS, default_cache_dir, prepare_models
+    from .train_prompts import mtbench_questions
+
+    d = TrainConfig()
+    ap = argparse.ArgumentParser(prog="parse-vllm train-draft", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default=None, help=f"target HF folder (default: the prepared {DEMO_TARGET_NAME})")
+    ap.add_argument("--work", type=Path, default=None, help="work folder (default: <cache>/train/<target name>)")
+    ap.add_argument("--num-prompts", type=int, default=d.num_prompts)
+    ap.add_argument("--max-tokens", type=int, default=d.max_tokens, help="answer length cap when generating data")
+    ap.add_argument("--token-budget", type=int, default=d.token_budget, help="answer tokens to train on")
+    ap.add_argument("--max-minutes", type=float, default=d.max_minutes, help="wall-clock bound of the distill stage")
+    ap.add_argument("--batch-tokens", type=int, default=d.batch_tokens)
+    ap.add_argument("--lr", type=float, default=d.lr)
+    ap.add_argument("--layers", type=int, default=d.shape.num_layers)
+    ap.add_argument("--intermediate-size", type=int, default=d.shape.intermediate_size)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--init-from", default=None,
+                    help="continue training an exported draft (a folder with draft_delta.safetensors), fresh schedule")
+    ap.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads for distillation (default: all cores)")
+    ap.add_argument("--ship", action="store_true",
+                    help=f"copy the result into the package (parse_vllm/drafts/{DEMO_DRAFT_NAME}) for make demo/bench")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = Path(args.target) if args.target else prepare_models(names=(DEMO_TARGET_NAME,))[DEMO_TARGET_NAME]
+    if not (target / "config.json").is_file():
+        ap.error(f"--target {target}: not a HF model folder (no config.json)")
+    work = args.work or default_cache_dir() / "train" / target.name
+    work.mkdir(parents=True, exist_ok=True)
+    shape = DraftShape(num_layers=args.layers, intermediate_size=args.intermediate_size,
+                       init_layers=tuple(range(args.layers)))
+    cfg = TrainConfig(num_prompts=args.num_prompts, max_tokens=args.max_tokens, token_budget=args.token_budget,
+                      max_minutes=args.max_minutes, batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed,
+                      shape=shape, init_from=args.init_from, warmup_steps=args.warmup_steps)
+    print(f"[train-draft] work folder {work}")
+    generate_answers(str(target), work, cfg, exclude=[q["prompt"] for q in mtbench_questions()])
+    out = distill(target, work, cfg)
+    meta = json.loads((out / DELTA_META).read_text())
+    print(f"[train-draft] draft delta in {out}: {meta['flops_per_token_target'] / meta['flops_per_token_draft']:.2f}x "
+          f"fewer MACs per token than the target; held-out greedy agreement "
+          f"{meta['history'][-1]['eval_agreement']:.3f}")
+    if args.ship:
+        dest = SHIPPED_DRAFTS / DEMO_DRAFT_NAME
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in (DELTA_WEIGHTS, DELTA_CONFIG, DELTA_META):
+            shutil.copy2(out / name, dest / name)
+        print(f"[train-draft] shipped to {dest} (run `parse-vllm prepare-models` to assemble it)")
+    return 0
+
+
+__all__ = ["TrainConfig", "DraftShape", "generate_answers", "distill", "assemble_draft", "export_delta",
+           "flops_per_token", "main"]
