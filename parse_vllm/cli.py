@@ -266,31 +266,13 @@ def load_yaml_config(path: str | os.PathLike) -> dict:
 
 # -- checking flags with vLLM's own `vllm serve` parser ------------------------
 
-def vllm_serve_parser():
-    """vLLM's `serve` argument parser, built as `vllm serve` builds it (the
-    same construction as _vllm.run_vllm_serve); returns (parser, serve
-    subparser). Imports vLLM; starts nothing."""
-    import vllm.entrypoints.cli.serve as serve_mod
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = FlexibleArgumentParser(prog="parse-vllm", description="vLLM serve with PARSE")
-    subparsers = parser.add_subparsers(required=True, dest="subparser")
-    serve_parser = None
-    for cmd in serve_mod.cmd_init():
-        sub = cmd.subparser_init(subparsers)
-        sub.set_defaults(validate=cmd.validate)
-        if cmd.name == "serve":
-            serve_parser = sub
-    return parser, serve_parser
-
-
 def check_with_vllm(preset: Preset | None, argv: list[str]) -> argparse.Namespace:
     """Run `vllm serve ARGV` through vLLM's own parser and its pre-start checks
     (validate_parsed_serve_args), naming the preset's field when one of its
     values is refused. No engine starts. Returns vLLM's parsed arguments."""
-    from vllm.config import SpeculativeConfig
+    from parse_vllm import _vllm
 
-    parser, serve_parser = vllm_serve_parser()
+    parser, serve_parser = _vllm.vllm_serve_parser()
     known = serve_parser._option_string_actions  # argparse's flag table
     where = preset.path if preset else "arguments"
     if preset is not None:
@@ -301,7 +283,7 @@ def check_with_vllm(preset: Preset | None, argv: list[str]) -> argparse.Namespac
                 hint = f"; did you mean {near[0][2:].replace('-', '_')}?" if near else ""
                 no = " (false needs a --no- form; leave it out instead)" if value is False else ""
                 raise PresetError(f"{where}: engine.{key}: not a `vllm serve` argument{no}{hint}")
-        spec_fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+        spec_fields = _vllm.speculative_config_fields()
         unknown = sorted(set(preset.speculative_config or {}) - spec_fields)
         if unknown:
             raise PresetError(f"{where}: speculative_config: unknown keys {unknown} (not fields of vLLM's SpeculativeConfig)")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from parse_vllm import cli
+from parse_vllm import _vllm, cli
 from parse_vllm.cli import PresetError, check_with_vllm, load_preset
 from parse_vllm.models import default_cache_dir
 
@@ -60,7 +60,7 @@ def _weight_bytes(name: str) -> float:
 @pytest.fixture(scope="module")
 def vllm_parser():
     """Imports vLLM once for the module (~20 s); the parser itself is cheap."""
-    return cli.vllm_serve_parser()
+    return _vllm.vllm_serve_parser()
 
 
 @pytest.fixture
