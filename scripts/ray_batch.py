@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import uuid
@@ -31,6 +32,19 @@ from collections import Counter
 from pathlib import Path
 
 REQUEST_KEYS = {"id", "prompt", "messages", "max_tokens", "temperature", "seed", "parse", "parse_threshold"}
+
+
+def _plain(value):
+    """A batch cell as plain Python: Ray Data batches are columnar, so a field some rows
+    leave out arrives as NaN (float columns) and numbers as numpy scalars."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()
+        except (ValueError, AttributeError):
+            return value
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
 
 
 class ParseGenerator:
@@ -57,7 +71,7 @@ class ParseGenerator:
     def __call__(self, batch: dict) -> dict:
         import parse_vllm
 
-        rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
+        rows = [{k: _plain(v) for k, v in zip(batch, values)} for values in zip(*batch.values())]
         before = parse_vllm.get_stats(self.llm)
         outputs: list = [None] * len(rows)
         chats = [i for i, r in enumerate(rows) if r.get("messages") is not None]
