@@ -240,6 +240,11 @@ def evaluate(model, rows, batch_tokens: int, pad_id: int) -> float:
     return hits / max(total, 1)
 
 
+def _identity(config: dict) -> dict:
+    """What a checkpoint must agree on to be resumed: everything but the time bounds."""
+    return {k: v for k, v in config.items() if k not in ("max_minutes", "checkpoint_minutes")}
+
+
 def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
     """Train the draft on ``work/answers.jsonl``; checkpoints in ``work/ckpt.pt``; -> ``work/draft``."""
     import torch
@@ -280,8 +285,9 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
     ckpt = work / "ckpt.pt"
     if ckpt.exists():
         saved = torch.load(ckpt, weights_only=False)
-        if saved.get("config") != asdict(cfg):
-            raise ValueError(f"{ckpt} was made with other settings; delete it or pass the same options")
+        if _identity(saved.get("config", {})) != _identity(asdict(cfg)):
+            raise ValueError(f"{ckpt} was made with other settings; delete it or pass the same options "
+                             f"(only --max-minutes may change between runs)")
         model.load_state_dict(saved["model"], strict=False)
         opt.load_state_dict(saved["opt"])
         state = saved["state"]
