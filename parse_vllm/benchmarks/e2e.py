@@ -179,10 +179,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="bench_e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few prompts, 3 τ values (make bench)")
     ap.add_argument("--bs1-prompts", type=int, default=None,
-                    help="questions run at batch 1, spread over the 8 categories (default: quick 4, full 8)")
+                    help="questions run at batch 1, spread over the 8 categories (default: quick 2, full 8)")
     ap.add_argument("--bs16-prompts", type=int, default=None,
                     help="questions run at batch 16 (default: quick 16, full 32; 80 = all)")
-    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=None, help="answer cap (default 256; quick 128)")
     ap.add_argument("--window", type=int, default=None, help="PARSE draft window W (default 128; quick 64)")
     ap.add_argument("--taus", type=float, nargs="+", default=None)
     ap.add_argument("--results", type=Path, default=Path("bench/results"))
@@ -190,13 +190,14 @@ def main(argv=None) -> int:
     ap.add_argument("--draft", type=Path, default=None)
     args = ap.parse_args(argv)
     common.setup_env()
+    args.max_tokens = args.max_tokens or (128 if args.quick else 256)
     common_max_tokens = args.max_tokens
     target, draft = common.resolve_models(args.target, args.draft)
     from ..train_draft import chat_prompt_ids
     from ..train_prompts import mtbench_questions
 
     questions = mtbench_questions()
-    n1 = args.bs1_prompts or (4 if args.quick else 8)
+    n1 = args.bs1_prompts or (2 if args.quick else 8)
     n16 = args.bs16_prompts or (16 if args.quick else 32)
     taus = list(args.taus or (TAUS_QUICK if args.quick else TAUS_FULL))
     window = args.window or (64 if args.quick else 128)

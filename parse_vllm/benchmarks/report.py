@@ -23,6 +23,18 @@ def _goal(ok: bool | None) -> str:
     return "not measured" if ok is None else ("**met**" if ok else "**not met**")
 
 
+def _faithful(rows: list[dict], batch: int) -> str:
+    bar = next((r["rouge_l"] for r in rows if r["config"] == "token-k4" and r["batch"] == batch), None)
+    if bar is None:
+        return f"- bs {batch}: no token-level run"
+    ok = [r for r in rows if r["batch"] == batch and r["config"].startswith("parse") and r["rouge_l"] >= bar - 0.05]
+    if not ok:
+        return f"- bs {batch}: none (token-k4 ROUGE-L {bar:.3f})"
+    r = max(ok, key=lambda r: r["speedup"])
+    return (f"- bs {batch}: `{r['config']}` τ = {r['tau']}: {r['speedup']:.2f}× the target alone, "
+            f"ROUGE-L {r['rouge_l']:.3f} (token-k4: {bar:.3f})")
+
+
 def render(results: Path, figures: str) -> str:
     v = json.loads((results / "verify.json").read_text())
     e = json.loads((results / "e2e.json").read_text())
@@ -87,6 +99,12 @@ def render(results: Path, figures: str) -> str:
         common.table(e["rows"], e2e.COLS),
         "",
         f"![e2e]({figures}/e2e.png)",
+        "",
+        "Greedy decoding in bf16 is not batch-invariant: vLLM's own (lossless) token-level speculation "
+        "already departs from the target-alone text (the `token-k4` rows), so its ROUGE-L is the bar for "
+        "\"no visible loss\" here. Fastest PARSE run at that bar (ROUGE-L ≥ token-k4's − 0.05), per batch size:",
+        "",
+        *[_faithful(e["rows"], b) for b in (1, 16)],
         "",
         "### Brackets",
         "",

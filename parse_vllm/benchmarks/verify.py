@@ -130,7 +130,7 @@ COLS = [("N", "N", ""), ("K", "K", ""), ("S", "S", ""), ("floor_ms", "(a) floor 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="bench_verify", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="N = 64, 256 and 3 reps (make bench)")
+    ap.add_argument("--quick", action="store_true", help="N = 64, 256 and 2 reps (make bench)")
     ap.add_argument("--ns", type=int, nargs="+", default=None)
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 4, 8, 16])
     ap.add_argument("--reps", type=int, default=None)
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     common.setup_env()
     ns = args.ns or ([64, 256] if args.quick else [64, 256, 1024])
-    reps = args.reps or (3 if args.quick else 5)
+    reps = args.reps or (2 if args.quick else 5)
     target, draft = common.resolve_models(args.target, args.draft)
     from ..train_prompts import mtbench_questions
 
