@@ -29,7 +29,6 @@ import math
 import os
 import random
 import shutil
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -213,7 +212,6 @@ def _collate(rows, idx, pad_id: int):
 
 def _loss_and_hits(model, inputs, labels):
     """Cross-entropy on answer positions only; the lm_head runs on those rows alone."""
-    import torch
     import torch.nn.functional as F
 
     mask = labels != -100

@@ -7,6 +7,7 @@ module builds the engines it needs once (module-scoped fixtures)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 from pathlib import Path
@@ -63,6 +64,42 @@ def parse_kwargs(tiny_models, window: int = WINDOW, **parse) -> dict:
                             "num_speculative_tokens": window},
         additional_config={"parse": parse},
     )
+
+
+@contextlib.contextmanager
+def running_server(cmd: list[str], log_path: Path, env: dict, timeout: float = 600):
+    """Start `cmd` (a `parse-vllm serve ...` line) in its own session, wait for /health,
+    yield its base URL, and stop it (terminate, then kill) whatever happens."""
+    import subprocess
+    import time
+
+    import requests
+
+    port = cmd[cmd.index("--port") + 1]
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+            try:
+                if requests.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(1)
+        else:
+            raise RuntimeError(f"server did not start:\n{log_path.read_text()[-4000:]}")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
 
 
 def make_llm(**kw):

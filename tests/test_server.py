@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import BLOCK, WINDOW
+from conftest import BLOCK, WINDOW, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -45,30 +44,8 @@ def server(tiny_models, tmp_path_factory):
     ]
     env = {**os.environ, "VLLM_LOG_STATS_INTERVAL": "1", "VLLM_LOGGING_LEVEL": "INFO"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 600
-    try:
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                if requests.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(1)
-        else:
-            raise RuntimeError(f"server did not start:\n{log_path.read_text()[-4000:]}")
+    with running_server(cmd, log_path, env) as base:
         yield {"base": base, "log": log_path}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @pytest.fixture(scope="module")

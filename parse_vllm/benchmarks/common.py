@@ -99,3 +99,26 @@ def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
             cells.append("—" if v is None else (format(v, fmt) if fmt else str(v)))
         body.append("| " + " | ".join(cells) + " |")
     return "\n".join([head, sep, *body])
+
+
+def two_panels():
+    """A figure with two side-by-side axes (matplotlib, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, 2, figsize=(11, 4))
+
+
+def save_panels(fig, axes, path: Path) -> None:
+    """Legends, grids, tight layout, PNG at ``path``; closes the figure."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -140,12 +140,7 @@ common_max_tokens = 256
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = common.two_panels()
     for batch in sorted({r["batch"] for r in rows}):
         for cfg in sorted({r["config"] for r in rows if r["tau"] is not None}):
             rs = sorted((r for r in rows if r["config"] == cfg and r["batch"] == batch), key=lambda r: r["tau"])
@@ -159,13 +154,7 @@ def plot(rows: list[dict], path: Path) -> None:
     axes[0].axhline(1.0, color="k", alpha=0.3)
     axes[0].set(xlabel="τ", ylabel="speedup over target alone", title="Speed vs τ")
     axes[1].set(xlabel="τ", ylabel="ROUGE-L vs target alone", title="Agreement vs τ", ylim=(0, 1.05))
-    for ax in axes:
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_panels(fig, axes, path)
 
 
 COLS = [("config", "config", ""), ("batch", "bs", ""), ("tau", "τ", ""), ("tok_s", "tok/s", ".1f"),

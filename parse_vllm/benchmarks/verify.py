@@ -94,12 +94,7 @@ def run_one_n(target: Path, draft: Path, n: int, ks: list[int], reps: int, promp
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = common.two_panels()
     for n in sorted({r["N"] for r in rows}):
         rs = [r for r in rows if r["N"] == n]
         ks = [r["K"] for r in rs]
@@ -112,12 +107,7 @@ def plot(rows: list[dict], path: Path) -> None:
     axes[1].set(xlabel="K boundaries", ylabel="time / PARSE time", title="(c)/(b) and (d)/(b)")
     for ax in axes:
         ax.set_xscale("log", base=2)
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_panels(fig, axes, path)
 
 
 COLS = [("N", "N", ""), ("K", "K", ""), ("S", "S", ""), ("floor_ms", "(a) floor ms", ".1f"),
