@@ -91,7 +91,7 @@ def _spec_counters(llm) -> dict[str, float]:
 
 
 def run_config(name: str, kw: dict, prompt_sets: dict[int, list[list[int]]], taus: list[float | None],
-               parse: bool) -> list[dict]:
+               parse: bool, max_tokens: int) -> list[dict]:
     """One engine; every (batch size, τ) run of this configuration on it."""
     import parse_vllm
     from vllm import LLM, SamplingParams
@@ -108,7 +108,7 @@ def run_config(name: str, kw: dict, prompt_sets: dict[int, list[list[int]]], tau
         for batch, prompts in prompt_sets.items():
             for tau in taus:
                 extra = {"parse_threshold": tau} if tau is not None else None
-                params = [SamplingParams(temperature=0.0, max_tokens=common_max_tokens, extra_args=extra)
+                params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args=extra)
                           for _ in prompts]
                 if parse:
                     parse_vllm.reset_stats(llm)
@@ -136,9 +136,6 @@ def run_config(name: str, kw: dict, prompt_sets: dict[int, list[list[int]]], tau
     return rows
 
 
-common_max_tokens = 256
-
-
 def plot(rows: list[dict], path: Path) -> None:
     fig, axes = common.two_panels()
     for batch in sorted({r["batch"] for r in rows}):
@@ -164,7 +161,6 @@ COLS = [("config", "config", ""), ("batch", "bs", ""), ("tau", "τ", ""), ("tok_
 
 
 def main(argv=None) -> int:
-    global common_max_tokens
     ap = argparse.ArgumentParser(prog="bench_e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few prompts, 3 τ values (make bench)")
     ap.add_argument("--bs1-prompts", type=int, default=None,
@@ -180,7 +176,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     common.setup_env()
     args.max_tokens = args.max_tokens or (128 if args.quick else 256)
-    common_max_tokens = args.max_tokens
     target, draft = common.resolve_models(args.target, args.draft)
     from ..train_draft import chat_prompt_ids
     from ..train_prompts import mtbench_questions
@@ -213,7 +208,7 @@ def main(argv=None) -> int:
     ]
     rows: list[dict] = []
     for name, kw, tau_list, is_parse in configs:
-        rows += run_config(name, kw, ids, tau_list, is_parse)
+        rows += run_config(name, kw, ids, tau_list, is_parse, args.max_tokens)
     # speedup and agreement against the target alone, per batch size
     for b in (1, 16):
         ref = next(r for r in rows if r["config"] == "target" and r["batch"] == b)

@@ -84,9 +84,10 @@ def run_one_n(target: Path, draft: Path, n: int, ks: list[int], reps: int, promp
                 "independent_over_parse": statistics.median(indep) / (floor + par),
                 "sequential_over_parallel_verify_only": seq / par,
             })
+        row_bytes = llm.llm_engine.model_config.get_vocab_size() * 4  # one fp32 logits row
         mem = {"N": n, "verify_logit_rows_max": got["verify_max_logit_rows"],
-               "verify_logits_bytes": got["verify_max_logit_rows"] * llm.llm_engine.model_config.get_vocab_size() * 4,
-               "all_rows_logits_bytes": (n + k_max * len(suffix)) * llm.llm_engine.model_config.get_vocab_size() * 4,
+               "verify_logits_bytes": got["verify_max_logit_rows"] * row_bytes,
+               "all_rows_logits_bytes": (n + k_max * len(suffix)) * row_bytes,
                "copies_in_pass": study["copies"], "wall_s": wall}
         return {"rows": rows, "memory": mem}
     finally:
