@@ -317,8 +317,11 @@ def test_cpu_image_runs_the_steps_make_demo_runs():
     venv = env["VENV"]
     # What `make demo` runs from nothing (-B: as if nothing were built), less
     # its stamps and the demo itself.
-    r = subprocess.run(["make", "-n", "-B", "demo", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60, check=True)
+    # Under `make test` (CI) this make is a sub-make: MAKEFLAGS/MAKELEVEL from the parent
+    # would make it print "Entering/Leaving directory" lines, so run it as a top-level make.
+    env_clean = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+    r = subprocess.run(["make", "--no-print-directory", "-n", "-B", "demo", f"VENV={venv}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60, check=True, env=env_clean)
     make_cmds = [shlex.split(l) for l in r.stdout.splitlines() if l.strip() and not l.startswith("touch ")]
     assert make_cmds[-1][:2] == [f"{venv}/bin/parse-vllm", "demo"]
     steps = make_cmds[:-1]
