@@ -29,6 +29,7 @@ import math
 import os
 import random
 import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -64,6 +65,10 @@ class TrainConfig:
     shape: DraftShape = field(default_factory=DraftShape)
     #: continue from an exported draft (its folder) instead of cutting the target's layers
     init_from: str | None = None
+    #: the target's top-k next-token log-probabilities saved with each answer token (0: none)
+    teacher_topk: int = 8
+    #: loss = (1 - w) * CE(greedy token) + w * CE(target's top-k distribution), on rows that have it
+    soft_weight: float = 0.5
 
 
 def flops_per_token(cfg: dict, context: int = 512) -> float:
@@ -94,7 +99,10 @@ def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequenc
     llm = LLM(model=target, dtype="bfloat16", max_model_len=1024, max_num_seqs=128, enforce_eager=True,
               kv_cache_memory_bytes=4 << 30, seed=cfg.seed)
     tok = llm.get_tokenizer()
-    params = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens)
+    # logprobs=k: the target's top-k at every answer position comes free with generation and
+    # gives the draft the target's whole ranking to learn, not just its argmax.
+    params = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, logprobs=cfg.teacher_topk or None,
+                            detokenize=False)
     bar = tqdm(total=len(prompts), initial=done, desc="target answers", unit="prompt")
     t0, new_tokens = time.perf_counter(), 0
     for start in range(done, len(prompts), chunk):
@@ -105,7 +113,13 @@ def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequenc
             for r, p, res in zip(rows, ids, results):
                 answer = list(res.outputs[0].token_ids)
                 new_tokens += len(answer)
-                f.write(json.dumps({**r, "prompt_ids": list(p), "answer_ids": answer}) + "\n")
+                row = {**r, "prompt_ids": list(p), "answer_ids": answer}
+                if cfg.teacher_topk and res.outputs[0].logprobs:
+                    top = [sorted(d.items(), key=lambda kv: -kv[1].logprob)[: cfg.teacher_topk]
+                           for d in res.outputs[0].logprobs]
+                    row["topk_ids"] = [[t for t, _ in pos] for pos in top]
+                    row["topk_logprobs"] = [[round(lp.logprob, 4) for _, lp in pos] for pos in top]
+                f.write(json.dumps(row) + "\n")
         bar.update(len(rows))
         bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - t0):.0f}")
     bar.close()
@@ -119,13 +133,18 @@ def chat_prompt_ids(tok: Any, prompt: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-def load_answers(path: Path) -> list[tuple[list[int], list[int]]]:
+#: one training example: prompt ids, answer ids, and per answer token the target's top-k
+#: ids and log-probabilities (None for answers generated without them)
+Row = tuple[list[int], list[int], "list[list[int]] | None", "list[list[float]] | None"]
+
+
+def load_answers(path: Path) -> list[Row]:
     rows = []
     with open(path) as f:
         for line in f:
             if line.strip():
                 r = json.loads(line)
-                rows.append((r["prompt_ids"], r["answer_ids"]))
+                rows.append((r["prompt_ids"], r["answer_ids"], r.get("topk_ids"), r.get("topk_logprobs")))
     return rows
 
 
@@ -195,23 +214,51 @@ def _batches(rows: list[tuple[list[int], list[int]]], batch_tokens: int, rng: ra
     return batches
 
 
-def _collate(rows, idx, pad_id: int):
-    """inputs [B, T], labels [B, T] (-100 outside the answer): position t predicts token t+1."""
+@dataclass
+class SoftTargets:
+    """The target's top-k distribution at the answer positions that have one.
+
+    Rows follow ``labels != -100`` in row-major order (the order ``hidden[mask]`` yields).
+    """
+
+    rows: Any       # [num_soft] long: index into the answer positions
+    ids: Any        # [num_soft, k] long
+    probs: Any      # [num_soft, k] float: renormalised over the top k
+
+
+def _collate(rows, idx, pad_id: int, topk: int = 0):
+    """inputs [B, T], labels [B, T] (-100 outside the answer): position t predicts token t+1;
+    plus the answers' soft targets (None when ``topk`` is 0 or no row in the batch has them)."""
     import torch
 
     seqs = [rows[i][0] + rows[i][1] for i in idx]
     T = max(len(s) for s in seqs) - 1
     inputs = torch.full((len(seqs), T), pad_id, dtype=torch.long)
     labels = torch.full((len(seqs), T), -100, dtype=torch.long)
+    soft_rows, soft_ids, soft_lp, offset = [], [], [], 0
     for b, i in enumerate(idx):
         s, p = seqs[b], len(rows[i][0])
         inputs[b, : len(s) - 1] = torch.tensor(s[:-1])
         labels[b, p - 1 : len(s) - 1] = torch.tensor(s[p:])
-    return inputs, labels
+        n_ans = len(s) - p
+        top_ids, top_lp = rows[i][2], rows[i][3]
+        if topk and top_ids is not None and len(top_ids) == n_ans:
+            soft_rows.extend(range(offset, offset + n_ans))
+            # pad short rankings (a position may list fewer than k) with a repeat at -inf
+            soft_ids.extend((ids + ids[-1:] * topk)[:topk] for ids in top_ids)
+            soft_lp.extend((lp + [-math.inf] * topk)[:topk] for lp in top_lp)
+        offset += n_ans
+    soft = None
+    if soft_rows:
+        soft = SoftTargets(rows=torch.tensor(soft_rows), ids=torch.tensor(soft_ids),
+                           probs=torch.tensor(soft_lp).softmax(-1))
+    return inputs, labels, soft
 
 
-def _loss_and_hits(model, inputs, labels):
-    """Cross-entropy on answer positions only; the lm_head runs on those rows alone."""
+def _loss_and_hits(model, inputs, labels, soft: SoftTargets | None = None, soft_weight: float = 0.0):
+    """Loss on answer positions only (the lm_head runs on those rows alone): cross-entropy on
+    the target's greedy token, mixed with cross-entropy against the target's top-k
+    distribution where the batch has it."""
     import torch.nn.functional as F
 
     mask = labels != -100
@@ -219,7 +266,11 @@ def _loss_and_hits(model, inputs, labels):
     h = hidden[mask]                                   # [num_answer_tokens, hidden]
     logits = F.linear(h, model.model.embed_tokens.weight)  # tied head, frozen
     y = labels[mask]
-    loss = F.cross_entropy(logits.float(), y)
+    logp = logits.float().log_softmax(-1)              # [num_answer_tokens, vocab]
+    loss = F.nll_loss(logp, y)
+    if soft is not None and soft_weight > 0:
+        soft_loss = -(soft.probs * logp[soft.rows].gather(1, soft.ids)).sum(-1).mean()
+        loss = (1 - soft_weight) * loss + soft_weight * soft_loss
     hits = (logits.argmax(-1) == y).sum().item()
     return loss, hits, int(y.numel())
 
@@ -232,7 +283,8 @@ def evaluate(model, rows, batch_tokens: int, pad_id: int) -> float:
     hits = total = 0
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         for idx in _batches(rows, batch_tokens, random.Random(0)):
-            _, h, n = _loss_and_hits(model, *_collate(rows, idx, pad_id))
+            inputs, labels, _ = _collate(rows, idx, pad_id)
+            _, h, n = _loss_and_hits(model, inputs, labels)
             hits, total = hits + h, total + n
     model.train()
     return hits / max(total, 1)
@@ -256,9 +308,11 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
     n_eval = max(16, len(rows) // 20)
     eval_rows = [rows[i] for i in perm[:n_eval]]
     train_rows = [rows[i] for i in perm[n_eval:]]
-    answer_tokens = sum(len(a) for _, a in train_rows)
-    log(f"[train-draft] data: {len(train_rows)} train answers ({answer_tokens} answer tokens, "
-        f"{sum(len(p) for p, _ in train_rows)} prompt tokens), {len(eval_rows)} held out")
+    answer_tokens = sum(len(r[1]) for r in train_rows)
+    soft_tokens = sum(len(r[1]) for r in train_rows if r[2] is not None)
+    log(f"[train-draft] data: {len(train_rows)} train answers ({answer_tokens} answer tokens, {soft_tokens} of "
+        f"them with the target's top-{cfg.teacher_topk}; {sum(len(r[0]) for r in train_rows)} prompt tokens), "
+        f"{len(eval_rows)} held out")
 
     model, dcfg = init_draft(target_dir, cfg.shape, cfg.seed)
     if cfg.init_from:
@@ -312,9 +366,9 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
                 break
             for g in opt.param_groups:
                 g["lr"] = lr_at(state["step"])
-            inputs, labels = _collate(train_rows, batches[state["pos"]], pad_id)
+            inputs, labels, soft = _collate(train_rows, batches[state["pos"]], pad_id, cfg.teacher_topk)
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss, hits, n = _loss_and_hits(model, inputs, labels)
+                loss, hits, n = _loss_and_hits(model, inputs, labels, soft, cfg.soft_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -347,7 +401,7 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
     out = work / "draft"
     export_delta(model, dcfg, out, meta={
         "target": target_dir.name, "train": asdict(cfg), "data_answers": len(train_rows),
-        "data_answer_tokens": answer_tokens, "steps": state["step"], "tokens_seen": state["tokens"],
+        "data_answer_tokens": answer_tokens, "data_soft_tokens": soft_tokens, "steps": state["step"], "tokens_seen": state["tokens"],
         "train_minutes": round(state["seconds"] / 60, 2), "history": state["history"],
         "flops_per_token_target": flops_per_token(json.loads((target_dir / "config.json").read_text())),
         "flops_per_token_draft": flops_per_token(dcfg),
@@ -356,6 +410,37 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
                      if cfg.init_from and (Path(cfg.init_from) / DELTA_META).exists() else None),
     })
     return out
+
+
+def measure_acceptance(target: Path, draft: Path, k: int = 4, max_tokens: int = 256, batch: int = 16,
+                       limit: int | None = None, dtype: str = "bfloat16") -> dict:
+    """The standard quality figure of a draft: vLLM's own ``draft_model`` speculative decoding
+    with ``k`` tokens, greedy, on MT-Bench's 80 first-turn questions (chat template applied).
+
+    Returns the acceptance rate (accepted / proposed draft tokens) and the mean acceptance
+    length (1 + accepted tokens per draft, the tokens each target step yields).
+    """
+    from vllm import LLM, SamplingParams
+
+    from .benchmarks.e2e import _spec_counters
+    from .train_prompts import mtbench_questions
+
+    llm = LLM(model=str(target), dtype=dtype, enforce_eager=True, max_model_len=1024, max_num_seqs=batch,
+              kv_cache_memory_bytes=2 << 30, seed=0, disable_log_stats=False,  # the spec-decode counters
+              speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": k})
+    tok = llm.get_tokenizer()
+    prompts = [{"prompt_token_ids": chat_prompt_ids(tok, q["prompt"])} for q in mtbench_questions()[:limit]]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=True)
+    c = _spec_counters(llm)
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # noqa: BLE001 - best effort at teardown
+        pass
+    return {"k": k, "prompts": len(prompts), "max_tokens": max_tokens,
+            "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+            "drafts": int(c["drafts"]), "draft_tokens": int(c["draft_tokens"]), "accepted": int(c["accepted"]),
+            "acceptance_rate": c["accepted"] / c["draft_tokens"] if c["draft_tokens"] else None,
+            "mean_acceptance_length": 1 + c["accepted"] / c["drafts"] if c["drafts"] else None}
 
 
 DELTA_WEIGHTS = "draft_delta.safetensors"
@@ -424,6 +509,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--init-from", default=None,
                     help="continue training an exported draft (a folder with draft_delta.safetensors), fresh schedule")
     ap.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    ap.add_argument("--teacher-topk", type=int, default=d.teacher_topk,
+                    help="save the target's top-k log-probabilities with new answers (0: greedy tokens only)")
+    ap.add_argument("--soft-weight", type=float, default=d.soft_weight,
+                    help="weight of the loss against the target's top-k distribution (rest: its greedy token)")
+    ap.add_argument("--eval-acceptance", action="store_true",
+                    help="measure vLLM draft_model (k=4) acceptance on MT-Bench and record it in training.json")
     ap.add_argument("--threads", type=int, default=None, help="torch threads for distillation (default: all cores)")
     ap.add_argument("--ship", action="store_true",
                     help=f"copy the result into the package (parse_vllm/drafts/{DEMO_DRAFT_NAME}) for make demo/bench")
@@ -442,7 +533,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                        init_layers=tuple(range(args.layers)))
     cfg = TrainConfig(num_prompts=args.num_prompts, max_tokens=args.max_tokens, token_budget=args.token_budget,
                       max_minutes=args.max_minutes, batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed,
-                      shape=shape, init_from=args.init_from, warmup_steps=args.warmup_steps)
+                      shape=shape, init_from=args.init_from, warmup_steps=args.warmup_steps,
+                      teacher_topk=args.teacher_topk, soft_weight=args.soft_weight)
+    if not 0 <= args.soft_weight <= 1:
+        ap.error(f"--soft-weight {args.soft_weight}: must be in [0, 1]")
     print(f"[train-draft] work folder {work}")
     generate_answers(str(target), work, cfg, exclude=[q["prompt"] for q in mtbench_questions()])
     out = distill(target, work, cfg)
@@ -450,6 +544,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"[train-draft] draft delta in {out}: {meta['flops_per_token_target'] / meta['flops_per_token_draft']:.2f}x "
           f"fewer MACs per token than the target; held-out greedy agreement "
           f"{meta['history'][-1]['eval_agreement']:.3f}")
+    if args.eval_acceptance:
+        with tempfile.TemporaryDirectory() as tmp:
+            acc = measure_acceptance(target, assemble_draft(out, target, Path(tmp) / "draft"))
+        meta["acceptance_mtbench"] = acc
+        (out / DELTA_META).write_text(json.dumps(meta, indent=2) + "\n")
+        print(f"[train-draft] vLLM draft_model k=4 on MT-Bench: acceptance rate {acc['acceptance_rate']:.3f}, "
+              f"mean acceptance length {acc['mean_acceptance_length']:.2f}")
     if args.ship:
         dest = SHIPPED_DRAFTS / DEMO_DRAFT_NAME
         dest.mkdir(parents=True, exist_ok=True)
@@ -460,4 +561,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["TrainConfig", "DraftShape", "generate_answers", "distill", "assemble_draft", "export_delta",
-           "flops_per_token", "main"]
+           "flops_per_token", "measure_acceptance", "main"]

@@ -5,6 +5,11 @@ like what users ask (MT-Bench's eight categories: writing, roleplay, reasoning, 
 coding, extraction, STEM, humanities).  They are built from task templates x topics, never
 from the evaluation set: :func:`make_prompts` refuses any prompt that shares a long word
 n-gram with a question in ``exclude`` (the benchmark passes MT-Bench's questions).
+
+Two families: the first :data:`SHORT_PROMPTS` prompts are one-line tasks (``TEMPLATES``; the
+first draft was trained on them alone); the rest are longer, multi-part requests built from a
+task, details, a constraint and an output format (``LONG_TASKS``), closer to what MT-Bench
+asks (about 50 words, several parts, passages to work on) than one-liners are.
 """
 
 from __future__ import annotations
@@ -102,6 +107,156 @@ def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
     return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
+#: prompts [0, SHORT_PROMPTS) are one-liners from TEMPLATES, later ones are LONG_TASKS.
+SHORT_PROMPTS = 2000
+
+CITIES = ("Lisbon", "Kyoto", "Nairobi", "Oslo", "Lima", "Hanoi", "Montreal", "Krakow", "Cape Town", "Seville",
+          "Reykjavik", "Melbourne", "Istanbul", "Bogota", "Edinburgh", "Marrakesh")
+LANGS = ("Python", "JavaScript", "C++", "Java", "Go", "Rust")
+JOBS = ("a nurse", "a software engineer", "a high-school history teacher", "a farmer", "a city planner",
+        "a marine biologist", "a lawyer", "a bakery owner", "an architect", "a pharmacist", "a journalist",
+        "a football coach", "a data analyst", "a park ranger")
+AUDIENCES = ("a group of high-school students", "busy parents", "retired engineers", "first-year university students",
+             "small business owners", "people who have never heard of it", "a panel of experts", "young children")
+ALGOS = (
+    "finds the longest common prefix of a list of strings",
+    "merges two sorted arrays into one sorted array",
+    "checks whether a number is prime, efficiently",
+    "returns the k most frequent words in a text",
+    "implements binary search on a sorted list",
+    "removes duplicate values from a list while keeping the order",
+    "computes the greatest common divisor of two integers",
+    "validates that a string of brackets is balanced",
+    "rotates a square matrix by 90 degrees",
+    "finds the second largest number in an array",
+    "converts a Roman numeral to an integer",
+    "counts the vowels in every word of a sentence",
+    "implements a stack with push, pop and peek",
+    "finds the maximum sum of a contiguous subarray",
+    "parses a CSV line into fields, handling quoted commas",
+    "computes the moving average of a list with window size k",
+    "flattens a nested list of arbitrary depth",
+    "finds all pairs in an array that add up to a target value",
+)
+CONSTRAINTS = (
+    "Keep it under {n0} words.", "Use a formal tone.", "Use a light, humorous tone.",
+    "Include at least three concrete examples.", "Avoid technical jargon.", "Explain each step.",
+    "Make it suitable for {aud}.", "Mention one common misconception.", "End with a short summary.",
+    "Be concise.", "Support each point with a reason.", "",
+)
+FORMATS = (
+    "Present the answer as a numbered list.", "Use short headings for each part.",
+    "Answer in two paragraphs.", "Format the result as a table.", "Return the result in JSON format.",
+    "Use bullet points.", "", "",
+)
+SUBJECTS = ("The committee", "A local bakery", "The research team", "Our neighbour", "The city council",
+            "A young inventor", "The museum", "A small startup", "The school choir", "An old fisherman")
+VERBS = ("announced", "opened", "discovered", "won", "moved", "finished", "started", "lost", "repaired",
+         "organised", "sold", "visited")
+OBJECTS = ("a new library", "a prize in {y1}", "a shop in {city}", "an unusual fossil", "the annual festival",
+           "a bridge near {city}", "{n} paintings", "a project on {t}", "a bicycle race", "a garden in {city}")
+
+# (category, template).  Slots as in TEMPLATES plus {city} {lang} {job} {aud} {algo} {passage}
+# {c} (a constraint) {f} (a format); several parts per prompt, like real requests.
+LONG_TASKS = (
+    ("writing", "Write a travel guide entry for {city} aimed at {aud}. Describe the food, one museum and a day trip. {c} {f}"),
+    ("writing", "Compose a letter from {job} to a local newspaper about {t}. Explain the problem, propose two solutions and close politely. {c}"),
+    ("writing", "Write the opening scene of a mystery novel set in {city}, in which {a} finds a note about {t}. {c}"),
+    ("writing", "Draft a speech for a school graduation that uses {t} as a metaphor for growing up. {c} {f}"),
+    ("writing", "Write a product review of a fictional gadget that helps with {t}. Give a rating out of 10 and list pros and cons. {f}"),
+    ("writing", "Rewrite the following sentence in three different styles (formal, casual and poetic): '{passage}'"),
+    ("writing", "Create a weekly newsletter for {aud} with three short sections: news about {t}, a tip about {t2}, and an upcoming event. {c}"),
+    ("writing", "Write a dialogue between {a} and {b} who disagree about {t}. Each should make at least two arguments. {c}"),
+    ("roleplay", "Pretend you are {job} who has just been asked about {t} by {aud}. Stay in character and answer their questions: What is it? Why should they care? {c}"),
+    ("roleplay", "You are {p}. A visitor from {city} asks you to describe an ordinary day at work and what you would change about it. {c}"),
+    ("roleplay", "Act as a career counsellor. {a} is {job} who wants to change careers and become {job2}. Give a step-by-step plan. {f}"),
+    ("roleplay", "Imagine you are a historian living in the year 2200, explaining to {aud} how people in our time thought about {t}. {c}"),
+    ("roleplay", "Take on the role of a strict but fair judge in a cooking contest. Review a dish made with {food} by {a} and give a score. {c}"),
+    ("reasoning", "{a} is taller than {b}. {b} is taller than {c2}. {d} is shorter than {c2} but taller than nobody else in the group. Who is the tallest, and who is the shortest? Explain your reasoning."),
+    ("reasoning", "Read the passage and answer the question: '{passage} {passage2}' Question: what happened first, and how do you know? Explain."),
+    ("reasoning", "A shop sells pens at {n} dollars each and notebooks at {m} dollars each. {a} spends {k} dollars and buys both. List every possible combination and explain how you found them."),
+    ("reasoning", "Some people argue that {t} does more harm than good. Evaluate this claim: give the strongest argument for it, the strongest argument against it, and your conclusion. {f}"),
+    ("reasoning", "There are {n} people in a room and each shakes hands with every other person exactly once. How many handshakes are there? Then generalise the answer to any number of people."),
+    ("reasoning", "{a} has {n} coins and {b} has {m} coins. {a} gives a third of her coins to {b}, then {b} gives half of his coins back. How many coins does each have now? Show your steps."),
+    ("math", "A triangle has vertices at ({n}, 0), (0, {m}) and (0, 0). Find its area and the length of its longest side."),
+    ("math", "Solve the system of equations: {n}x + y = {k} and x - y = {m}. Check your answer."),
+    ("math", "A number sequence starts {n}, {n2}, {n3}, ... and each term adds the same amount. What is the 20th term and the sum of the first 20 terms?"),
+    ("math", "A bag contains {n} green, {m} yellow and 5 black marbles. Two marbles are drawn without replacement. What is the probability that both are green?"),
+    ("math", "How many integers x satisfy |x - {m}| < {n}? Explain."),
+    ("math", "An investment of {n}00 dollars grows by {m} percent per year. What is it worth after 3 years? Show the calculation for each year."),
+    ("math", "Find the derivative of f(x) = {n}x^3 - {m}x + 7 and the points where the slope is zero."),
+    ("coding", "Write a {lang} function that {algo}. Explain its time complexity and give two test cases."),
+    ("coding", "Here is a task: write a program in {lang} that {algo}. Then describe one edge case and how your code handles it."),
+    ("coding", "Explain the difference between {cs1} and {cs2}, and show a short {lang} example of each."),
+    ("coding", "Write a simple HTML page with a button; when the user clicks it, the page shows a random fact about {t} from a list of {n2} facts."),
+    ("coding", "The following function should return the average of a list but has a bug: def avg(xs): return sum(xs) / len(xs) + 1. Find the bug, fix it, and explain what happens with an empty list."),
+    ("coding", "Design a class in {lang} for a {thing} with at least three methods. Describe what each method does."),
+    ("extraction", "Extract every person, place and year from the text below and return them as JSON with keys people, places and years. Text: '{passage} {passage2} {passage3}'"),
+    ("extraction", "Given these reviews, rate each from 1 to 5 and return the ratings as a list: 1) 'The {thing} broke after a week, terrible.' 2) 'Decent {thing} for the price.' 3) 'Absolutely love this {thing}!'"),
+    ("extraction", "Summarise the following text in one sentence and then list its key facts: '{passage} {passage2}'"),
+    ("extraction", "From the data below, find the month with the highest sales and the total for the year. Data: Jan {n}, Feb {m}, Mar {k}, Apr {n2}, May {n3}, Jun {m2}. {f}"),
+    ("extraction", "Identify the main topic, the tone and the intended audience of this paragraph: 'Everyone who cares about {t} should know that {t2} is changing fast, and we must act now.'"),
+    ("stem", "Explain how {t} works, and describe one experiment that could demonstrate it. {c}"),
+    ("stem", "What is the relationship between {t} and {t2}? Explain with an example. {c} {f}"),
+    ("stem", "An engineer in {city} wants to reduce the energy use of an office building. What are the most effective measures, and what are their trade-offs? {f}"),
+    ("stem", "Describe the main stages of {t}, and explain what could go wrong at each stage. {f}"),
+    ("stem", "A student claims that heavier objects always fall faster. Explain why this is wrong, and describe when air resistance matters. {c}"),
+    ("humanities", "Discuss how {t} has influenced culture in {city}'s country, and compare it with another country of your choice. {f}"),
+    ("humanities", "What are the main arguments for and against regulating {t}? Give examples from at least two countries. {c}"),
+    ("humanities", "Explain the economic concept of {econ} and give a real-world example involving {t}. {c}"),
+    ("humanities", "Outline a three-lesson plan for teaching {aud} about {t}, with one activity per lesson. {f}"),
+    ("humanities", "What etiquette should a visitor follow when doing business in {city}? Give practical advice. {f}"),
+)
+FOODS = ("lentils", "salmon", "mushrooms", "chocolate", "rice", "tomatoes", "goat cheese", "pumpkin")
+THINGS = ("library system", "parking garage", "bank account", "to-do list", "coffee machine", "hotel booking",
+          "music playlist", "thermostat", "vending machine", "blender")
+CS_PAIRS = (("a process", "a thread"), ("a stack", "a queue"), ("recursion", "iteration"), ("a class", "an object"),
+            ("an array", "a linked list"), ("synchronous code", "asynchronous code"), ("a set", "a list"))
+ECON = ("opportunity cost", "supply and demand", "inflation", "comparative advantage", "externalities",
+        "economies of scale", "diminishing returns")
+
+
+def _passage(rng: random.Random) -> str:
+    """One made-up news sentence (for extraction and reasoning prompts)."""
+    obj = rng.choice(OBJECTS).format(y1=rng.randint(1900, 2020), city=rng.choice(CITIES), n=rng.randint(2, 40),
+                                     t=rng.choice(TOPICS))
+    when = rng.choice((f"in {rng.randint(1900, 2020)}", f"last {rng.choice(('spring', 'winter', 'year'))}",
+                       f"on a Tuesday in {rng.choice(CITIES)}"))
+    who = rng.choice(SUBJECTS + tuple(f"{n}" for n in NAMES))
+    return f"{who} {rng.choice(VERBS)} {obj} {when}."
+
+
+def _long_prompt(rng: random.Random) -> tuple[str, str]:
+    category, template = rng.choice(LONG_TASKS)
+    t, t2 = rng.sample(TOPICS, 2)
+    a, b, c2, d = rng.sample(NAMES, 4)
+    n, m = rng.randint(2, 40), rng.randint(2, 30)
+    job, job2 = rng.sample(JOBS, 2)
+    cs1, cs2 = rng.choice(CS_PAIRS)
+    aud = rng.choice(AUDIENCES)
+    c = rng.choice(CONSTRAINTS).format(n0=rng.choice((100, 150, 200, 300)), aud=aud)
+    prompt = template.format(
+        t=t, t2=t2, p=rng.choice(PEOPLE), a=a, b=b, c2=c2, d=d, n=n, m=m, k=n * rng.randint(1, 9) + m,
+        n2=n + m, n3=n + 2 * m, m2=rng.randint(2, 60), city=rng.choice(CITIES), lang=rng.choice(LANGS),
+        job=job, job2=job2, aud=aud, algo=rng.choice(ALGOS), passage=_passage(rng), passage2=_passage(rng),
+        passage3=_passage(rng), c=c, f=rng.choice(FORMATS), food=rng.choice(FOODS), thing=rng.choice(THINGS),
+        cs1=cs1, cs2=cs2, econ=rng.choice(ECON),
+    )
+    return category, " ".join(prompt.split())
+
+
+def _short_prompt(rng: random.Random) -> tuple[str, str]:
+    category, template = rng.choice(TEMPLATES)
+    t, t2 = rng.sample(TOPICS, 2)
+    a, b = rng.sample(NAMES, 2)
+    n, m = rng.randint(2, 40), rng.randint(2, 30)
+    prompt = template.format(
+        t=t, t2=t2, p=rng.choice(PEOPLE), n=n, m=m, k=n * rng.randint(1, 9) + m,
+        a=a, b=b, y1=rng.randint(1850, 1960), y2=rng.randint(1961, 2020), w=rng.choice(WORDS),
+    )
+    return category, prompt
+
+
 def make_prompts(count: int, seed: int = 0, exclude: Iterable[str] = (), ngram: int = 8) -> list[dict]:
     """``count`` distinct prompts ``{"category", "prompt"}``, the same for the same seed.
 
@@ -109,6 +264,8 @@ def make_prompts(count: int, seed: int = 0, exclude: Iterable[str] = (), ngram: 
     training set cannot contain an evaluation question (or a long piece of one).
     """
     rng = random.Random(seed)
+    # The long family has its own stream, so the first SHORT_PROMPTS prompts stay what they were.
+    rng_long = random.Random(f"long-{seed}")
     banned: set[tuple[str, ...]] = set()
     for text in exclude:
         banned |= _ngrams(text, ngram)
@@ -119,14 +276,7 @@ def make_prompts(count: int, seed: int = 0, exclude: Iterable[str] = (), ngram: 
         attempts += 1
         if attempts > 50 * count + 1000:
             raise ValueError(f"only {len(out)} distinct prompts could be made (asked for {count})")
-        category, template = rng.choice(TEMPLATES)
-        t, t2 = rng.sample(TOPICS, 2)
-        a, b = rng.sample(NAMES, 2)
-        n, m = rng.randint(2, 40), rng.randint(2, 30)
-        prompt = template.format(
-            t=t, t2=t2, p=rng.choice(PEOPLE), n=n, m=m, k=n * rng.randint(1, 9) + m,
-            a=a, b=b, y1=rng.randint(1850, 1960), y2=rng.randint(1961, 2020), w=rng.choice(WORDS),
-        )
+        category, prompt = _short_prompt(rng) if len(out) < SHORT_PROMPTS else _long_prompt(rng_long)
         if prompt in seen or (banned and _ngrams(prompt, ngram) & banned):
             continue
         seen.add(prompt)
@@ -165,7 +315,7 @@ def mtbench_questions(path: str | None = None) -> list[dict]:
     return rows
 
 
-__all__ = ["make_prompts", "mtbench_questions", "TEMPLATES", "TOPICS"]
+__all__ = ["make_prompts", "mtbench_questions", "TEMPLATES", "LONG_TASKS", "TOPICS", "SHORT_PROMPTS"]
 
 
 def _main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - quick look
