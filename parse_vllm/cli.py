@@ -389,11 +389,18 @@ def demo(argv: list[str]) -> int:
     print(f"target: SmolLM2-135M-Instruct ({target})")
     meta = json.loads((draft / "training.json").read_text())
     dcfg = json.loads((draft / "config.json").read_text())
+    minutes, run = 0.0, meta
+    while run:  # a run continued from an earlier one (--init-from) records it as "previous"
+        minutes, run = minutes + run["train_minutes"], run.get("previous")
     print(
         f"draft:  {dcfg['num_hidden_layers']} layers distilled from the target's own answers "
-        f"({meta['data_answer_tokens']:,} answer tokens, {meta['train_minutes']:.0f} min on CPU; "
+        f"({meta['data_answer_tokens']:,} answer tokens, {minutes:.0f} min on CPU; "
         f"{meta['flops_per_token_target'] / meta['flops_per_token_draft']:.1f}x fewer MACs per token) ({draft})"
     )
+    if meta.get("acceptance_mtbench"):
+        acc = meta["acceptance_mtbench"]
+        print(f"        vLLM's own token-level speculation (draft_model, k={acc['k']}) on MT-Bench accepts "
+              f"{acc['acceptance_rate']:.1%} of its tokens (mean acceptance length {acc['mean_acceptance_length']:.2f})")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from vllm import LLM, SamplingParams
 

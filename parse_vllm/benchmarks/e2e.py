@@ -26,6 +26,7 @@ Brackets that do not depend on model quality (per batch size):
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
@@ -255,9 +256,11 @@ def main(argv=None) -> int:
                       "exact": r["exact"]}
 
     b1, b16 = best(1), best(16)
+    meta = draft / "training.json"  # a draft made by parse-vllm train-draft says how it was made
+    draft_acc = json.loads(meta.read_text()).get("acceptance_mtbench") if meta.is_file() else None
     common.write_json(args.results / "e2e.json", {
         "mode": "quick" if args.quick else "full", "machine": common.machine(), "target": str(target),
-        "draft": str(draft), "window": window, "max_tokens": args.max_tokens,
+        "draft": str(draft), "draft_acceptance_mtbench": draft_acc, "window": window, "max_tokens": args.max_tokens,
         "prompts": {str(b): [q["question_id"] for q in qs] for b, qs in sets.items()},
         "rows": printable, "brackets": brackets,
         "token_level_k4": {"acceptance_rate": accept_rate, "mean_acceptance_length": mean_len,
