@@ -422,20 +422,20 @@ def measure_acceptance(target: Path, draft: Path, k: int = 4, max_tokens: int = 
     """
     from vllm import LLM, SamplingParams
 
+    from .benchmarks.common import close
     from .benchmarks.e2e import _spec_counters
     from .train_prompts import mtbench_questions
 
     llm = LLM(model=str(target), dtype=dtype, enforce_eager=True, max_model_len=1024, max_num_seqs=batch,
               kv_cache_memory_bytes=2 << 30, seed=0, disable_log_stats=False,  # the spec-decode counters
               speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": k})
-    tok = llm.get_tokenizer()
-    prompts = [{"prompt_token_ids": chat_prompt_ids(tok, q["prompt"])} for q in mtbench_questions()[:limit]]
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=True)
-    c = _spec_counters(llm)
     try:
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:  # noqa: BLE001 - best effort at teardown
-        pass
+        tok = llm.get_tokenizer()
+        prompts = [{"prompt_token_ids": chat_prompt_ids(tok, q["prompt"])} for q in mtbench_questions()[:limit]]
+        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=True)
+        c = _spec_counters(llm)
+    finally:
+        close(llm)
     return {"k": k, "prompts": len(prompts), "max_tokens": max_tokens,
             "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
             "drafts": int(c["drafts"]), "draft_tokens": int(c["draft_tokens"]), "accepted": int(c["accepted"]),

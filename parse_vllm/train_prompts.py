@@ -222,7 +222,7 @@ def _passage(rng: random.Random) -> str:
                                      t=rng.choice(TOPICS))
     when = rng.choice((f"in {rng.randint(1900, 2020)}", f"last {rng.choice(('spring', 'winter', 'year'))}",
                        f"on a Tuesday in {rng.choice(CITIES)}"))
-    who = rng.choice(SUBJECTS + tuple(f"{n}" for n in NAMES))
+    who = rng.choice(SUBJECTS + NAMES)
     return f"{who} {rng.choice(VERBS)} {obj} {when}."
 
 
