@@ -73,6 +73,8 @@ MAX_TOKENS = ((10, 1), (15, 8), (25, 32), (30, 64), (20, 128))
 
 
 POLL_ERRORS: list[str] = []  # failed polls of the RPCs and /metrics under load
+POLL_INTERVAL_S = 0.25  # often, so even a short load is seen many times
+POLL_TIMEOUT_S = 10.0  # one slow answer must not swallow the whole load
 
 
 @dataclass
@@ -204,8 +206,9 @@ async def stream_one(client, base: str, model: str, job: Job, timeout: float) ->
 async def run_jobs(base: str, model: str, jobs: list[Job], clients: int, deadline: float,
                    request_timeout: float, poll=None) -> list[Result]:
     """`clients` concurrent streaming clients take jobs in order until none
-    are left or the deadline passes; `poll()` (sync) runs every second
-    meanwhile, in a thread."""
+    are left or the deadline passes; `poll()` (sync) runs every
+    POLL_INTERVAL_S meanwhile, in a thread. A failed or slow poll is
+    recorded and the next one still runs."""
     import httpx
 
     queue: asyncio.Queue[Job] = asyncio.Queue()
@@ -233,7 +236,7 @@ async def run_jobs(base: str, model: str, jobs: list[Job], clients: int, deadlin
             except Exception as e:  # a failed poll is reported, not fatal
                 poll_errors.append(f"{type(e).__name__}: {e}")
             try:
-                await asyncio.wait_for(stop.wait(), 1.0)
+                await asyncio.wait_for(stop.wait(), POLL_INTERVAL_S)
             except asyncio.TimeoutError:
                 pass
 
@@ -253,13 +256,13 @@ def get_json(url: str, payload: dict | None = None, timeout: float = 30.0):
     return r.json()
 
 
-def worker_rpc(base: str, method: str) -> dict | None:
+def worker_rpc(base: str, method: str, timeout: float = 30.0) -> dict | None:
     """First worker's answer to a PARSE RPC, through vLLM's dev endpoint
     (None when the server was not started with VLLM_SERVER_DEV_MODE=1)."""
     import httpx
 
     try:
-        return get_json(base + "/collective_rpc", {"method": method})["results"][0]
+        return get_json(base + "/collective_rpc", {"method": method}, timeout)["results"][0]
     except httpx.HTTPStatusError as e:
         if e.response.status_code == 404:
             return None
@@ -420,18 +423,25 @@ def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_
     by_process_before = rss_by_process_mb(server_pid, worker_pids) if server_pid else None
     rss_before = by_process_before and sum(by_process_before.values())
 
-    seen = {"polls": 0, "scratch_in_tables_max": 0, "blocks_held_max": 0, "kv_usage_max": 0.0, "rss": []}
+    seen = {"polls": 0, "polls_with_requests": 0, "poll_seconds_max": 0.0, "scratch_in_tables_max": 0,
+            "blocks_held_max": 0, "kv_usage_max": 0.0, "rss": []}
+    POLL_ERRORS.clear()
     t0 = time.time()
 
     def poll():
-        if rpc_ok:
-            b = worker_rpc(base, "parse_kv_blocks")
-            seen["scratch_in_tables_max"] = max(seen["scratch_in_tables_max"], b["scratch_blocks_in_request_tables"])
-            seen["blocks_held_max"] = max(seen["blocks_held_max"], b["request_blocks_held"])
-        seen["kv_usage_max"] = max(seen["kv_usage_max"], metric_sum(base, "vllm:kv_cache_usage_perc") or 0.0)
-        if server_pid:
-            seen["rss"].append((round(time.time() - t0, 1), round(tree_rss_mb(server_pid, worker_pids), 1)))
-        seen["polls"] += 1
+        started = time.time()
+        try:
+            if rpc_ok:
+                b = worker_rpc(base, "parse_kv_blocks", POLL_TIMEOUT_S)
+                seen["scratch_in_tables_max"] = max(seen["scratch_in_tables_max"], b["scratch_blocks_in_request_tables"])
+                seen["blocks_held_max"] = max(seen["blocks_held_max"], b["request_blocks_held"])
+                seen["polls_with_requests"] += b["batch_requests"] > 0
+            seen["kv_usage_max"] = max(seen["kv_usage_max"], metric_sum(base, "vllm:kv_cache_usage_perc") or 0.0)
+            if server_pid:
+                seen["rss"].append((round(time.time() - t0, 1), round(tree_rss_mb(server_pid, worker_pids), 1)))
+            seen["polls"] += 1
+        finally:
+            seen["poll_seconds_max"] = max(seen["poll_seconds_max"], time.time() - started)
 
     deadline = t0 + args.max_seconds
     results = asyncio.run(run_jobs(base, args.model_name, jobs, args.clients, deadline, args.request_timeout, poll))
@@ -460,6 +470,9 @@ def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_
         "runner_requests_left": blocks and blocks["runner_requests"],
         "parse_request_states_left": blocks and blocks["parse_request_states"],
         "rpc_polls": seen["polls"],
+        "rpc_polls_with_requests": seen["polls_with_requests"] if rpc_ok else None,
+        "poll_seconds_max": round(seen["poll_seconds_max"], 2),
+        "poll_error_count": len(POLL_ERRORS),
         "poll_errors": POLL_ERRORS[:5],
         "rss_before_mb": rss_before and round(rss_before, 1),
         "rss_after_mb": rss_after and round(rss_after, 1),
