@@ -381,7 +381,7 @@ def demo(argv: list[str]) -> int:
     ap.add_argument("--compare", action="store_true", help="also run the target alone and time both")
     args = ap.parse_args(argv)
 
-    from parse_vllm import models
+    from parse_vllm import draft_vocab, models
 
     paths = models.prepare_models(names=("smollm2-135m-instruct",))
     target = paths["smollm2-135m-instruct"]
@@ -392,8 +392,11 @@ def demo(argv: list[str]) -> int:
     minutes, run = 0.0, meta
     while run:  # a run continued from an earlier one (--init-from) records it as "previous"
         minutes, run = minutes + run["train_minutes"], run.get("previous")
+    head = dcfg.get(draft_vocab.HEAD_VOCAB_KEY)
     print(
-        f"draft:  {dcfg['num_hidden_layers']} layers distilled from the target's own answers "
+        f"draft:  {dcfg['num_hidden_layers']} layers"
+        f"{f' with an output head of the {head} tokens the target says most' if head else ''}"
+        f" distilled from the target's own answers "
         f"({meta['data_answer_tokens']:,} answer tokens, {minutes:.0f} min on CPU; "
         f"{meta['flops_per_token_target'] / meta['flops_per_token_draft']:.1f}x fewer MACs per token) ({draft})"
     )

@@ -87,9 +87,9 @@ DEMO_TARGET_NAME = "smollm2-135m-instruct"
 #:
 #: No cut is a useful draft -- hence the trained one below.
 
-#: The demo's draft: a 2-layer model distilled from SmolLM2-135M-Instruct's own answers
+#: The demo's draft: a small model distilled from SmolLM2-135M-Instruct's own answers
 #: (``parse-vllm train-draft``, :mod:`parse_vllm.train_draft`).  Shipped as a *delta* in
-#: ``parse_vllm/drafts/<name>/`` (its layers and final norm, bf16, ~10 MB); the token
+#: ``parse_vllm/drafts/<name>/`` (its layers, final norm and head token ids, ~42 MB); the token
 #: embedding is the target's (tied, frozen in training) and is added back by
 #: :func:`prepare_demo_draft`.  ``training.json`` there records how it was made.
 DEMO_DRAFT_NAME = f"{DEMO_TARGET_NAME}-draft"

@@ -1,7 +1,8 @@
 """What the plugin does inside vLLM's own processes.
 
-`register()` (entry point `vllm.general_plugins`) runs in every vLLM process
-and only checks the vLLM version. The real arrangement happens in
+`register()` (entry point `vllm.general_plugins`) runs in every vLLM process:
+it checks the vLLM version and registers the head-pruned draft architecture
+(draft_vocab.py). The real arrangement happens in
 `arrange_engine`, called by the PARSE platform (platform.py) from vLLM's
 `Platform.check_and_update_config` hook in process 0 while the engine config
 is built: when `additional_config` names PARSE, it validates the PARSE
@@ -27,8 +28,9 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    import parse_vllm._vllm  # noqa: F401  (fails clearly on an unsupported vLLM)
+    from parse_vllm import _vllm  # fails clearly on an unsupported vLLM
 
+    _vllm.register_draft_architecture()
     _registered = True
 
 

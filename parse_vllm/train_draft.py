@@ -8,15 +8,16 @@ work folder (default ``<cache>/train/<target name>``):
    applied, ``max_tokens`` each).  Written in chunks to ``answers.jsonl``; a re-run
    continues after the last finished chunk.
 2. **distill** -- a ``LlamaForCausalLM`` with few layers, the target's width and the
-   target's (frozen, tied) token embedding, initialised from target layers, is trained
+   target's (frozen, tied) token embedding, initialised from target layers, optionally with
+   its output head cut to the answers' commonest tokens (``--head-vocab``, draft_vocab.py), is trained
    with cross-entropy on the target's greedy tokens (sequence-level distillation: the
    labels are exactly what the target emits, which is what token-level acceptance rewards).
    bf16 autocast, AdamW, cosine schedule, a token budget and a wall-clock bound;
    checkpoints every few minutes, resumes from the last one; a fixed seed fixes the data
    order and initialisation.
 
-The result is a *delta*: only the draft's own weights (its layers and final norm) plus its
-config, tens of MB -- :func:`assemble_draft` rebuilds a normal HF folder from it and the
+The result is a *delta*: only the draft's own weights (its layers and final norm, and its
+head's token ids) plus its config, tens of MB -- :func:`assemble_draft` rebuilds a normal HF folder from it and the
 target's embedding, which is how the shipped draft (``parse_vllm/drafts/``) is installed
 by ``parse-vllm prepare-models``.
 """
@@ -34,7 +35,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections import Counter
 from typing import Any
+
+from .draft_vocab import ARCHITECTURE, HEAD_IDS_KEY, HEAD_VOCAB_KEY, choose_head_tokens, head_coverage, to_head_index
 
 #: Weights that belong to the target and are shared, never trained or shipped.
 SHARED_WEIGHTS = ("model.embed_tokens.weight",)
@@ -48,6 +52,8 @@ class DraftShape:
     intermediate_size: int = 1024
     #: target layers the draft's layers start from (len == num_layers)
     init_layers: tuple[int, ...] = (0, 1)
+    #: output head rows: the most frequent answer tokens (draft_vocab.py); 0 = the whole vocabulary
+    head_vocab: int = 0
 
 
 @dataclass
@@ -72,12 +78,13 @@ class TrainConfig:
 
 
 def flops_per_token(cfg: dict, context: int = 512) -> float:
-    """Multiply-accumulates per generated token (weights + attention at ``context``)."""
+    """Multiply-accumulates per generated token (weights + attention at ``context``;
+    the head counts only its rows for a head-pruned draft)."""
     h, i, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     d = cfg.get("head_dim") or h // heads
     per_layer = h * heads * d * 2 + h * kv * d * 2 + 3 * h * i + 2 * heads * d * context
-    return L * per_layer + h * cfg["vocab_size"]
+    return L * per_layer + h * (cfg.get(HEAD_VOCAB_KEY) or cfg["vocab_size"])
 
 
 # --------------------------------------------------------------------------- stage 1
@@ -170,12 +177,14 @@ def init_draft(target_dir: Path, shape: DraftShape, seed: int) -> tuple[Any, dic
     dcfg.pop("transformers_version", None)
     draft = LlamaForCausalLM(LlamaConfig(**dcfg)).float()
     sd_t = target.state_dict()
-    # The final norm starts at 1: the target's gains are tuned for its last layer's residual
-    # stream and make a shallow draft's first predictions wildly over-confident (initial
-    # loss ~15 instead of ~8 here).
-    new = {"model.embed_tokens.weight": sd_t["model.embed_tokens.weight"],
-           "model.norm.weight": torch.ones_like(sd_t["model.norm.weight"])}
+    # The final norm starts at 1 unless the draft ends with the target's last layer: the
+    # target's gains are tuned for that layer's residual stream and make a shallow draft's
+    # first predictions wildly over-confident (initial loss ~15 instead of ~8 here).
     n_t = tcfg["num_hidden_layers"]
+    ends_like_target = shape.init_layers[-1] % n_t == n_t - 1
+    new = {"model.embed_tokens.weight": sd_t["model.embed_tokens.weight"],
+           "model.norm.weight": (sd_t["model.norm.weight"].clone() if ends_like_target
+                                 else torch.ones_like(sd_t["model.norm.weight"]))}
     for i, src in enumerate(shape.init_layers):
         src %= n_t
         pre_d, pre_t = f"model.layers.{i}.", f"model.layers.{src}."
@@ -194,7 +203,36 @@ def init_draft(target_dir: Path, shape: DraftShape, seed: int) -> tuple[Any, dic
         raise RuntimeError(f"draft init: missing {missing}, unexpected {unexpected}")
     draft.tie_weights()
     del target
+    if shape.head_vocab:
+        # Trained as a tied Llama; loaded by vLLM as the head-pruned architecture.
+        dcfg.update(architectures=[ARCHITECTURE], tie_word_embeddings=False, **{HEAD_VOCAB_KEY: shape.head_vocab})
     return draft, dcfg
+
+
+@dataclass
+class DraftHead:
+    """The rows of a head-pruned draft's output head (draft_vocab.py)."""
+
+    token_ids: Any  # [rows] long, ascending target ids
+    to_row: Any     # [vocab] long: target id -> row, -1 where the head has none
+
+
+def choose_draft_head(rows: list, target_dir: Path, size: int) -> DraftHead:
+    """The ``size`` most frequent answer tokens of ``rows`` plus every special token."""
+    from transformers import AutoTokenizer
+
+    counts = Counter(t for r in rows for t in r[1])
+    tok = AutoTokenizer.from_pretrained(str(target_dir))
+    vocab = json.loads((target_dir / "config.json").read_text())["vocab_size"]
+    ids = choose_head_tokens(counts, size, vocab, always=tok.all_special_ids)
+    return DraftHead(token_ids=ids, to_row=to_head_index(ids, vocab))
+
+
+def _head_from_ids(ids, vocab: int) -> DraftHead:
+    import torch
+
+    ids = torch.as_tensor(ids, dtype=torch.long)
+    return DraftHead(token_ids=ids, to_row=to_head_index(ids, vocab))
 
 
 def _batches(rows: list[tuple[list[int], list[int]]], batch_tokens: int, rng: random.Random) -> list[list[int]]:
@@ -255,27 +293,38 @@ def _collate(rows, idx, pad_id: int, topk: int = 0):
     return inputs, labels, soft
 
 
-def _loss_and_hits(model, inputs, labels, soft: SoftTargets | None = None, soft_weight: float = 0.0):
+def _loss_and_hits(model, inputs, labels, soft: SoftTargets | None = None, soft_weight: float = 0.0,
+                   head: DraftHead | None = None):
     """Loss on answer positions only (the lm_head runs on those rows alone): cross-entropy on
     the target's greedy token, mixed with cross-entropy against the target's top-k
-    distribution where the batch has it."""
+    distribution where the batch has it. With a pruned ``head``, the logits cover its rows
+    only: tokens it cannot say drop out of the loss and count as misses in ``hits``."""
     import torch.nn.functional as F
 
     mask = labels != -100
     hidden = model.model(input_ids=inputs, attention_mask=(inputs >= 0).long()).last_hidden_state
     h = hidden[mask]                                   # [num_answer_tokens, hidden]
-    logits = F.linear(h, model.model.embed_tokens.weight)  # tied head, frozen
-    y = labels[mask]
-    logp = logits.float().log_softmax(-1)              # [num_answer_tokens, vocab]
-    loss = F.nll_loss(logp, y)
+    weight = model.model.embed_tokens.weight           # tied head, frozen
+    y = labels[mask]                                   # [num_answer_tokens] target ids
+    if head is not None:
+        weight = weight[head.token_ids]
+    logits = F.linear(h, weight)                       # [num_answer_tokens, rows]
+    logp = logits.float().log_softmax(-1)
+    y_row = y if head is None else head.to_row[y]      # -1: not in the head
+    loss = F.nll_loss(logp, y_row, ignore_index=-1) if bool((y_row >= 0).any()) else logp.sum() * 0
     if soft is not None and soft_weight > 0:
-        soft_loss = -(soft.probs * logp[soft.rows].gather(1, soft.ids)).sum(-1).mean()
+        ids = soft.ids if head is None else head.to_row[soft.ids]
+        probs = soft.probs * (ids >= 0)                # mass on tokens the head lacks is dropped
+        soft_loss = -(probs * logp[soft.rows].gather(1, ids.clamp(min=0))).sum(-1).mean()
         loss = (1 - soft_weight) * loss + soft_weight * soft_loss
-    hits = (logits.argmax(-1) == y).sum().item()
+    pred = logits.argmax(-1)
+    if head is not None:
+        pred = head.token_ids[pred]
+    hits = (pred == y).sum().item()
     return loss, hits, int(y.numel())
 
 
-def evaluate(model, rows, batch_tokens: int, pad_id: int) -> float:
+def evaluate(model, rows, batch_tokens: int, pad_id: int, head: DraftHead | None = None) -> float:
     """Teacher-forced greedy agreement with the target on ``rows`` (a proxy for acceptance)."""
     import torch
 
@@ -284,7 +333,7 @@ def evaluate(model, rows, batch_tokens: int, pad_id: int) -> float:
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         for idx in _batches(rows, batch_tokens, random.Random(0)):
             inputs, labels, _ = _collate(rows, idx, pad_id)
-            _, h, n = _loss_and_hits(model, inputs, labels)
+            _, h, n = _loss_and_hits(model, inputs, labels, head=head)
             hits, total = hits + h, total + n
     model.train()
     return hits / max(total, 1)
@@ -315,12 +364,27 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
         f"{len(eval_rows)} held out")
 
     model, dcfg = init_draft(target_dir, cfg.shape, cfg.seed)
+    prev = {}
     if cfg.init_from:
         from safetensors.torch import load_file
 
         prev = load_file(str(Path(cfg.init_from) / DELTA_WEIGHTS))
-        model.load_state_dict({k: v.float() for k, v in prev.items()}, strict=False)
+        model.load_state_dict({k: v.float() for k, v in prev.items() if k != HEAD_IDS_KEY}, strict=False)
         log(f"[train-draft] starting from {cfg.init_from} ({len(prev)} tensors)")
+    head = head_info = None
+    if cfg.shape.head_vocab:
+        # A continued draft keeps its head; a new one takes the training answers' commonest tokens.
+        head = (_head_from_ids(prev[HEAD_IDS_KEY], dcfg["vocab_size"]) if HEAD_IDS_KEY in prev
+                else choose_draft_head(train_rows, target_dir, cfg.shape.head_vocab))
+        if head.token_ids.numel() != cfg.shape.head_vocab:
+            raise ValueError(f"--init-from {cfg.init_from} has a {head.token_ids.numel()}-row head, "
+                             f"not {cfg.shape.head_vocab}")
+        head_info = {"rows": cfg.shape.head_vocab,
+                     "coverage_train": head_coverage(Counter(t for r in train_rows for t in r[1]), head.token_ids),
+                     "coverage_held_out": head_coverage(Counter(t for r in eval_rows for t in r[1]), head.token_ids)}
+        log(f"[train-draft] head: {cfg.shape.head_vocab} of {dcfg['vocab_size']} tokens, covering "
+            f"{head_info['coverage_train']:.4f} of the training answers' tokens and "
+            f"{head_info['coverage_held_out']:.4f} of the held-out ones")
     pad_id = int(dcfg.get("pad_token_id") or 0)
     model.model.embed_tokens.weight.requires_grad_(False)  # shared with the target, never trained
     params = [p for p in model.parameters() if p.requires_grad]
@@ -345,7 +409,7 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
         state = saved["state"]
         log(f"[train-draft] resuming at step {state['step']} ({state['tokens']} tokens seen)")
     else:
-        acc0 = evaluate(model, eval_rows, cfg.batch_tokens, pad_id)
+        acc0 = evaluate(model, eval_rows, cfg.batch_tokens, pad_id, head)
         state["history"].append({"step": 0, "tokens": 0, "eval_agreement": acc0})
         log(f"[train-draft] before training: held-out greedy agreement {acc0:.3f}")
 
@@ -368,7 +432,7 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
                 g["lr"] = lr_at(state["step"])
             inputs, labels, soft = _collate(train_rows, batches[state["pos"]], pad_id, cfg.teacher_topk)
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss, hits, n = _loss_and_hits(model, inputs, labels, soft, cfg.soft_weight)
+                loss, hits, n = _loss_and_hits(model, inputs, labels, soft, cfg.soft_weight, head)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -392,17 +456,17 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
         break  # out of time
     bar.close()
     state["seconds"] = time.perf_counter() - t_start
-    acc = evaluate(model, eval_rows, cfg.batch_tokens, pad_id)
+    acc = evaluate(model, eval_rows, cfg.batch_tokens, pad_id, head)
     state["history"].append({"step": state["step"], "tokens": state["tokens"], "eval_agreement": acc})
     save()
     log(f"[train-draft] {state['step']}/{total_steps} steps, {state['tokens']} tokens, "
         f"{state['seconds'] / 60:.1f} min; held-out greedy agreement {acc:.3f}")
 
     out = work / "draft"
-    export_delta(model, dcfg, out, meta={
+    export_delta(model, dcfg, out, head=head, meta={
         "target": target_dir.name, "train": asdict(cfg), "data_answers": len(train_rows),
         "data_answer_tokens": answer_tokens, "data_soft_tokens": soft_tokens, "steps": state["step"], "tokens_seen": state["tokens"],
-        "train_minutes": round(state["seconds"] / 60, 2), "history": state["history"],
+        "train_minutes": round(state["seconds"] / 60, 2), "history": state["history"], "head": head_info,
         "flops_per_token_target": flops_per_token(json.loads((target_dir / "config.json").read_text())),
         "flops_per_token_draft": flops_per_token(dcfg),
         # a continued run records the run it started from
@@ -448,14 +512,17 @@ DELTA_CONFIG = "config.json"
 DELTA_META = "training.json"
 
 
-def export_delta(model, dcfg: dict, out: Path, meta: dict) -> None:
-    """The draft minus the shared embedding, in bf16: what gets shipped."""
+def export_delta(model, dcfg: dict, out: Path, meta: dict, head: DraftHead | None = None) -> None:
+    """The draft minus the shared embedding, in bf16: what gets shipped (a head-pruned
+    draft also ships its head's token ids, int64)."""
     import torch
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()
           if k not in SHARED_WEIGHTS and k != "lm_head.weight"}
+    if head is not None:
+        sd[HEAD_IDS_KEY] = head.token_ids.contiguous()
     save_file(sd, str(out / DELTA_WEIGHTS), metadata={"shared_from_target": ",".join(SHARED_WEIGHTS)})
     (out / DELTA_CONFIG).write_text(json.dumps(dcfg, indent=2) + "\n")
     (out / DELTA_META).write_text(json.dumps(meta, indent=2) + "\n")
@@ -477,6 +544,8 @@ def assemble_draft(delta_dir: Path, target_dir: Path, out: Path) -> Path:
     with safe_open(str(target_dir / "model.safetensors"), framework="pt") as f:
         for name in SHARED_WEIGHTS:
             sd[name] = f.get_tensor(name).to(torch.bfloat16)
+    if HEAD_IDS_KEY in sd:  # the head's rows are the shared embedding's rows
+        sd["lm_head.weight"] = sd[SHARED_WEIGHTS[0]][sd[HEAD_IDS_KEY]].contiguous()
     out.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(dcfg, indent=2) + "\n")
@@ -505,6 +574,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--layers", type=int, default=d.shape.num_layers)
     ap.add_argument("--intermediate-size", type=int, default=d.shape.intermediate_size)
+    ap.add_argument("--init-layers", default=None,
+                    help="comma-separated target layers the draft's layers start from (default: the first --layers)")
+    ap.add_argument("--head-vocab", type=int, default=d.shape.head_vocab,
+                    help="output head rows: the answers' most frequent tokens (0: the whole vocabulary)")
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--init-from", default=None,
                     help="continue training an exported draft (a folder with draft_delta.safetensors), fresh schedule")
@@ -529,8 +602,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--target {target}: not a HF model folder (no config.json)")
     work = args.work or default_cache_dir() / "train" / target.name
     work.mkdir(parents=True, exist_ok=True)
+    try:
+        init_layers = (tuple(int(x) for x in args.init_layers.split(",")) if args.init_layers
+                       else tuple(range(args.layers)))
+    except ValueError:
+        ap.error(f"--init-layers {args.init_layers!r}: expected comma-separated integers")
+    if len(init_layers) != args.layers:
+        ap.error(f"--init-layers names {len(init_layers)} layers, --layers is {args.layers}")
     shape = DraftShape(num_layers=args.layers, intermediate_size=args.intermediate_size,
-                       init_layers=tuple(range(args.layers)))
+                       init_layers=init_layers, head_vocab=args.head_vocab)
     cfg = TrainConfig(num_prompts=args.num_prompts, max_tokens=args.max_tokens, token_budget=args.token_budget,
                       max_minutes=args.max_minutes, batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed,
                       shape=shape, init_from=args.init_from, warmup_steps=args.warmup_steps,
