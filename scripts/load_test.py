@@ -28,7 +28,7 @@ What it measures and writes to --out (JSON):
   manages) and the worker's view (blocks in the input batch's block tables,
   RPC `parse_kv_blocks`), whichever is larger. Scratch blocks are checked
   while the load runs: `scratch_blocks_in_request_tables_max` (a scratch
-  block inside some request's block table, polled every second) must be 0.
+  block inside some request's block table, polled 4 times a second) must be 0.
   `runner_requests_left` / `parse_request_states_left`: per-request state the
   worker still keeps when idle.
 - rss_growth_mb: resident memory of the server process tree (API server,
