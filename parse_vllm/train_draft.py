@@ -34,8 +34,8 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from .draft_vocab import ARCHITECTURE, HEAD_IDS_KEY, HEAD_VOCAB_KEY, choose_head_tokens, head_coverage, to_head_index
@@ -216,23 +216,17 @@ class DraftHead:
     token_ids: Any  # [rows] long, ascending target ids
     to_row: Any     # [vocab] long: target id -> row, -1 where the head has none
 
+    @classmethod
+    def of(cls, token_ids, vocab: int) -> "DraftHead":
+        return cls(token_ids=token_ids.long(), to_row=to_head_index(token_ids.long(), vocab))
 
-def choose_draft_head(rows: list, target_dir: Path, size: int) -> DraftHead:
-    """The ``size`` most frequent answer tokens of ``rows`` plus every special token."""
+
+def choose_draft_head(counts: Counter, target_dir: Path, size: int, vocab: int) -> DraftHead:
+    """The ``size`` most frequent tokens in ``counts`` plus every special token of the target."""
     from transformers import AutoTokenizer
 
-    counts = Counter(t for r in rows for t in r[1])
     tok = AutoTokenizer.from_pretrained(str(target_dir))
-    vocab = json.loads((target_dir / "config.json").read_text())["vocab_size"]
-    ids = choose_head_tokens(counts, size, vocab, always=tok.all_special_ids)
-    return DraftHead(token_ids=ids, to_row=to_head_index(ids, vocab))
-
-
-def _head_from_ids(ids, vocab: int) -> DraftHead:
-    import torch
-
-    ids = torch.as_tensor(ids, dtype=torch.long)
-    return DraftHead(token_ids=ids, to_row=to_head_index(ids, vocab))
+    return DraftHead.of(choose_head_tokens(counts, size, vocab, always=tok.all_special_ids), vocab)
 
 
 def _batches(rows: list[tuple[list[int], list[int]]], batch_tokens: int, rng: random.Random) -> list[list[int]]:
@@ -374,13 +368,14 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
     head = head_info = None
     if cfg.shape.head_vocab:
         # A continued draft keeps its head; a new one takes the training answers' commonest tokens.
-        head = (_head_from_ids(prev[HEAD_IDS_KEY], dcfg["vocab_size"]) if HEAD_IDS_KEY in prev
-                else choose_draft_head(train_rows, target_dir, cfg.shape.head_vocab))
+        train_counts = Counter(t for r in train_rows for t in r[1])
+        head = (DraftHead.of(prev[HEAD_IDS_KEY], dcfg["vocab_size"]) if HEAD_IDS_KEY in prev
+                else choose_draft_head(train_counts, target_dir, cfg.shape.head_vocab, dcfg["vocab_size"]))
         if head.token_ids.numel() != cfg.shape.head_vocab:
             raise ValueError(f"--init-from {cfg.init_from} has a {head.token_ids.numel()}-row head, "
                              f"not {cfg.shape.head_vocab}")
         head_info = {"rows": cfg.shape.head_vocab,
-                     "coverage_train": head_coverage(Counter(t for r in train_rows for t in r[1]), head.token_ids),
+                     "coverage_train": head_coverage(train_counts, head.token_ids),
                      "coverage_held_out": head_coverage(Counter(t for r in eval_rows for t in r[1]), head.token_ids)}
         log(f"[train-draft] head: {cfg.shape.head_vocab} of {dcfg['vocab_size']} tokens, covering "
             f"{head_info['coverage_train']:.4f} of the training answers' tokens and "

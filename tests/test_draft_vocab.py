@@ -56,7 +56,7 @@ def test_pruned_head_loss_ignores_tokens_it_cannot_say():
     model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
     ids = torch.tensor([2, 4, 5, 7, 8, 10, 11])  # 9 and 12 are not in the head
-    head = DraftHead(token_ids=ids, to_row=to_head_index(ids, 50))
+    head = DraftHead.of(ids, 50)
     rows = [([1, 2, 3], [4, 5], [[4, 9, 7], [5, 8, 12]], [[-0.1, -2.5, -3.0], [-0.2, -1.9, -2.0]]),
             ([1, 6], [7, 8, 9], None, None)]
     inputs, labels, soft = _collate(rows, [0, 1], pad_id=0, topk=3)
@@ -142,7 +142,7 @@ def _pruned_copy(target, out, head_ids):
     dcfg.update(architectures=[ARCHITECTURE], tie_word_embeddings=False, **{HEAD_VOCAB_KEY: int(head_ids.numel())})
     model = LlamaForCausalLM.from_pretrained(str(target), dtype=torch.float32)
     vocab = dcfg["vocab_size"]
-    export_delta(model, dcfg, out / "delta", meta={}, head=DraftHead(head_ids, to_head_index(head_ids, vocab)))
+    export_delta(model, dcfg, out / "delta", meta={}, head=DraftHead.of(head_ids, vocab))
     return assemble_draft(out / "delta", target, out / "draft")
 
 
