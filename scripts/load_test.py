@@ -269,10 +269,10 @@ def worker_rpc(base: str, method: str, timeout: float = 30.0) -> dict | None:
         raise
 
 
-def metric_sum(base: str, name: str) -> float | None:
+def metric_sum(base: str, name: str, timeout: float = 30.0) -> float | None:
     import httpx
 
-    text = httpx.get(base + "/metrics", timeout=30).text
+    text = httpx.get(base + "/metrics", timeout=timeout).text
     values = [
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
@@ -436,7 +436,7 @@ def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_
                 seen["scratch_in_tables_max"] = max(seen["scratch_in_tables_max"], b["scratch_blocks_in_request_tables"])
                 seen["blocks_held_max"] = max(seen["blocks_held_max"], b["request_blocks_held"])
                 seen["polls_with_requests"] += b["batch_requests"] > 0
-            seen["kv_usage_max"] = max(seen["kv_usage_max"], metric_sum(base, "vllm:kv_cache_usage_perc") or 0.0)
+            seen["kv_usage_max"] = max(seen["kv_usage_max"], metric_sum(base, "vllm:kv_cache_usage_perc", POLL_TIMEOUT_S) or 0.0)
             if server_pid:
                 seen["rss"].append((round(time.time() - t0, 1), round(tree_rss_mb(server_pid, worker_pids), 1)))
             seen["polls"] += 1
