@@ -77,6 +77,12 @@ class ParseConfig:
     # Debugging aid: keep the last N judgments (prefix token ids, P(yes),
     # label logits) in the worker, readable with parse_vllm.get_judgments(llm).
     record_judgments: int = 0
+    # Testing aid: after every step the worker scans the requests' block
+    # tables and keeps high-water marks (blocks held, scratch blocks found in
+    # a request's table), reported by the `parse_kv_blocks` RPC. Polls from
+    # outside can miss a short load on a busy machine; this cannot. Costs a
+    # scan of the block tables per step.
+    audit_kv_blocks: bool = False
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> "ParseConfig":
@@ -129,7 +135,7 @@ class ParseConfig:
             raise bad("question", "must be a non-empty string")
         if self.labels[0] == self.labels[1]:
             raise bad("labels", "the two labels must differ")
-        for name in ("two_stage", "default_enabled"):
+        for name in ("two_stage", "default_enabled", "audit_kv_blocks"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be true or false")
 

@@ -37,6 +37,25 @@ COUNTERS = {
 
 
 @dataclass
+class KvAudit:
+    """High-water marks of the worker's KV-block use, taken after every step
+    when the parse option `audit_kv_blocks` is on (load tests)."""
+
+    steps: int = 0
+    batch_requests_max: int = 0
+    request_blocks_held_max: int = 0
+    # Must stay 0: a scratch block in a request's own table would let the
+    # next verification pass overwrite that request's KV.
+    scratch_blocks_in_request_tables_max: int = 0
+
+    def record(self, batch_requests: int, blocks_held: int, scratch_in_tables: int) -> None:
+        self.steps += 1
+        self.batch_requests_max = max(self.batch_requests_max, batch_requests)
+        self.request_blocks_held_max = max(self.request_blocks_held_max, blocks_held)
+        self.scratch_blocks_in_request_tables_max = max(self.scratch_blocks_in_request_tables_max, scratch_in_tables)
+
+
+@dataclass
 class ParseStats:
     drafts: int = 0
     draft_tokens: int = 0

@@ -37,7 +37,7 @@ from parse_vllm.acceptance import (
 )
 from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
 from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, request_options
-from parse_vllm.metrics import ParseStats, PromExporter
+from parse_vllm.metrics import KvAudit, ParseStats, PromExporter
 from parse_vllm.policy import Phase, RequestState
 from parse_vllm.templates import build_template
 from parse_vllm.verifier import CopyBatch, ForkedBlockTableVerifier, scratch_block_count
@@ -72,6 +72,7 @@ class ParseRunnerMixin:
         self.parse_stats = ParseStats()
         self._parse_last_exported = ParseStats()
         self._parse_prom = PromExporter({"model_name": str(self.vllm_config.model_config.served_model_name)})
+        self.parse_kv_audit: KvAudit | None = None
         section = parse_section(self.vllm_config.additional_config)
         spec = self.speculative_config
         if section is None or spec is None:
@@ -93,6 +94,8 @@ class ParseRunnerMixin:
             layer_names=_vllm.attention_layer_names(self.model),
         )
         self.parse_judgments = collections.deque(maxlen=max(1, config.record_judgments))
+        if config.audit_kv_blocks:
+            self.parse_kv_audit = KvAudit()
         logger.info(
             "PARSE on: window W=%d, τ=%.3g, boundaries=%s, max K=%d, suffix %d tokens %r, "
             "labels %r/%r (ids %d/%d), on_reject=%s",
@@ -184,6 +187,7 @@ class ParseRunnerMixin:
         if states:
             for req_id in scheduler_output.finished_req_ids:
                 states.pop(req_id, None)
+        self._parse_audit_kv()  # this step's tables, before any verification
         return out
 
     # -- drafting: how many draft tokens each request gets ------------------
@@ -290,6 +294,7 @@ class ParseRunnerMixin:
                 emitted = [int(t) for t in out_cpu[i] if t != _vllm.PLACEHOLDER_TOKEN_ID]
                 state.after_tokens(emitted, p.sentence_end)
         self._parse_export()
+        self._parse_audit_kv()  # the tables as the verification left them
         return out
 
     def _judge_and_accept(self, p, logits, md, out, out_cpu, l_tok, rows, views, bounds, cu_copies):
@@ -434,6 +439,20 @@ class ParseRunnerMixin:
         return drafts[cu_draft[row]:cu_draft[row + 1]]
 
     # -- metrics ------------------------------------------------------------
+
+    def parse_kv_block_use(self) -> tuple[int, set[int], np.ndarray]:
+        """(requests in the batch, the KV block ids their tables hold, the
+        PARSE scratch block ids [R] — empty on the kernel path)."""
+        verifier = getattr(getattr(self, "_parse", None), "verifier", None)
+        scratch = getattr(verifier, "scratch_ids", None)
+        scratch = np.zeros(0, dtype=np.int64) if scratch is None else np.asarray(scratch)
+        return int(self.input_batch.num_reqs), _vllm.batch_request_block_ids(self.input_batch), scratch
+
+    def _parse_audit_kv(self) -> None:
+        audit = getattr(self, "parse_kv_audit", None)
+        if audit is not None:
+            num_reqs, held, scratch = self.parse_kv_block_use()
+            audit.record(num_reqs, len(held), len(held.intersection(scratch.tolist())))
 
     def _parse_export(self) -> None:
         now, last = self.parse_stats, self._parse_last_exported

@@ -3,7 +3,8 @@
 started with VLLM_SERVER_DEV_MODE=1, `POST /collective_rpc {"method": ...}`):
 
   parse_stats, parse_judgments, parse_reset_stats   PARSE counters
-  parse_kv_blocks   the worker's view of the KV blocks (leak checks)"""
+  parse_kv_blocks, parse_reset_kv_audit   the worker's view of the KV blocks
+                    (leak checks; high-water marks with audit_kv_blocks)"""
 
 from __future__ import annotations
 
@@ -36,26 +37,33 @@ class _StatsRPC:
         rest), which blocks the requests now in the batch hold, whether any
         of those is a scratch block (never allowed), and how many requests
         the runner still keeps state for (0 once the server is idle)."""
-        import numpy as np
+        import dataclasses
 
         runner = self.model_runner
         verifier = getattr(getattr(runner, "_parse", None), "verifier", None)
-        scratch = getattr(verifier, "scratch_ids", None)  # [R] or None (kernel path)
-        scratch = np.zeros(0, dtype=np.int64) if scratch is None else np.asarray(scratch)
         num_blocks = int(getattr(verifier, "num_blocks", 0)) or None
-        batch = runner.input_batch
-        held = _vllm.batch_request_block_ids(batch)
+        batch_requests, held, scratch = runner.parse_kv_block_use()
+        audit = getattr(runner, "parse_kv_audit", None)
         return {
             "pid": os.getpid(),
             "num_blocks": num_blocks,
             "scratch_blocks": int(scratch.shape[0]),
             "scheduler_blocks": None if num_blocks is None else num_blocks - int(scratch.shape[0]),
-            "batch_requests": int(batch.num_reqs),
+            "batch_requests": batch_requests,
             "runner_requests": len(runner.requests),
             "parse_request_states": len(getattr(runner, "_parse_states", ())),
             "request_blocks_held": len(held),
             "scratch_blocks_in_request_tables": len(held.intersection(scratch.tolist())),
+            # High-water marks since the last parse_reset_kv_audit (parse
+            # option audit_kv_blocks; None when it is off).
+            "audit": None if audit is None else dataclasses.asdict(audit),
         }
+
+    def parse_reset_kv_audit(self) -> None:
+        from parse_vllm.metrics import KvAudit
+
+        if getattr(self.model_runner, "parse_kv_audit", None) is not None:
+            self.model_runner.parse_kv_audit = KvAudit()
 
 
 class ParseCPUWorker(_StatsRPC, _vllm.cpu_worker_cls()):

@@ -26,9 +26,15 @@ What it measures and writes to --out (JSON):
 - leaked_blocks: KV blocks still held once the server is idle again: the
   scheduler's view (/metrics `vllm:kv_cache_usage_perc` times the blocks it
   manages) and the worker's view (blocks in the input batch's block tables,
-  RPC `parse_kv_blocks`), whichever is larger. Scratch blocks are checked
-  while the load runs: `scratch_blocks_in_request_tables_max` (a scratch
-  block inside some request's block table, polled 4 times a second) must be 0.
+  RPC `parse_kv_blocks`), whichever is larger. While the load runs, the
+  worker itself scans the block tables after every step (parse option
+  `audit_kv_blocks`, which this script turns on): `audited_steps`,
+  `request_blocks_held_max_during` and `scratch_blocks_in_request_tables_max`
+  (a scratch block inside some request's block table; must be 0). Polls of
+  the RPC and of /metrics 4 times a second add to these, but a busy machine
+  can answer them late, so they are not relied on. `kv_cache_usage_busy`:
+  the scheduler's figure read while one long request runs alone after the
+  load, showing that the leak check's metric does see held blocks.
   `runner_requests_left` / `parse_request_states_left`: per-request state the
   worker still keeps when idle.
 - rss_growth_mb: resident memory of the server process tree (API server,
@@ -373,9 +379,10 @@ def engine_flags(args) -> list[str]:
 
 def parse_flags(args) -> list[str]:
     spec = {"method": "draft_model", "model": str(args.draft), "num_speculative_tokens": args.window}
+    parse = {"audit_kv_blocks": True, **json.loads(args.parse)}
     return [
         "--speculative-config", json.dumps(spec),
-        "--additional-config", json.dumps({"parse": json.loads(args.parse)}),
+        "--additional-config", json.dumps({"parse": parse}),
     ]
 
 
@@ -404,6 +411,34 @@ def wait_idle(base: str, timeout: float = 60.0) -> tuple[float | None, dict | No
         time.sleep(1)
 
 
+async def busy_kv_usage(base: str, model: str, max_tokens: int, timeout: float) -> tuple[float, int]:
+    """The scheduler's KV usage (/metrics) read while one long request runs
+    alone: (highest value seen, reads). Proves the metric behind the
+    scheduler-side leak check moves when blocks are held, without relying
+    on reads answered under load. The request is dropped (client
+    disconnect) once a non-zero value is seen."""
+    import httpx
+
+    body = {"model": model, "prompt": "Count to one thousand: 1, 2, 3,", "max_tokens": max_tokens,
+            "temperature": 0.0, "ignore_eos": True, "stream": True}
+    seen, reads = 0.0, 0
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        async with client.stream("POST", base + "/v1/completions", json=body) as resp:
+            resp.raise_for_status()
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                text = (await client.get(base + "/metrics")).text
+                reads += 1
+                seen = max(seen, sum(
+                    float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+                    if x.startswith("vllm:kv_cache_usage_perc{") or x.startswith("vllm:kv_cache_usage_perc ")
+                ))
+                if seen > 0:
+                    break
+    return seen, reads
+
+
 def summarize(results: list[Result]) -> dict:
     lat = sorted(r.seconds for r in results if r.complete)
     return {
@@ -418,6 +453,8 @@ def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_
     asyncio.run(run_jobs(base, args.model_name, warmup, args.clients, deadline, args.request_timeout))
     _, idle_blocks = wait_idle(base)
     rpc_ok = idle_blocks is not None
+    if rpc_ok:
+        worker_rpc(base, "parse_reset_kv_audit")  # high-water marks of the measured load only
     # The worker may live outside the server's process tree (a Ray actor).
     worker_pids = (idle_blocks["pid"],) if rpc_ok else ()
     by_process_before = rss_by_process_mb(server_pid, worker_pids) if server_pid else None
@@ -446,6 +483,8 @@ def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_
     deadline = t0 + args.max_seconds
     results = asyncio.run(run_jobs(base, args.model_name, jobs, args.clients, deadline, args.request_timeout, poll))
     wall = time.time() - t0
+    audit = worker_rpc(base, "parse_kv_blocks")["audit"] if rpc_ok else None
+    kv_busy, kv_busy_reads = asyncio.run(busy_kv_usage(base, args.model_name, 900, args.request_timeout))
 
     usage, blocks = wait_idle(base)
     time.sleep(2)  # let the allocator settle before measuring
@@ -465,8 +504,14 @@ def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_
         "kv_cache_usage_after": usage,
         "kv_cache_usage_max_during": seen["kv_usage_max"],
         "kv_blocks": blocks and {k: blocks[k] for k in ("num_blocks", "scratch_blocks", "scheduler_blocks")},
-        "request_blocks_held_max_during": seen["blocks_held_max"] if rpc_ok else None,
-        "scratch_blocks_in_request_tables_max": seen["scratch_in_tables_max"] if rpc_ok else None,
+        "kv_cache_usage_busy": kv_busy,
+        "kv_cache_usage_busy_reads": kv_busy_reads,
+        "audited_steps": audit and audit["steps"],
+        "audit_batch_requests_max": audit and audit["batch_requests_max"],
+        "request_blocks_held_max_during": None if not rpc_ok else max(
+            seen["blocks_held_max"], audit["request_blocks_held_max"] if audit else 0),
+        "scratch_blocks_in_request_tables_max": None if not rpc_ok else max(
+            seen["scratch_in_tables_max"], audit["scratch_blocks_in_request_tables_max"] if audit else 0),
         "runner_requests_left": blocks and blocks["runner_requests"],
         "parse_request_states_left": blocks and blocks["parse_request_states"],
         "rpc_polls": seen["polls"],

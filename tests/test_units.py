@@ -254,3 +254,32 @@ def test_defaults_yaml_is_the_defaults():
     raw = load_yaml_config(ROOT / "configs" / "parse-defaults.yaml")
     assert ParseConfig.from_dict(raw["parse"]) == ParseConfig()
     assert set(raw["parse"]) == set(ParseConfig.__dataclass_fields__)
+
+
+def test_kv_audit_counts_blocks_held_and_scratch_found_in_request_tables():
+    # The runner's per-step scan (parse option audit_kv_blocks) over an input
+    # batch laid out like vLLM's: per KV group, a [max_reqs, W] table valid up
+    # to num_blocks_per_row[row]; stale ids past that count must be ignored.
+    from types import SimpleNamespace
+
+    from parse_vllm.metrics import KvAudit
+    from parse_vllm.runner import ParseRunnerMixin
+
+    ids = np.array([[1, 2, 3, 99], [4, 5, 0, 98], [97, 96, 95, 94]])
+    table = SimpleNamespace(get_numpy_array=lambda: ids, num_blocks_per_row=np.array([3, 2, 4]))
+    batch = SimpleNamespace(num_reqs=2, block_table=SimpleNamespace(block_tables=[table]))
+    runner = SimpleNamespace(
+        input_batch=batch,
+        _parse=SimpleNamespace(verifier=SimpleNamespace(scratch_ids=np.array([98, 99, 100]))),
+        parse_kv_audit=KvAudit(),
+    )
+    runner.parse_kv_block_use = lambda: ParseRunnerMixin.parse_kv_block_use(runner)
+    num_reqs, held, scratch = runner.parse_kv_block_use()
+    assert (num_reqs, held, scratch.tolist()) == (2, {1, 2, 3, 4, 5}, [98, 99, 100])
+    ParseRunnerMixin._parse_audit_kv(runner)
+    assert runner.parse_kv_audit == KvAudit(steps=1, batch_requests_max=2, request_blocks_held_max=5,
+                                           scratch_blocks_in_request_tables_max=0)
+    table.num_blocks_per_row[1] = 4  # row 1 now (wrongly) reaches scratch block 98
+    ParseRunnerMixin._parse_audit_kv(runner)
+    assert runner.parse_kv_audit.scratch_blocks_in_request_tables_max == 1
+    assert runner.parse_kv_audit.request_blocks_held_max == 7 and runner.parse_kv_audit.steps == 2
