@@ -727,6 +727,34 @@ def request_block_table(runner, kv_cache_group_id: int):
     return runner.input_batch.block_table[kv_cache_group_id].get_numpy_array()
 
 
+def discarded_rows_cpu_generators(runner) -> dict[int, "torch.Generator"]:
+    """Per-request (seeded) CPU generators of the input-batch rows whose
+    sample this step is thrown away: prompts still being prefilled in chunks
+    (`discard_request_mask`, v1/worker/gpu_model_runner.py). vLLM rewinds
+    those generators after sampling with `Generator.set_offset` in
+    `_bookkeeping_sync`; a CPU generator has no offset and raises there,
+    which kills the engine (vLLM 0.32's CPU runner inherits this as is)."""
+    import numpy as np
+
+    gens = runner.input_batch.generators
+    if not gens:
+        return {}
+    rows = np.nonzero(runner.discard_request_mask.np[: runner.input_batch.num_reqs])[0]
+    return {int(i): gens[int(i)] for i in rows if int(i) in gens and gens[int(i)].device.type == "cpu"}
+
+
+@contextlib.contextmanager
+def generators_hidden(runner, rows: Iterable[int]):
+    """Take these rows' generators out of the input batch for the duration
+    (so `_bookkeeping_sync` does not try to rewind them), then put them back."""
+    gens = runner.input_batch.generators
+    hidden = {i: gens.pop(i) for i in list(rows) if i in gens}
+    try:
+        yield
+    finally:
+        gens.update(hidden)
+
+
 def batch_request_block_ids(input_batch) -> set[int]:
     """Every KV block id held by the requests now in the input batch, over
     all KV-cache groups (v1/worker/block_table.py: MultiGroupBlockTable

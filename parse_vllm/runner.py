@@ -469,11 +469,37 @@ class ParseRunnerMixin:
         self._parse_last_exported = ParseStats(**{**now.as_dict(), "rejections_by_boundary": dict(now.rejections_by_boundary)})
 
 
-def _make_runner(base):
-    return type(f"Parse{base.__name__}", (ParseRunnerMixin, base), {"__module__": __name__})
+class CpuSeededChunkedPrefillMixin:
+    """Seeded requests whose prompt is prefilled in chunks, on the CPU.
+
+    A row still in prefill samples a token that is thrown away; vLLM then
+    rewinds that request's generator with `set_offset`, which only CUDA
+    generators have: on the CPU it raises and the engine dies, losing every
+    request in flight (vLLM 0.32, with or without PARSE). Here the rewind is
+    done the CPU way, by the generator's state: saved before sampling,
+    restored after, and the generator kept out of vLLM's rewind. A seeded
+    request's tokens then do not depend on how its prompt was chunked, as on
+    a GPU."""
+
+    def _sample(self, logits, spec_decode_metadata):
+        gens = _vllm.discarded_rows_cpu_generators(self)
+        states = {i: g.get_state() for i, g in gens.items()}
+        try:
+            return super()._sample(logits, spec_decode_metadata)
+        finally:
+            for i, g in gens.items():
+                g.set_state(states[i])
+
+    def _bookkeeping_sync(self, *args, **kwargs):
+        with _vllm.generators_hidden(self, _vllm.discarded_rows_cpu_generators(self)):
+            return super()._bookkeeping_sync(*args, **kwargs)
 
 
-ParseCPUModelRunner = _make_runner(_vllm.cpu_model_runner_cls())
+def _make_runner(base, *mixins):
+    return type(f"Parse{base.__name__}", (*mixins, ParseRunnerMixin, base), {"__module__": __name__})
+
+
+ParseCPUModelRunner = _make_runner(_vllm.cpu_model_runner_cls(), CpuSeededChunkedPrefillMixin)
 
 
 def __getattr__(name):  # the GPU runner imports CUDA-only modules: on demand

@@ -232,3 +232,42 @@ def test_allowed_token_ids_hold_for_accepted_drafts(tight):
     assert parse_vllm.get_stats(tight)["drafts"] > before  # PARSE judged (and would accept) drafts
     assert all(t in set(allowed) for o in outs for t in o)
     assert all(len(o) == 40 for o in outs)
+
+
+# -- seeded requests whose prompt is prefilled in chunks ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chunked(tiny_models, drafts):
+    llm = _parse_engine(tiny_models, drafts["mid"], kv_cache_memory_bytes=2 << 20, max_num_batched_tokens=64,
+                        disable_log_stats=False,
+                        max_num_seqs=4)
+    yield llm
+    close_llm(llm)
+
+
+def test_seeded_requests_with_chunked_prompts(chunked, tight):
+    """A seeded random request whose prompt is prefilled in chunks used to
+    kill vLLM's CPU engine (it rewinds the thrown-away sample's generator with
+    an offset a CPU generator lacks). Such requests run to the end, PARSE on
+    or off, beside others, and free their blocks. The thrown-away samples
+    draw nothing from the request's generator: its first token is the one
+    the same request gets when its prompt is prefilled in one go (`tight`:
+    same models, a larger token budget). (Later tokens of seeded requests
+    are not compared: with speculation, a request's draws also depend on how
+    many draft tokens each step verifies, which depends on the schedule.)"""
+    from vllm import SamplingParams
+
+    tok = chunked.get_tokenizer()
+    prompt = {"prompt_token_ids": (tok.encode(" ".join(PROMPTS)) * 4)[:200]}
+    budget = chunked.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    assert budget < len(prompt["prompt_token_ids"]) <= tight.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    first = [SamplingParams(temperature=1.0, seed=s, max_tokens=1) for s in range(8)]
+    got = ids(chunked.generate([prompt] * 8, first))
+    assert got == ids(tight.generate([prompt] * 8, first))
+    assert len({o[0] for o in got}) > 1  # the seeds matter (the check could fail)
+    params = [SamplingParams(temperature=0.9, seed=11, max_tokens=24, ignore_eos=True, extra_args=x)
+              for x in ({"parse": False}, LOSSLESS, ACCEPT_ALL)]
+    outs = ids(chunked.generate([prompt] * 3 + PROMPTS[:2], params + [sp(24)] * 2))
+    assert all(len(o) == 24 for o in outs[:3])
+    assert _metric(chunked, "vllm:kv_cache_usage_perc") == 0.0
