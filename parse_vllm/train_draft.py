@@ -59,6 +59,8 @@ class DraftShape:
 @dataclass
 class TrainConfig:
     num_prompts: int = 2000
+    #: more prompts, written by the target itself (train_prompts.py, self-instruct family)
+    self_instruct: int = 0
     max_tokens: int = 256           # answer length cap when generating data
     token_budget: int = 700_000     # answer tokens seen in training (epochs as needed)
     max_minutes: float = 30.0       # wall-clock bound of the distill stage
@@ -89,7 +91,9 @@ def flops_per_token(cfg: dict, context: int = 512) -> float:
 
 # --------------------------------------------------------------------------- stage 1
 def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequence[str], chunk: int = 250) -> Path:
-    """Greedy target answers for ``cfg.num_prompts`` prompts -> ``work/answers.jsonl``."""
+    """Greedy target answers for ``cfg.num_prompts`` generated prompts and then
+    ``cfg.self_instruct`` target-written ones -> ``work/answers.jsonl`` (appended to, so an
+    interrupted run and a run asking for more prompts go on where the file ends)."""
     from tqdm import tqdm
     from vllm import LLM, SamplingParams
 
@@ -101,10 +105,12 @@ def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequenc
     if out.exists():
         with open(out) as f:
             done = sum(1 for line in f if line.strip())
-    if done >= len(prompts):
+    if done >= len(prompts) + cfg.self_instruct:
         return out
     llm = LLM(model=target, dtype="bfloat16", max_model_len=1024, max_num_seqs=128, enforce_eager=True,
               kv_cache_memory_bytes=4 << 30, seed=cfg.seed)
+    if cfg.self_instruct:
+        prompts += write_prompts(llm, work / "prompts_self_instruct.jsonl", cfg.self_instruct, cfg.seed, exclude)
     tok = llm.get_tokenizer()
     # logprobs=k: the target's top-k at every answer position comes free with generation and
     # gives the draft the target's whole ranking to learn, not just its argmax.
@@ -132,6 +138,40 @@ def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequenc
     bar.close()
     del llm
     return out
+
+
+def write_prompts(llm: Any, path: Path, count: int, seed: int, exclude: Sequence[str]) -> list[dict]:
+    """``count`` requests written by the target (``path``, JSONL, kept and extended across
+    runs): it continues a numbered list of example requests (train_prompts.py), sampled at
+    temperature 1; lines that are too short or long, repeats, and lines sharing a long word
+    n-gram with ``exclude`` (the evaluation questions) are dropped. Sampled with the engine's
+    seed, not per-request seeds: vLLM 0.32's CPU runner fails on seeded requests whose prompt
+    is prefilled in chunks (torch CPU generators have no offset to rewind)."""
+    from vllm import SamplingParams
+
+    from .train_prompts import accept_written_request, banned_ngrams, self_instruct_text
+
+    rows: list[dict] = []
+    if path.exists():
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    banned = banned_ngrams(exclude)
+    seen = {r["prompt"] for r in rows}
+    rng = random.Random(f"self-instruct-{seed}-{len(rows)}")
+    params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=100, stop=["\n"])
+    for _ in range(20):
+        if len(rows) >= count:
+            break
+        asked = [self_instruct_text(rng) for _ in range(max(16, int(1.3 * (count - len(rows)))))]
+        written = llm.generate(asked, params, use_tqdm=False)
+        with open(path, "a") as f:
+            for w in written:
+                text = accept_written_request(w.outputs[0].text, seen, banned)
+                if text is not None and len(rows) < count:
+                    rows.append({"category": "self-instruct", "prompt": text})
+                    f.write(json.dumps(rows[-1]) + "\n")
+    if len(rows) < count:
+        raise RuntimeError(f"the target wrote only {len(rows)} usable requests of {count} asked for")
+    return rows[:count]
 
 
 def chat_prompt_ids(tok: Any, prompt: str) -> list[int]:
@@ -344,7 +384,7 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
     from tqdm import tqdm
 
     torch.manual_seed(cfg.seed)
-    rows = load_answers(work / "answers.jsonl")[: cfg.num_prompts]
+    rows = load_answers(work / "answers.jsonl")[: cfg.num_prompts + cfg.self_instruct]
     rng = random.Random(cfg.seed)
     perm = list(range(len(rows)))
     rng.shuffle(perm)
@@ -562,6 +602,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--target", default=None, help=f"target HF folder (default: the prepared {DEMO_TARGET_NAME})")
     ap.add_argument("--work", type=Path, default=None, help="work folder (default: <cache>/train/<target name>)")
     ap.add_argument("--num-prompts", type=int, default=d.num_prompts)
+    ap.add_argument("--self-instruct", type=int, default=d.self_instruct,
+                    help="more prompts, written by the target itself, after the --num-prompts generated ones")
     ap.add_argument("--max-tokens", type=int, default=d.max_tokens, help="answer length cap when generating data")
     ap.add_argument("--token-budget", type=int, default=d.token_budget, help="answer tokens to train on")
     ap.add_argument("--max-minutes", type=float, default=d.max_minutes, help="wall-clock bound of the distill stage")
@@ -606,10 +648,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--init-layers names {len(init_layers)} layers, --layers is {args.layers}")
     shape = DraftShape(num_layers=args.layers, intermediate_size=args.intermediate_size,
                        init_layers=init_layers, head_vocab=args.head_vocab)
-    cfg = TrainConfig(num_prompts=args.num_prompts, max_tokens=args.max_tokens, token_budget=args.token_budget,
+    cfg = TrainConfig(num_prompts=args.num_prompts, self_instruct=args.self_instruct, max_tokens=args.max_tokens, token_budget=args.token_budget,
                       max_minutes=args.max_minutes, batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed,
                       shape=shape, init_from=args.init_from, warmup_steps=args.warmup_steps,
                       teacher_topk=args.teacher_topk, soft_weight=args.soft_weight)
+    if args.num_prompts < 1 or args.self_instruct < 0:
+        ap.error("--num-prompts must be >= 1 and --self-instruct >= 0")
     if not 0 <= args.soft_weight <= 1:
         ap.error(f"--soft-weight {args.soft_weight}: must be in [0, 1]")
     print(f"[train-draft] work folder {work}")

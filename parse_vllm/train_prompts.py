@@ -6,10 +6,17 @@ coding, extraction, STEM, humanities).  They are built from task templates x top
 from the evaluation set: :func:`make_prompts` refuses any prompt that shares a long word
 n-gram with a question in ``exclude`` (the benchmark passes MT-Bench's questions).
 
-Two families: the first :data:`SHORT_PROMPTS` prompts are one-line tasks (``TEMPLATES``; the
+Three families: the first :data:`SHORT_PROMPTS` prompts are one-line tasks (``TEMPLATES``; the
 first draft was trained on them alone); the rest are longer, multi-part requests built from a
 task, details, a constraint and an output format (``LONG_TASKS``), closer to what MT-Bench
-asks (about 50 words, several parts, passages to work on) than one-liners are.
+asks (about 50 words, several parts, passages to work on) than one-liners are. The third
+family is written by the target itself (``train-draft --self-instruct N``): it continues a
+numbered list of requests people sent to an assistant (:func:`self_instruct_text`, a few of
+:data:`EXAMPLE_REQUESTS` each time), sampled, and :func:`accept_written_request` keeps the
+usable lines. Those requests are often odd, but they are worded in many more ways than any
+template set, and the draft must learn how the target answers requests it has never seen
+the like of: a draft trained on templated prompts alone agreed with the target on 0.62-0.65
+of new templated prompts but only 0.45-0.47 of MT-Bench's or of target-written ones.
 """
 
 from __future__ import annotations
@@ -257,6 +264,86 @@ def _short_prompt(rng: random.Random) -> tuple[str, str]:
     return category, prompt
 
 
+#: examples for the self-instruct family: written for this file (none is from an evaluation set);
+#: four are drawn for each request the target writes
+EXAMPLE_REQUESTS = (
+ "Write a cover letter for a junior accountant position at a mid-sized logistics firm. Keep it under 250 words.",
+ "Explain to a ten-year-old why the sky changes color at sunset.",
+ "My sourdough starter smells like nail polish remover. What is going on and how do I fix it?",
+ "Summarize the plot of Romeo and Juliet in five bullet points, then name its main theme.",
+ "You are a medieval blacksmith. A customer asks why your swords cost more than the ones at the market. Answer in character.",
+ "Three friends split a dinner bill of $87 and leave a 15% tip. How much does each person pay?",
+ "Write a JavaScript function that debounces another function, and explain when you would use it.",
+ "Extract every date and the event that happened on it from this text: The bridge opened on 3 May 1994; repairs began on 12 June 2010 and ended a year later.",
+ "What were the main causes of the fall of the Western Roman Empire? Give at least four.",
+ "Compare the advantages of living in a big city with living in a small village.",
+ "Give me a seven-day beginner workout plan that needs no equipment.",
+ "Rewrite this sentence so it sounds more formal: hey, can u send me the report asap?",
+ "A farmer has chickens and cows, 30 heads and 74 legs in total. How many of each are there?",
+ "Describe how a bill becomes a law in the United States.",
+ "Write a short, funny limerick about a cat who hates Mondays.",
+ "What is the difference between a virus and a bacterium? Answer in a table.",
+ "Pretend you are a travel agent and plan a three-day trip to Vienna for a couple who love music.",
+ "Suggest five names for a bakery that specializes in gluten-free bread, with a one-line reason for each.",
+ "Write SQL that lists the ten customers who spent the most money last year, given tables customers and orders.",
+ "Is it ethical for companies to track employees' keystrokes? Argue both sides, then give your view.",
+ "Classify these animals as mammals, birds or reptiles: eagle, gecko, dolphin, ostrich, bat, turtle.",
+ "How does compound interest work? Show an example with $1,000 at 5% for ten years.",
+ "Write a dialogue between a robot and a child who is afraid of the dark.",
+ "Give me tips for staying focused while studying at home.",
+ "Translate the idea of 'carpe diem' into advice for a first-year college student.",
+ "Explain the difference between weather and climate with two examples.",
+ "Draft a polite message to a neighbor asking them to keep their dog quiet at night.",
+ "What is the derivative of x^3 * sin(x)? Show the steps.",
+ "Create a packing list for a week-long camping trip in the mountains.",
+ "Analyze the tone of this review and rate it from 1 to 5: The food was cold, but the staff apologized and gave us dessert for free.",
+ "Write a Python class for a bank account with deposit, withdraw and balance methods.",
+ "Why do we have leap years?",
+ "Act as a job interviewer for a marketing role and ask me your first three questions.",
+ "Describe the water treatment process from river to tap.",
+ "If today is Wednesday, what day of the week will it be in 100 days? Explain.",
+ "List the pros and cons of electric heat pumps for an old house.",
+ "Write an inspiring speech for the last day of a summer camp.",
+ "What are the key ideas of stoic philosophy, and how can they help with stress?",
+ "Turn this list into a JSON object with keys name and age: Maria 34, Tom 29, Aiko 41.",
+ "Outline a five-paragraph essay on the impact of smartphones on teenagers.",
+)
+
+SELF_INSTRUCT_HEADER = (
+    "Here is a list of requests that people sent to an AI assistant. They cover writing, role-play, "
+    "reasoning, math, coding, extracting information, science and the humanities.\n\n"
+)
+
+
+def self_instruct_text(rng: random.Random, shots: int = 4) -> str:
+    """A numbered list of ``shots`` example requests, open at the next number: the target
+    continues it with a request of its own (one line)."""
+    examples = rng.sample(EXAMPLE_REQUESTS, shots)
+    return SELF_INSTRUCT_HEADER + "".join(f"{i + 1}. {e}\n" for i, e in enumerate(examples)) + f"{shots + 1}."
+
+
+def accept_written_request(text: str, seen: set[str], banned: set[tuple[str, ...]], ngram: int = 8,
+                           min_words: int = 4, max_words: int = 120) -> str | None:
+    """The request the target wrote (first line, stripped), or None when it is too short or
+    long, a repeat, one of the examples, or shares a word ``ngram``-gram with an evaluation
+    question (``banned``, from :func:`banned_ngrams`). Accepted requests are added to ``seen``."""
+    text = " ".join(text.strip().split("\n", 1)[0].split())
+    words = text.split()
+    if not (min_words <= len(words) <= max_words) or text in seen or text in EXAMPLE_REQUESTS:
+        return None
+    if banned and _ngrams(text, ngram) & banned:
+        return None
+    seen.add(text)
+    return text
+
+
+def banned_ngrams(exclude: Iterable[str], ngram: int = 8) -> set[tuple[str, ...]]:
+    banned: set[tuple[str, ...]] = set()
+    for text in exclude:
+        banned |= _ngrams(text, ngram)
+    return banned
+
+
 def make_prompts(count: int, seed: int = 0, exclude: Iterable[str] = (), ngram: int = 8) -> list[dict]:
     """``count`` distinct prompts ``{"category", "prompt"}``, the same for the same seed.
 
@@ -266,9 +353,7 @@ def make_prompts(count: int, seed: int = 0, exclude: Iterable[str] = (), ngram: 
     rng = random.Random(seed)
     # The long family has its own stream, so the first SHORT_PROMPTS prompts stay what they were.
     rng_long = random.Random(f"long-{seed}")
-    banned: set[tuple[str, ...]] = set()
-    for text in exclude:
-        banned |= _ngrams(text, ngram)
+    banned = banned_ngrams(exclude, ngram)
     seen: set[str] = set()
     out: list[dict] = []
     attempts = 0
@@ -315,7 +400,8 @@ def mtbench_questions(path: str | None = None) -> list[dict]:
     return rows
 
 
-__all__ = ["make_prompts", "mtbench_questions", "TEMPLATES", "LONG_TASKS", "TOPICS", "SHORT_PROMPTS"]
+__all__ = ["make_prompts", "mtbench_questions", "self_instruct_text", "accept_written_request", "banned_ngrams",
+           "EXAMPLE_REQUESTS", "TEMPLATES", "LONG_TASKS", "TOPICS", "SHORT_PROMPTS"]
 
 
 def _main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - quick look

@@ -52,6 +52,36 @@ def test_long_prompts_follow_the_short_ones_unchanged():
                                              "stem", "humanities"}
 
 
+def test_self_instruct_requests_are_filtered_and_never_the_evaluation_questions():
+    import random
+
+    from parse_vllm.train_prompts import (EXAMPLE_REQUESTS, accept_written_request, banned_ngrams,
+                                          self_instruct_text)
+
+    questions = [q["prompt"] for q in mtbench_questions()]
+    banned = banned_ngrams(questions)
+    # the examples shown to the target are not evaluation questions, nor pieces of them
+    assert len(set(EXAMPLE_REQUESTS)) == len(EXAMPLE_REQUESTS) >= 20
+    assert all(accept_written_request(e, set(), banned) == e for e in
+               [e + " Please." for e in EXAMPLE_REQUESTS])
+    text = self_instruct_text(random.Random(0))
+    assert text == self_instruct_text(random.Random(0)) != self_instruct_text(random.Random(1))
+    assert text.endswith("\n5.") and sum(e in text for e in EXAMPLE_REQUESTS) == 4
+    seen: set[str] = set()
+    # the first line only, whitespace folded
+    assert accept_written_request("  Write a  poem about   rain.\n6. Something else", seen, banned) \
+        == "Write a poem about rain."
+    assert accept_written_request("Write a poem about rain.", seen, banned) is None  # repeat
+    assert accept_written_request("Hello there", seen, banned) is None  # too short
+    assert accept_written_request("word " * 200, seen, banned) is None  # too long
+    assert accept_written_request(EXAMPLE_REQUESTS[3], seen, banned) is None  # an example copied
+    # an evaluation question, or a request quoting 8 words of one, is refused
+    q = questions[0]
+    assert accept_written_request(q, seen, banned) is None
+    assert accept_written_request("Please do this: " + " ".join(q.split()[:8]) + " and more.", seen, banned) is None
+    assert seen == {"Write a poem about rain."}
+
+
 def test_soft_targets_line_up_with_the_answer_positions():
     """Rows with the target's top-k get a soft loss at exactly their answer positions; the
     loss equals a hand computation, and with weight 0 it is plain cross-entropy."""
@@ -122,7 +152,8 @@ def test_train_draft_end_to_end_on_a_tiny_target(tiny_models, tmp_path):
     interrupted by its time bound and resumed from the checkpoint."""
     work = tmp_path / "work"
     exe = [sys.executable, "-m", "parse_vllm.cli", "train-draft", "--target", str(tiny_models["target"]),
-           "--work", str(work), "--num-prompts", "24", "--max-tokens", "24", "--batch-tokens", "512",
+           "--work", str(work), "--num-prompts", "20", "--self-instruct", "4", "--max-tokens", "24",
+           "--batch-tokens", "512",
            "--layers", "1", "--init-layers", "3", "--intermediate-size", "128", "--threads", "2",
            "--head-vocab", "1024",  # a head-pruned draft (draft_vocab.py), as shipped
            # A random target's top-k is nearly flat: nothing a 3000-token run can learn from.
@@ -135,6 +166,9 @@ def test_train_draft_end_to_end_on_a_tiny_target(tiny_models, tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     rows = [json.loads(x) for x in (work / "answers.jsonl").read_text().splitlines()]
     assert len(rows) == 24 and all(r["answer_ids"] for r in rows)
+    # the last 4 prompts were written by the (random) target, and kept for the resumed run
+    written = [json.loads(x)["prompt"] for x in (work / "prompts_self_instruct.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in rows[20:]] == written[:4] and all(r["category"] == "self-instruct" for r in rows[20:])
     # the target's top-k came with every answer token, greedy token first (float32 engine)
     for r in rows:
         assert len(r["topk_ids"]) == len(r["answer_ids"]) == len(r["topk_logprobs"])
