@@ -278,7 +278,11 @@ def worker_rpc(base: str, method: str, timeout: float = 30.0) -> dict | None:
 def metric_sum(base: str, name: str, timeout: float = 30.0) -> float | None:
     import httpx
 
-    text = httpx.get(base + "/metrics", timeout=timeout).text
+    return metric_in(httpx.get(base + "/metrics", timeout=timeout).text, name)
+
+
+def metric_in(text: str, name: str) -> float | None:
+    """The sum of series `name` over its labels in a /metrics text (None: absent)."""
     values = [
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
@@ -430,10 +434,7 @@ async def busy_kv_usage(base: str, model: str, max_tokens: int, timeout: float) 
                     continue
                 text = (await client.get(base + "/metrics")).text
                 reads += 1
-                seen = max(seen, sum(
-                    float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
-                    if x.startswith("vllm:kv_cache_usage_perc{") or x.startswith("vllm:kv_cache_usage_perc ")
-                ))
+                seen = max(seen, metric_in(text, "vllm:kv_cache_usage_perc") or 0.0)
                 if seen > 0:
                     break
     return seen, reads
