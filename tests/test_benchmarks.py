@@ -51,3 +51,38 @@ def test_report_refuses_quick_or_missing_results(tmp_path, capsys):
     with pytest.raises(SystemExit):
         report.main(["--results", str(results), "--full-dir", str(tmp_path / "full"), "--out", str(out)])
     assert "missing" in capsys.readouterr().err and not out.exists()
+
+
+def _row(config, batch, tok_s, outputs, tau=None, forward_s=1.0, draft_s=0.0, verify_s=0.0):
+    tokens = sum(len(o) for o in outputs)
+    return {"config": config, "batch": batch, "tau": tau, "tok_s": tok_s, "wall_s": tokens / tok_s,
+            "outputs": outputs, "forward_s": forward_s, "draft_s": draft_s, "verify_s": verify_s}
+
+
+def test_e2e_scores_against_the_mean_of_both_baselines_and_flags_drift():
+    from parse_vllm.benchmarks import e2e
+
+    ref = [[1, 2, 3, 4]] * 5  # 20 tokens
+    rows = [_row("target", 1, 10.0, ref, forward_s=2.0), _row("target-again", 1, 12.0, ref, forward_s=1.6),
+            _row("parse-continue", 1, 22.0, [[1, 2, 3, 4]] * 4 + [[9, 9, 9, 9]], tau=0.0,
+                 forward_s=0.5, draft_s=0.3, verify_s=0.1),
+            _row("parse-continue", 1, 9.0, ref, tau=1.5, forward_s=1.9, draft_s=0.2, verify_s=0.1),
+            _row("target", 16, 100.0, ref), _row("target-again", 16, 105.0, ref)]
+    bases = {b["batch"]: b for b in e2e.score(rows)}
+    assert bases[1]["tok_s"] == pytest.approx(11.0) and bases[1]["drift"] == pytest.approx(0.2)
+    assert bases[1]["drift_flagged"] and not bases[16]["drift_flagged"]
+    assert rows[0]["speedup"] == pytest.approx(10 / 11) and rows[1]["speedup"] == pytest.approx(12 / 11)
+    assert rows[2]["speedup"] == pytest.approx(2.0)
+    assert rows[1]["exact"] == 1.0 and rows[2]["exact"] == pytest.approx(0.8)
+    assert rows[2]["rouge_l"] == pytest.approx(0.8)
+    br = {b["batch"]: b for b in e2e.bracket(rows, list(bases.values()))}
+    wall = (2.0 + 20 / 12) / 2  # mean of the two baselines' wall time
+    assert br[1]["accept_all_speedup"] == pytest.approx(wall / (20 / 22))
+    assert br[1]["accept_all_ideal_speedup"] == pytest.approx(wall / 0.9)
+    assert br[1]["reject_all_overhead_s"] == pytest.approx(20 / 9 - wall)
+    assert br[1]["reject_all_ideal_overhead_s"] == pytest.approx(0.3 + (1.9 - 1.8))
+    assert "accept_all_speedup" not in br[16]
+    # the report says so, loudly, when the baseline drifted
+    text = "\n".join(report._baselines(list(bases.values())))
+    assert "drift +20.0%" in text and "Warning" in text and "batch size 1:" in text
+    assert "Warning" not in "\n".join(report._baselines([bases[16]]))

@@ -10,9 +10,13 @@ latency is its own).  Configurations, one engine each, all in one run:
 * ``parse-continue``-- PARSE paper mode (draft W, judge, keep the valid prefix, the target
                        continues alone), swept over τ per request (``parse_threshold``);
 * ``parse-continue-k4`` -- the same, continuing with token-level speculation (k = 4);
-* ``parse-redraft`` -- PARSE redraft mode.
+* ``parse-redraft`` -- PARSE redraft mode;
+* ``target-again``  -- the target alone once more, last: a slow spell at either end of the
+                       run shows up as drift between the two target timings.
 
-Agreement with the target alone: ROUGE-L F1 over tokens and the exact-match rate.
+Speedups are against the mean of the two target-alone timings (per batch size); a drift
+of more than 10% between them is flagged, since every ratio of that run is then suspect.
+Agreement with the (first) target-alone output: ROUGE-L F1 over tokens and the exact-match rate.
 Brackets that do not depend on model quality (per batch size):
 
 * τ = 0 (accept all) vs the draft-bound ideal: ideal speedup = target-alone time /
@@ -36,6 +40,7 @@ from . import common
 
 TAUS_QUICK = (0.0, 0.5, 1.5)
 TAUS_FULL = (0.0, 0.5, 0.9, 1.5)
+DRIFT_LIMIT = 0.10  # |target-again / target - 1| above this: the machine was not quiet
 
 
 def rouge_l(a: list[int], b: list[int]) -> float:
@@ -161,6 +166,55 @@ COLS = [("config", "config", ""), ("batch", "bs", ""), ("tau", "τ", ""), ("tok_
         ("passes", "verify passes", ""), ("rouge_l", "ROUGE-L", ".3f"), ("exact", "exact match", ".2f")]
 
 
+def score(rows: list[dict]) -> list[dict]:
+    """Speedup, ROUGE-L and exact match of every row against the target alone, per batch size.
+
+    The baseline speed is the mean of the ``target`` and ``target-again`` timings (first and
+    last in the run); their drift is returned per batch size and flagged above DRIFT_LIMIT.
+    Agreement is against the first target run's text (``target-again`` is scored too: greedy
+    on the same engine settings must repeat itself)."""
+    baselines = []
+    for b in sorted({r["batch"] for r in rows}):
+        first = next(r for r in rows if r["config"] == "target" and r["batch"] == b)
+        again = next((r for r in rows if r["config"] == "target-again" and r["batch"] == b), None)
+        timed = [first] + ([again] if again else [])
+        base = {"batch": b, "tok_s": statistics.mean(r["tok_s"] for r in timed),
+                "wall_s": statistics.mean(r["wall_s"] for r in timed),
+                "forward_s": statistics.mean(r["forward_s"] for r in timed),
+                "tok_s_first": first["tok_s"], "tok_s_again": again and again["tok_s"],
+                "drift": again and again["tok_s"] / first["tok_s"] - 1.0}
+        base["drift_flagged"] = base["drift"] is not None and abs(base["drift"]) > DRIFT_LIMIT
+        for r in (r for r in rows if r["batch"] == b):
+            r["speedup"] = r["tok_s"] / base["tok_s"]
+            r["rouge_l"] = statistics.mean(rouge_l(o, t) for o, t in zip(r["outputs"], first["outputs"]))
+            r["exact"] = statistics.mean(float(o == t) for o, t in zip(r["outputs"], first["outputs"]))
+        baselines.append(base)
+    return baselines
+
+
+def bracket(rows: list[dict], baselines: list[dict]) -> list[dict]:
+    """The τ = 0 and τ > 1 brackets of parse-continue against the (mean) target-alone baseline."""
+    brackets = []
+    for ref in baselines:
+        b = ref["batch"]
+        acc = next((r for r in rows if r["config"] == "parse-continue" and r["batch"] == b and r["tau"] == 0.0), None)
+        rej = next((r for r in rows if r["config"] == "parse-continue" and r["batch"] == b and r["tau"] > 1), None)
+        entry = {"batch": b}
+        if acc:
+            busy = acc["draft_s"] + acc["forward_s"] + acc["verify_s"]
+            ideal = ref["wall_s"] / busy
+            measured = ref["wall_s"] / acc["wall_s"]
+            entry.update(accept_all_speedup=measured, accept_all_ideal_speedup=ideal,
+                         accept_all_fraction_of_ideal=measured / ideal)
+        if rej:
+            measured_over = rej["wall_s"] - ref["wall_s"]
+            ideal_over = rej["draft_s"] + rej["verify_s"] + (rej["forward_s"] - ref["forward_s"])
+            entry.update(reject_all_overhead_s=measured_over, reject_all_ideal_overhead_s=ideal_over,
+                         reject_all_over_ideal_overhead=measured_over / ideal_over if ideal_over > 0 else None)
+        brackets.append(entry)
+    return brackets
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="bench_e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few prompts, 3 τ values (make bench)")
@@ -210,32 +264,11 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     for name, kw, tau_list, is_parse in configs:
         rows += run_config(name, kw, ids, tau_list, is_parse, args.max_tokens)
-    # speedup and agreement against the target alone, per batch size
-    for b in (1, 16):
-        ref = next(r for r in rows if r["config"] == "target" and r["batch"] == b)
-        for r in (r for r in rows if r["batch"] == b):
-            r["speedup"] = r["tok_s"] / ref["tok_s"]
-            scores = [rouge_l(o, t) for o, t in zip(r["outputs"], ref["outputs"])]
-            r["rouge_l"] = statistics.mean(scores)
-            r["exact"] = statistics.mean(float(o == t) for o, t in zip(r["outputs"], ref["outputs"]))
-    brackets = []
-    for b in (1, 16):
-        ref = next(r for r in rows if r["config"] == "target" and r["batch"] == b)
-        acc = next((r for r in rows if r["config"] == "parse-continue" and r["batch"] == b and r["tau"] == 0.0), None)
-        rej = next((r for r in rows if r["config"] == "parse-continue" and r["batch"] == b and r["tau"] > 1), None)
-        entry = {"batch": b}
-        if acc:
-            busy = acc["draft_s"] + acc["forward_s"] + acc["verify_s"]
-            ideal = ref["wall_s"] / busy
-            measured = ref["wall_s"] / acc["wall_s"]
-            entry.update(accept_all_speedup=measured, accept_all_ideal_speedup=ideal,
-                         accept_all_fraction_of_ideal=measured / ideal)
-        if rej:
-            measured_over = rej["wall_s"] - ref["wall_s"]
-            ideal_over = rej["draft_s"] + rej["verify_s"] + (rej["forward_s"] - ref["forward_s"])
-            entry.update(reject_all_overhead_s=measured_over, reject_all_ideal_overhead_s=ideal_over,
-                         reject_all_over_ideal_overhead=measured_over / ideal_over if ideal_over > 0 else None)
-        brackets.append(entry)
+    # the baseline again, last, on a fresh engine: drift between the two is the run's noise
+    rows += [dict(r, config="target-again") for r in run_config("target", configs[0][1], ids, [None], False,
+                                                                args.max_tokens)]
+    baselines = score(rows)
+    brackets = bracket(rows, baselines)
     k4 = [r for r in rows if r["config"] == "token-k4"]
     drafts = sum(r["spec"]["drafts"] for r in k4)
     dtoks = sum(r["spec"]["draft_tokens"] for r in k4)
@@ -247,6 +280,10 @@ def main(argv=None) -> int:
     text = common.table(printable, COLS)
     print(text)
     print("brackets:", brackets)
+    for base in baselines:
+        print(f"baseline bs={base['batch']}: target {base['tok_s_first']:.1f} tok/s first, "
+              f"{base['tok_s_again']:.1f} last (drift {base['drift']:+.1%})"
+              + ("  ** over 10%: the machine was not quiet, ratios suspect **" if base["drift_flagged"] else ""))
     print(f"token-level (vLLM draft_model, k=4): acceptance rate {accept_rate}, mean acceptance length {mean_len}")
 
     def best(b):
@@ -262,7 +299,7 @@ def main(argv=None) -> int:
         "mode": "quick" if args.quick else "full", "machine": common.machine(), "target": str(target),
         "draft": str(draft), "draft_acceptance_mtbench": draft_acc, "window": window, "max_tokens": args.max_tokens,
         "prompts": {str(b): [q["question_id"] for q in qs] for b, qs in sets.items()},
-        "rows": printable, "brackets": brackets,
+        "rows": printable, "brackets": brackets, "baselines": baselines,
         "token_level_k4": {"acceptance_rate": accept_rate, "mean_acceptance_length": mean_len,
                            "drafts": drafts, "draft_tokens": dtoks, "accepted": acc_toks}})
     (args.results / "e2e.md").write_text(text + "\n")
@@ -274,6 +311,7 @@ def main(argv=None) -> int:
         "accept_all_fraction_of_ideal": br.get(1, {}).get("accept_all_fraction_of_ideal"),
         "reject_all_over_ideal_overhead": br.get(1, {}).get("reject_all_over_ideal_overhead"),
         "brackets": brackets,
+        "target_baseline_drift": {str(b["batch"]): b["drift"] for b in baselines},
         "draft_token_acceptance_rate": accept_rate, "draft_mean_acceptance_length": mean_len,
     })
     return 0

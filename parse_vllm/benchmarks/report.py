@@ -44,6 +44,21 @@ def _all_questions(acc: dict | None) -> list[str]:
             f"acceptance length {_fmt(acc['mean_acceptance_length'], '.2f')}."]
 
 
+def _baselines(bases: list[dict] | None) -> list[str]:
+    """The target-alone baseline timed first and last in the run (older runs timed it once)."""
+    if not bases:
+        return ["The target-alone baseline was timed once, first in the run (no drift check)."]
+    parts = [f"bs {b['batch']}: {b['tok_s_first']:.1f} tok/s first, {b['tok_s_again']:.1f} last "
+             f"(drift {b['drift']:+.1%})" for b in bases]
+    out = ["Target-alone baseline, timed first and again last in the run (speedups are against the mean of "
+           "the two): " + "; ".join(parts) + "."]
+    bad = [str(b["batch"]) for b in bases if b["drift_flagged"]]
+    if bad:
+        out += ["", f"**Warning: the baseline drifted by more than {e2e.DRIFT_LIMIT:.0%} at batch size "
+                f"{', '.join(bad)}: the machine was not quiet during this run, and its ratios are suspect.**"]
+    return out
+
+
 def render(results: Path, figures: str) -> str:
     v = json.loads((results / "verify.json").read_text())
     e = json.loads((results / "e2e.json").read_text())
@@ -107,6 +122,8 @@ def render(results: Path, figures: str) -> str:
         f"at batch 16: {len(e['prompts']['16'])} questions.",
         "",
         common.table(e["rows"], e2e.COLS),
+        "",
+        *_baselines(e.get("baselines")),
         "",
         f"![e2e]({figures}/e2e.png)",
         "",
