@@ -86,3 +86,13 @@ def test_e2e_scores_against_the_mean_of_both_baselines_and_flags_drift():
     text = "\n".join(report._baselines(list(bases.values())))
     assert "drift +20.0%" in text and "Warning" in text and "batch size 1:" in text
     assert "Warning" not in "\n".join(report._baselines([bases[16]]))
+
+
+def test_e2e_scores_a_run_that_timed_the_baseline_once():
+    from parse_vllm.benchmarks import e2e
+
+    ref = [[1, 2, 3]]
+    rows = [_row("target", 1, 10.0, ref), _row("token-k4", 1, 15.0, ref)]
+    (base,) = e2e.score(rows)
+    assert base["drift"] is None and not base["drift_flagged"] and rows[1]["speedup"] == pytest.approx(1.5)
+    assert "timed once" in report._baselines(None)[0]

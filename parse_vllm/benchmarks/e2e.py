@@ -11,8 +11,8 @@ latency is its own).  Configurations, one engine each, all in one run:
                        continues alone), swept over τ per request (``parse_threshold``);
 * ``parse-continue-k4`` -- the same, continuing with token-level speculation (k = 4);
 * ``parse-redraft`` -- PARSE redraft mode;
-* ``target-again``  -- the target alone once more, last: a slow spell at either end of the
-                       run shows up as drift between the two target timings.
+* ``target-again``  -- the target alone once more, last (full mode): a slow spell at
+                       either end of the run shows up as drift between the two timings.
 
 Speedups are against the mean of the two target-alone timings (per batch size); a drift
 of more than 10% between them is flagged, since every ratio of that run is then suspect.
@@ -265,8 +265,10 @@ def main(argv=None) -> int:
     for name, kw, tau_list, is_parse in configs:
         rows += run_config(name, kw, ids, tau_list, is_parse, args.max_tokens)
     # the baseline again, last, on a fresh engine: drift between the two is the run's noise
-    rows += [dict(r, config="target-again") for r in run_config("target", configs[0][1], ids, [None], False,
-                                                                args.max_tokens)]
+    # (full mode only: the quick pass keeps make bench under 15 minutes and feeds no report)
+    if not args.quick:
+        rows += [dict(r, config="target-again") for r in run_config("target", configs[0][1], ids, [None], False,
+                                                                    args.max_tokens)]
     baselines = score(rows)
     brackets = bracket(rows, baselines)
     k4 = [r for r in rows if r["config"] == "token-k4"]
@@ -280,7 +282,7 @@ def main(argv=None) -> int:
     text = common.table(printable, COLS)
     print(text)
     print("brackets:", brackets)
-    for base in baselines:
+    for base in (b for b in baselines if b["drift"] is not None):
         print(f"baseline bs={base['batch']}: target {base['tok_s_first']:.1f} tok/s first, "
               f"{base['tok_s_again']:.1f} last (drift {base['drift']:+.1%})"
               + ("  ** over 10%: the machine was not quiet, ratios suspect **" if base["drift_flagged"] else ""))
