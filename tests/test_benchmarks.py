@@ -53,20 +53,22 @@ def test_report_refuses_quick_or_missing_results(tmp_path, capsys):
     assert "missing" in capsys.readouterr().err and not out.exists()
 
 
-def _row(config, batch, tok_s, outputs, tau=None, forward_s=1.0, draft_s=0.0, verify_s=0.0):
+def _row(config, batch, tok_s, outputs, tau=None, forward_s=1.0, logits_s=0.0, draft_s=0.0, verify_s=0.0):
     tokens = sum(len(o) for o in outputs)
     return {"config": config, "batch": batch, "tau": tau, "tok_s": tok_s, "wall_s": tokens / tok_s,
-            "outputs": outputs, "forward_s": forward_s, "draft_s": draft_s, "verify_s": verify_s}
+            "outputs": outputs, "forward_s": forward_s, "logits_s": logits_s, "draft_s": draft_s,
+            "verify_s": verify_s}
 
 
 def test_e2e_scores_against_the_mean_of_both_baselines_and_flags_drift():
     from parse_vllm.benchmarks import e2e
 
     ref = [[1, 2, 3, 4]] * 5  # 20 tokens
-    rows = [_row("target", 1, 10.0, ref, forward_s=2.0), _row("target-again", 1, 12.0, ref, forward_s=1.6),
+    rows = [_row("target", 1, 10.0, ref, forward_s=2.0, logits_s=0.2),
+            _row("target-again", 1, 12.0, ref, forward_s=1.6, logits_s=0.2),
             _row("parse-continue", 1, 22.0, [[1, 2, 3, 4]] * 4 + [[9, 9, 9, 9]], tau=0.0,
-                 forward_s=0.5, draft_s=0.3, verify_s=0.1),
-            _row("parse-continue", 1, 9.0, ref, tau=1.5, forward_s=1.9, draft_s=0.2, verify_s=0.1),
+                 forward_s=0.5, logits_s=0.1, draft_s=0.3, verify_s=0.1),
+            _row("parse-continue", 1, 9.0, ref, tau=1.5, forward_s=1.9, logits_s=0.5, draft_s=0.2, verify_s=0.1),
             _row("target", 16, 100.0, ref), _row("target-again", 16, 105.0, ref)]
     bases = {b["batch"]: b for b in e2e.score(rows)}
     assert bases[1]["tok_s"] == pytest.approx(11.0) and bases[1]["drift"] == pytest.approx(0.2)
@@ -78,9 +80,10 @@ def test_e2e_scores_against_the_mean_of_both_baselines_and_flags_drift():
     br = {b["batch"]: b for b in e2e.bracket(rows, list(bases.values()))}
     wall = (2.0 + 20 / 12) / 2  # mean of the two baselines' wall time
     assert br[1]["accept_all_speedup"] == pytest.approx(wall / (20 / 22))
-    assert br[1]["accept_all_ideal_speedup"] == pytest.approx(wall / 0.9)
+    assert br[1]["accept_all_ideal_speedup"] == pytest.approx(wall / 1.0)  # draft + forward + logits + verify
     assert br[1]["reject_all_overhead_s"] == pytest.approx(20 / 9 - wall)
-    assert br[1]["reject_all_ideal_overhead_s"] == pytest.approx(0.3 + (1.9 - 1.8))
+    # draft + verify + the extra forward and logits spent on the draft
+    assert br[1]["reject_all_ideal_overhead_s"] == pytest.approx(0.3 + (1.9 - 1.8) + (0.5 - 0.2))
     assert "accept_all_speedup" not in br[16]
     # the report says so, loudly, when the baseline drifted
     text = "\n".join(report._baselines(list(bases.values())))
@@ -96,3 +99,26 @@ def test_e2e_scores_a_run_that_timed_the_baseline_once():
     (base,) = e2e.score(rows)
     assert base["drift"] is None and not base["drift_flagged"] and rows[1]["speedup"] == pytest.approx(1.5)
     assert "timed once" in report._baselines(None)[0]
+
+
+@pytest.mark.slow
+def test_e2e_run_config_times_the_engines_own_calls(tiny_models, monkeypatch):
+    """The benchmark's own engine loop and probes on a tiny PARSE engine: every timer the
+    brackets use is filled, and the target's logits are timed apart from verification."""
+    from conftest import PROMPTS, parse_kwargs
+    from transformers import AutoTokenizer
+
+    from parse_vllm.benchmarks import e2e
+
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the probes are sent as callables
+    tok = AutoTokenizer.from_pretrained(str(tiny_models["target"]))
+    prompts = [tok(p)["input_ids"] for p in PROMPTS[:3]]
+    rows = e2e.run_config("parse-continue", parse_kwargs(tiny_models, on_reject="continue"), {2: prompts},
+                          [0.0, 1.5], True, 24)
+    assert [(r["batch"], r["tau"]) for r in rows] == [(2, 0.0), (2, 1.5)]
+    for r in rows:
+        assert r["tokens"] == sum(len(o) for o in r["outputs"]) > 0
+        assert min(r["forward_s"], r["logits_s"], r["draft_s"], r["verify_s"]) > 0, r
+        assert r["passes"] > 0 and r["semantic_tokens"] + r["token_level_tokens"] >= 0
+    accept_all, reject_all = rows
+    assert accept_all["semantic_tokens"] > 0 and reject_all["semantic_tokens"] == 0

@@ -20,11 +20,13 @@ Agreement with the (first) target-alone output: ROUGE-L F1 over tokens and the e
 Brackets that do not depend on model quality (per batch size):
 
 * τ = 0 (accept all) vs the draft-bound ideal: ideal speedup = target-alone time /
-  (drafter time + target forward time + verification time, as timed inside the τ = 0 run);
-  the fraction of the ideal reached = measured speedup / ideal speedup.
+  (drafter time + target forward and logits time + verification time, as timed inside
+  the τ = 0 run); the fraction of the ideal reached = measured speedup / ideal speedup.
 * τ > 1 (reject all) vs the ideal overhead: measured overhead = PARSE time - target time;
-  ideal overhead = drafter time + verification time + the extra target forward time
-  spent on drafts (forward time of the PARSE run - forward time of the target run).
+  ideal overhead = drafter time + verification time + the extra target forward and logits
+  time spent on drafts (PARSE run's - target run's; token-level acceptance needs the
+  target's logits at every draft position).  Runs before the logits were timed (their rows
+  have no ``logits_s``) counted the forward only.
 """
 
 from __future__ import annotations
@@ -125,7 +127,8 @@ def run_config(name: str, kw: dict, prompt_sets: dict[int, list[list[int]]], tau
                 spec1 = _spec_counters(llm)
                 spec = {k: spec1[k] - spec0[k] for k in spec1}
                 row = {"config": name, "batch": batch, "tau": tau, **{k: v for k, v in res.items() if k != "outputs"},
-                       "outputs": res["outputs"], "forward_s": timers["forward_s"], "draft_s": timers["draft_s"],
+                       "outputs": res["outputs"], "forward_s": timers["forward_s"], "logits_s": timers["logits_s"],
+                       "draft_s": timers["draft_s"],
                        "verify_s": timers["verify_s"], "spec": spec}
                 if parse:
                     st = parse_vllm.get_stats(llm)
@@ -181,6 +184,7 @@ def score(rows: list[dict]) -> list[dict]:
         base = {"batch": b, "tok_s": statistics.mean(r["tok_s"] for r in timed),
                 "wall_s": statistics.mean(r["wall_s"] for r in timed),
                 "forward_s": statistics.mean(r["forward_s"] for r in timed),
+                "logits_s": statistics.mean(r["logits_s"] for r in timed),
                 "tok_s_first": first["tok_s"], "tok_s_again": again and again["tok_s"],
                 "drift": again and again["tok_s"] / first["tok_s"] - 1.0}
         base["drift_flagged"] = base["drift"] is not None and abs(base["drift"]) > DRIFT_LIMIT
@@ -201,14 +205,15 @@ def bracket(rows: list[dict], baselines: list[dict]) -> list[dict]:
         rej = next((r for r in rows if r["config"] == "parse-continue" and r["batch"] == b and r["tau"] > 1), None)
         entry = {"batch": b}
         if acc:
-            busy = acc["draft_s"] + acc["forward_s"] + acc["verify_s"]
+            busy = acc["draft_s"] + acc["forward_s"] + acc["logits_s"] + acc["verify_s"]
             ideal = ref["wall_s"] / busy
             measured = ref["wall_s"] / acc["wall_s"]
             entry.update(accept_all_speedup=measured, accept_all_ideal_speedup=ideal,
                          accept_all_fraction_of_ideal=measured / ideal)
         if rej:
             measured_over = rej["wall_s"] - ref["wall_s"]
-            ideal_over = rej["draft_s"] + rej["verify_s"] + (rej["forward_s"] - ref["forward_s"])
+            ideal_over = (rej["draft_s"] + rej["verify_s"] + (rej["forward_s"] - ref["forward_s"])
+                          + (rej["logits_s"] - ref["logits_s"]))
             entry.update(reject_all_overhead_s=measured_over, reject_all_ideal_overhead_s=ideal_over,
                          reject_all_over_ideal_overhead=measured_over / ideal_over if ideal_over > 0 else None)
         brackets.append(entry)

@@ -6,6 +6,9 @@ needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``); they wrap, on the worker's model
 
 * ``_model_forward``          -- the target's own forward (prefill, decode, and the scoring
   of draft tokens: "a plain target prefill of the draft");
+* the target's ``compute_logits`` outside verification -- its head over the rows the step
+  samples from (one per decoding request; one per draft token too when scoring a draft,
+  which token-level acceptance needs);
 * ``propose_draft_token_ids`` -- the drafter;
 * the PARSE verifier's ``judge`` -- the one-pass verification of all copies.
 
@@ -49,7 +52,8 @@ def _median_time(runner, reps: int, fn, *args) -> float:
 
 
 def _fresh_totals() -> dict[str, Any]:
-    return {"forward_s": 0.0, "forward_calls": 0, "forward_tokens": 0, "draft_s": 0.0, "draft_calls": 0,
+    return {"forward_s": 0.0, "forward_calls": 0, "forward_tokens": 0, "logits_s": 0.0, "logits_rows": 0,
+            "draft_s": 0.0, "draft_calls": 0,
             "verify_s": 0.0, "verify_calls": 0, "verify_copies": 0, "verify_logit_rows": 0,
             "verify_max_logit_rows": 0, "studies": []}
 
@@ -95,13 +99,22 @@ def install(worker, verify_study: dict | None = None) -> bool:
 
     runner.propose_draft_token_ids = propose
 
+    model = runner.model
+    orig_logits = model.compute_logits  # the verifier's label rows call this one, untimed here
+
+    def timed_logits(hidden, *a, **k):
+        out, dt = _timed(runner, orig_logits, hidden, *a, **k)
+        totals()["logits_s"] += dt
+        totals()["logits_rows"] += int(hidden.shape[0])
+        return out
+
+    model.compute_logits = timed_logits
+
     parse = getattr(runner, "_parse", None)
     verifier = getattr(parse, "verifier", None)
     if verifier is None:
         return True
     orig_judge = verifier.judge
-    model = runner.model
-    orig_logits = model.compute_logits
     rows_seen: list[int] = []
 
     def compute_logits(hidden, *a, **k):
@@ -111,13 +124,17 @@ def install(worker, verify_study: dict | None = None) -> bool:
     def judge(copies):
         cfg = study_cfg()
         if cfg:
-            _study(runner, orig_judge, copies, cfg, last_forward, totals())
+            model.compute_logits = orig_logits  # the study's passes are not the step's logits
+            try:
+                _study(runner, orig_judge, copies, cfg, last_forward, totals())
+            finally:
+                model.compute_logits = timed_logits
         rows_seen.clear()
         model.compute_logits = compute_logits
         try:
             out, dt = _timed(runner, orig_judge, copies)
         finally:
-            model.compute_logits = orig_logits
+            model.compute_logits = timed_logits
         t = totals()
         t["verify_s"] += dt
         t["verify_calls"] += 1
