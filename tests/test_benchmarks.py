@@ -122,3 +122,47 @@ def test_e2e_run_config_times_the_engines_own_calls(tiny_models, monkeypatch):
         assert r["passes"] > 0 and r["semantic_tokens"] + r["token_level_tokens"] >= 0
     accept_all, reject_all = rows
     assert accept_all["semantic_tokens"] > 0 and reject_all["semantic_tokens"] == 0
+
+
+def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monkeypatch):
+    """bench_e2e's whole flow after the engines (both baselines, scores, brackets, JSON, plot,
+    summary) with the engine runs replaced by made-up timings; then BENCHMARKS.md from it."""
+    from parse_vllm.benchmarks import e2e
+
+    calls = []
+
+    def fake_run_config(name, kw, prompt_sets, taus, parse, max_tokens):
+        calls.append(name)
+        speed = {"target": 10.0 + len(calls) * 0.5, "token-k4": 12.0}.get(name, 20.0)
+        rows = []
+        for batch, prompts in prompt_sets.items():
+            for tau in taus:
+                outputs = [list(p[:5]) for p in prompts]
+                tokens = sum(map(len, outputs))
+                row = {"config": name, "batch": batch, "tau": tau, "wall_s": tokens / speed, "tokens": tokens,
+                       "tok_s": speed, "outputs": outputs, "latency_p50_s": 1.0, "latency_p90_s": 2.0,
+                       "forward_s": 0.1, "logits_s": 0.01, "draft_s": 0.02 if parse else 0.0,
+                       "verify_s": 0.01 if parse else 0.0,
+                       "spec": {"drafts": 4.0, "draft_tokens": 16.0, "accepted": 5.0} if name == "token-k4"
+                       else {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0}}
+                if parse:
+                    row.update(semantic_tokens=3, token_level_tokens=2, passes=1, parse_draft_tokens=9)
+                rows.append(row)
+        return rows
+
+    monkeypatch.setattr(e2e, "run_config", fake_run_config)
+    results = tmp_path / "results"
+    assert e2e.main(["--results", str(results), "--bs1-prompts", "2", "--bs16-prompts", "3",
+                     "--target", str(tiny_models["target"]), "--draft", str(tiny_models["draft"])]) == 0
+    assert calls == ["target", "token-k4", "parse-continue", "parse-continue-k4", "parse-redraft", "target"]
+    out = json.loads((results / "e2e.json").read_text())
+    bases = {b["batch"]: b for b in out["baselines"]}
+    assert bases[1]["tok_s_first"] == 10.5 and bases[1]["tok_s_again"] == 13.0 and bases[1]["drift_flagged"]
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["e2e_speedup_bs1"] == pytest.approx(20.0 / 11.75)
+    assert summary["draft_token_acceptance_rate"] == pytest.approx(5 / 16)
+    assert summary["target_baseline_drift"]["16"] == pytest.approx(13.0 / 10.5 - 1)
+    assert (results / "e2e.png").stat().st_size > 0
+    shutil.copy2(FULL / "verify.json", results / "verify.json")
+    text = report.render(results, "bench/results")
+    assert "10.5 tok/s first, 13.0 last (drift +23.8%)" in text and "Warning" in text
