@@ -166,3 +166,5 @@ def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monke
     shutil.copy2(FULL / "verify.json", results / "verify.json")
     text = report.render(results, "bench/results")
     assert "10.5 tok/s first, 13.0 last (drift +23.8%)" in text and "Warning" in text
+    goals = text.split("## 1.")[0]  # the goals table carries the warning too
+    assert "drifted (+24% at bs 1, +24% at bs 16" in goals

@@ -59,6 +59,15 @@ def _baselines(bases: list[dict] | None) -> list[str]:
     return out
 
 
+def _drift_warning(bases: list[dict] | None) -> list[str]:
+    bad = [b for b in bases or [] if b["drift_flagged"]]
+    if not bad:
+        return []
+    drift = ", ".join(f"{b['drift']:+.0%} at bs {b['batch']}" for b in bad)
+    return ["", f"**The end-to-end run's target-alone baseline drifted ({drift}; section 2): the bracket and "
+            f"speedup figures from it are suspect.**"]
+
+
 def render(results: Path, figures: str) -> str:
     v = json.loads((results / "verify.json").read_text())
     e = json.loads((results / "e2e.json").read_text())
@@ -96,6 +105,7 @@ def render(results: Path, figures: str) -> str:
         f"| draft token-level acceptance (vLLM draft_model, k=4) ≥ 30% | {_fmt(rate, '.3f')} "
         f"(mean length {_fmt(s.get('draft_mean_acceptance_length'), '.2f')}) | "
         f"{_goal(None if rate is None else rate >= 0.3)} |",
+        *_drift_warning(e.get("baselines")),
         "",
         "## 1. Verification pass inside vLLM (`bench_verify.py`)",
         "",
