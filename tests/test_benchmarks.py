@@ -119,7 +119,7 @@ def test_e2e_run_config_times_the_engines_own_calls(tiny_models, monkeypatch):
     for r in rows:
         assert r["tokens"] == sum(len(o) for o in r["outputs"]) > 0
         assert min(r["forward_s"], r["logits_s"], r["draft_s"], r["verify_s"]) > 0, r
-        assert r["passes"] > 0 and r["semantic_tokens"] + r["token_level_tokens"] >= 0
+        assert r["passes"] > 0
     accept_all, reject_all = rows
     assert accept_all["semantic_tokens"] > 0 and reject_all["semantic_tokens"] == 0
 

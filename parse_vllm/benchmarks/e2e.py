@@ -128,8 +128,7 @@ def run_config(name: str, kw: dict, prompt_sets: dict[int, list[list[int]]], tau
                 spec = {k: spec1[k] - spec0[k] for k in spec1}
                 row = {"config": name, "batch": batch, "tau": tau, **{k: v for k, v in res.items() if k != "outputs"},
                        "outputs": res["outputs"], "forward_s": timers["forward_s"], "logits_s": timers["logits_s"],
-                       "draft_s": timers["draft_s"],
-                       "verify_s": timers["verify_s"], "spec": spec}
+                       "draft_s": timers["draft_s"], "verify_s": timers["verify_s"], "spec": spec}
                 if parse:
                     st = parse_vllm.get_stats(llm)
                     row.update(semantic_tokens=st["tokens_accepted_semantic"],
@@ -290,7 +289,8 @@ def main(argv=None) -> int:
     for base in (b for b in baselines if b["drift"] is not None):
         print(f"baseline bs={base['batch']}: target {base['tok_s_first']:.1f} tok/s first, "
               f"{base['tok_s_again']:.1f} last (drift {base['drift']:+.1%})"
-              + ("  ** over 10%: the machine was not quiet, ratios suspect **" if base["drift_flagged"] else ""))
+              + (f"  ** over {DRIFT_LIMIT:.0%}: the machine was not quiet, ratios suspect **"
+                 if base["drift_flagged"] else ""))
     print(f"token-level (vLLM draft_model, k=4): acceptance rate {accept_rate}, mean acceptance length {mean_len}")
 
     def best(b):
