@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -163,9 +162,7 @@ def test_gemma_tokenizer_adds_bos(prepared):
 
 def test_rerun_is_noop(prepared, capsys):
     before = {n: ((p / MARKER_FILE).stat().st_mtime_ns, p.stat().st_ino) for n, p in prepared.items()}
-    t0 = time.perf_counter()
     again = prepare_models(progress=True)
-    assert time.perf_counter() - t0 < 5.0
     assert again == prepared
     after = {n: ((p / MARKER_FILE).stat().st_mtime_ns, p.stat().st_ino) for n, p in again.items()}
     assert after == before
@@ -194,9 +191,7 @@ def test_cli_and_script_print_folders(prepared):
 def test_make_tiny_model_deterministic_and_loadable(prepared, smol_tok, tmp_path):
     from safetensors.torch import load_file
 
-    t0 = time.perf_counter()
     a = make_tiny_model(tmp_path / "a", prepared[SMOL], seed=1)
-    assert time.perf_counter() - t0 < 20.0
     b = make_tiny_model(tmp_path / "b", prepared[SMOL], seed=1)
     c = make_tiny_model(tmp_path / "c", prepared[SMOL], seed=2, dtype="bfloat16")
     wa, wb, wc = (load_file(str(p / "model.safetensors")) for p in (a, b, c))
