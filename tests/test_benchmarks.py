@@ -168,3 +168,14 @@ def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monke
     assert "10.5 tok/s first, 13.0 last (drift +23.8%)" in text and "Warning" in text
     goals = text.split("## 1.")[0]  # the goals table carries the warning too
     assert "drifted (+24% at bs 1, +24% at bs 16" in goals
+    # the acceptance goal is judged on the trainer's figure over all 80 questions when the
+    # draft has one (training.json), with this run's own subset beside it
+    row = next(line for line in goals.splitlines() if "≥ 30%" in line)
+    assert "0.312 (mean length" in row and row.endswith("**met** |")
+    out["draft_acceptance_mtbench"] = {"prompts": 80, "k": 4, "max_tokens": 256, "acceptance_rate": 0.25,
+                                       "mean_acceptance_length": 1.9}
+    (results / "e2e.json").write_text(json.dumps(out))
+    row = next(line for line in report.render(results, "bench/results").split("## 1.")[0].splitlines()
+               if "≥ 30%" in line)
+    assert "0.250 on all 80 questions (mean length 1.90); 0.312" in row and "on this run's 5" in row
+    assert row.endswith("**not met** |")

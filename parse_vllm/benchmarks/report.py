@@ -93,6 +93,16 @@ def render(results: Path, figures: str) -> str:
     seq = s.get("sequential_over_parallel_N256_K8")
     acc, rej = s.get("accept_all_fraction_of_ideal"), s.get("reject_all_over_ideal_overhead")
     rate = s.get("draft_token_acceptance_rate")
+    length = s.get("draft_mean_acceptance_length")
+    measured = f"{_fmt(rate, '.3f')} (mean length {_fmt(length, '.2f')})"
+    every = e.get("draft_acceptance_mtbench")  # the trainer's figure on all 80 questions, if measured
+    if every:
+        # The goal is defined on the 80 evaluation questions; this run's own
+        # figure comes from its 8 + 32 and is shown beside it.
+        measured = (f"{_fmt(every['acceptance_rate'], '.3f')} on all {every['prompts']} questions (mean length "
+                    f"{_fmt(every['mean_acceptance_length'], '.2f')}); {measured} on this run's "
+                    f"{sum(len(q) for q in e['prompts'].values())}")
+        rate = every["acceptance_rate"]
     out += [
         f"| verification (b)/(a) within 10% of (N+K·S)/N, N=256 K=8 | {_fmt(vb)} vs bound {_fmt(tb)} | "
         f"{_goal(None if vb is None else vb <= 1.1 * tb)} |",
@@ -102,8 +112,7 @@ def render(results: Path, figures: str) -> str:
         f"{_goal(None if acc is None else acc >= 0.9)} |",
         f"| τ>1 (reject all) overhead within 10% of ideal (bs 1) | {_fmt(rej, '.2f')} | "
         f"{_goal(None if rej is None else rej <= 1.1)} |",
-        f"| draft token-level acceptance (vLLM draft_model, k=4) ≥ 30% | {_fmt(rate, '.3f')} "
-        f"(mean length {_fmt(s.get('draft_mean_acceptance_length'), '.2f')}) | "
+        f"| draft token-level acceptance (vLLM draft_model, k=4) ≥ 30% | {measured} | "
         f"{_goal(None if rate is None else rate >= 0.3)} |",
         *_drift_warning(e.get("baselines")),
         "",
