@@ -153,7 +153,7 @@ def test_completions_usage_counts_each_token_once(server, client):
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
 
 
-def test_chat_streaming_in_order_and_prompt(server, client):
+def test_chat_streaming_in_order(server, client):
     """Streamed chat deltas concatenate to the non-streamed answer and arrive in
     several pieces. (No timing check: on a busy 2-core machine the client can
     receive every piece in one burst, which says nothing about the server.)"""
