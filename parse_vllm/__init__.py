@@ -28,5 +28,5 @@ def reset_stats(llm) -> None:
 
 def get_judgments(llm) -> list[dict]:
     """The last judgments recorded with parse option `record_judgments=N`:
-    per copy the prefix token ids, the boundary, P(yes) and the label logits."""
+    per copy the prefix token ids, the boundary, P(yes) and both labels' log-probabilities."""
     return llm.collective_rpc("parse_judgments")[0]

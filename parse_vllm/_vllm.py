@@ -478,6 +478,14 @@ def run_vllm_serve(argv: list[str]) -> None:
     args.dispatch_function(args)
 
 
+def request_is_greedy(runner, req_id: str) -> bool:
+    """Whether the request samples greedily (vLLM's SamplingType.GREEDY:
+    temperature below its epsilon)."""
+    from vllm.sampling_params import SamplingType
+
+    return runner.requests[req_id].sampling_params.sampling_type == SamplingType.GREEDY
+
+
 def request_wants_logprobs(runner, req_id: str) -> bool:
     sp = runner.requests[req_id].sampling_params
     return sp is not None and sp.logprobs is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
 
 def maximal_valid_prefix(
@@ -89,3 +90,18 @@ def constrained_view(view: DraftView, l_sem: int, allowed: int) -> tuple[DraftVi
     if allowed > view.text_len:
         return view, l_sem
     return replace(view, stop_allowed=False), min(l_sem, allowed)
+
+
+def guard_mask(logits: torch.Tensor, draft: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The token guard: whether each draft token is among the target's `top_k`
+    tokens at its position.
+
+    logits [n, vocab]: the target's logits at the n draft positions (row j
+    predicts draft[j]); draft [n]. Returns [n] bool. top_k = 1 is the
+    target's greedy choice exactly (argmax, as the greedy sampler picks it);
+    ties at the k-th value pass."""
+    if top_k == 1:
+        return logits.argmax(dim=-1) == draft
+    k = min(top_k, logits.shape[-1])
+    kth = torch.topk(logits, k, dim=-1).values[:, -1]  # [n]
+    return logits.gather(1, draft[:, None].long())[:, 0] >= kth

@@ -54,6 +54,13 @@ class ParseConfig:
     # Judge the whole draft first; run the prefix pass only for drafts that
     # fail it (cheaper when most drafts are right, one more pass when not).
     two_stage: bool = False
+    # Token guard: a semantically accepted draft token must also be among the
+    # target's top `guard` tokens at its position (0 = off). The judge reads
+    # meaning; the guard catches a wrong digit or name it waves through.
+    # 1 = exactly token-level acceptance: greedy requests take only draft
+    # tokens the target itself would pick, sampled requests only what vLLM's
+    # rejection sampler accepts.
+    guard: int = 0
     # After a rejected draft: "continue" = the target writes the rest of the
     # answer (the paper), optionally with token-level speculation of
     # `spec_tokens` draft tokens (0: the target alone); "redraft" = the target writes up to `redraft_tokens` tokens or
@@ -119,6 +126,7 @@ class ParseConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(name, "must be an integer >= 1")
+        _check_guard(self.guard, "parse.guard")
         for name in ("spec_tokens", "scratch_blocks", "record_judgments"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -154,13 +162,28 @@ def _check_threshold(value: Any, name: str) -> float:
     return value
 
 
+def _check_guard(value: Any, name: str) -> int:
+    # vllm_xargs may carry numbers as floats ("parse_guard": 4.0) or strings.
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ParseConfigError(
+            f"{name} must be an integer >= 0 (the target's top-k a semantically accepted "
+            f"token must be in; 0 = off, 1 = token-level acceptance only), got {value!r}"
+        )
+    return value
+
+
 # ---------------------------------------------------------------------------
 # Per request: SamplingParams(extra_args={...}) / OpenAI {"vllm_xargs": {...}}.
 # vllm_xargs values are flat (str | int | float | list), so the keys are flat.
 
 PARSE_ARG = "parse"  # on/off for this request
 THRESHOLD_ARG = "parse_threshold"  # τ for this request
-REQUEST_KEYS = (PARSE_ARG, THRESHOLD_ARG)
+GUARD_ARG = "parse_guard"  # token guard (top-k) for this request
+REQUEST_KEYS = (PARSE_ARG, THRESHOLD_ARG, GUARD_ARG)
 
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
@@ -170,6 +193,7 @@ _FALSE = {"0", "false", "off", "no"}
 class RequestOptions:
     enabled: bool
     threshold: float
+    guard: int = 0
 
 
 def request_options(
@@ -178,7 +202,7 @@ def request_options(
     """Resolve one request's PARSE options; raises ParseConfigError on a bad
     key or value. Keys that don't start with "parse" belong to others and are
     ignored."""
-    enabled, threshold = config.default_enabled, config.threshold
+    enabled, threshold, guard = config.default_enabled, config.threshold, config.guard
     for key, value in (extra_args or {}).items():
         if not key.startswith(PARSE_ARG):
             continue
@@ -186,11 +210,13 @@ def request_options(
             enabled = _parse_bool(value, key)
         elif key == THRESHOLD_ARG:
             threshold = _check_threshold(value, key)
+        elif key == GUARD_ARG:
+            guard = _check_guard(value, key)
         else:
             raise ParseConfigError(
                 f"unknown PARSE request option {key!r}; known: {list(REQUEST_KEYS)}"
             )
-    return RequestOptions(enabled=enabled, threshold=threshold)
+    return RequestOptions(enabled=enabled, threshold=threshold, guard=guard)
 
 
 def _parse_bool(value: Any, key: str) -> bool:

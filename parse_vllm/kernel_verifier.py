@@ -35,6 +35,7 @@ import torch
 
 from parse_vllm import _vllm
 from parse_vllm import ops as _ops
+from parse_vllm.templates import LabelScoring
 from parse_vllm.verifier import CopyBatch, Judgments
 
 __all__ = [
@@ -197,8 +198,7 @@ class KernelVerifier:
         runner,
         *,
         suffix_ids: tuple[int, ...],
-        yes_id: int,
-        no_id: int,
+        labels: LabelScoring,
         kv_cache_group_id: int,
         layer_names: list[str],
         layer_caches: list[torch.Tensor],
@@ -214,7 +214,7 @@ class KernelVerifier:
         self.suffix = np.asarray(suffix_ids, dtype=np.int64)  # [L]
         if self.suffix.shape[0] == 0:
             raise ValueError("empty verification suffix")
-        self.yes_id, self.no_id = yes_id, no_id
+        self.labels = labels
         self.group_id = kv_cache_group_id
         self.layer_names = list(layer_names)
         self.layer_caches = layer_caches
@@ -281,15 +281,15 @@ class KernelVerifier:
         if self.max_tokens_per_pass is not None:
             per_pass = max(1, self.max_tokens_per_pass // self.suffix_len)
         before = self._request_blocks(copies) if self.check_isolation else None
-        logit_yes, logit_no = [], []
+        lp_yes, lp_no = [], []
         passes = 0
         for s in range(0, C, per_pass):
             ly, ln = self._judge_chunk(copies.req_row[s:s + per_pass], copies.prefix_len[s:s + per_pass])
-            logit_yes.append(ly)
-            logit_no.append(ln)
+            lp_yes.append(ly)
+            lp_no.append(ln)
             passes += 1
-        ly = torch.cat(logit_yes).float().cpu()
-        ln = torch.cat(logit_no).float().cpu()
+        ly = torch.cat(lp_yes).cpu()
+        ln = torch.cat(lp_no).cpu()
         unchanged = None
         if before is not None:
             after = self._request_blocks(copies)
@@ -351,5 +351,5 @@ class KernelVerifier:
                 attn_metadata=md,
             )
         last = torch.from_numpy(packed.last).to(dev)
-        logits = _vllm.target_logits(self.runner, hidden[last])  # [C, vocab]
-        return logits[:, self.yes_id], logits[:, self.no_id]
+        logits = _vllm.target_logits(self.runner, hidden[self.labels.row_index(last)])  # [C * rows, vocab]
+        return self.labels.log_probs(logits)

@@ -32,6 +32,7 @@ COUNTERS = {
     "tokens_accepted_token_level": "Draft tokens accepted by token-level verification.",
     "drafts_accepted_whole": "Judged drafts accepted to their end.",
     "rejections": "Judged drafts with a failed boundary.",
+    "guard_cuts": "Judged drafts the token guard cut short of what the judge passed.",
     "rounds": "Redraft rounds started after a rejection.",
 }
 
@@ -66,6 +67,7 @@ class ParseStats:
     tokens_accepted_token_level: int = 0
     drafts_accepted_whole: int = 0
     rejections: int = 0
+    guard_cuts: int = 0
     rounds: int = 0
     # index (0-based) of the first failed boundary -> count
     rejections_by_boundary: dict[int, int] = field(default_factory=dict)

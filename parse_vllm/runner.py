@@ -21,6 +21,7 @@ given next (`propose_draft_token_ids`, `take_draft_token_ids`).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from parse_vllm.acceptance import (
     constrained_view,
     final_accept_len,
     first_stop_index,
+    guard_mask,
     maximal_valid_prefix,
     view_draft,
 )
@@ -39,7 +41,7 @@ from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
 from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, request_options
 from parse_vllm.metrics import KvAudit, ParseStats, PromExporter
 from parse_vllm.policy import Phase, RequestState
-from parse_vllm.templates import build_template
+from parse_vllm.templates import VerificationTemplate, build_template
 from parse_vllm.verifier import CopyBatch, ForkedBlockTableVerifier, scratch_block_count
 
 logger = _vllm.init_logger("parse_vllm.runner")
@@ -53,9 +55,7 @@ class _Parse:
     window: int  # W = num_speculative_tokens
     rule: BoundaryRule
     sentence_end: np.ndarray  # [vocab] bool
-    suffix_ids: tuple[int, ...]
-    yes_id: int
-    no_id: int
+    template: VerificationTemplate
     layer_names: list[str]
     verifier: object | None = None  # ForkedBlockTableVerifier | KernelVerifier
 
@@ -88,20 +88,18 @@ class ParseRunnerMixin:
             window=spec.num_speculative_tokens,
             rule=BoundaryRule(config.boundaries, config.every, config.max_boundaries, sentence_end),
             sentence_end=sentence_end,
-            suffix_ids=template.suffix_ids,
-            yes_id=template.yes_id,
-            no_id=template.no_id,
+            template=template,
             layer_names=_vllm.attention_layer_names(self.model),
         )
         self.parse_judgments = collections.deque(maxlen=max(1, config.record_judgments))
         if config.audit_kv_blocks:
             self.parse_kv_audit = KvAudit()
         logger.info(
-            "PARSE on: window W=%d, τ=%.3g, boundaries=%s, max K=%d, suffix %d tokens %r, "
-            "labels %r/%r (ids %d/%d), on_reject=%s",
-            self._parse.window, config.threshold, config.boundaries, config.max_boundaries,
+            "PARSE on: window W=%d, τ=%.3g, guard=%d, boundaries=%s, max K=%d, suffix %d tokens %r, "
+            "labels %r/%r (ids %s/%s), on_reject=%s",
+            self._parse.window, config.threshold, config.guard, config.boundaries, config.max_boundaries,
             template.suffix_len, template.suffix_text, *config.labels,
-            template.yes_id, template.no_id, config.on_reject,
+            template.labels.yes_ids, template.labels.no_ids, config.on_reject,
         )
 
     def initialize_kv_cache_tensors(self, *args, **kwargs):
@@ -121,9 +119,8 @@ class ParseRunnerMixin:
         num_blocks = kv_cache_config.num_blocks
         scratch = scratch_block_count(p.config.scratch_blocks, num_blocks, p.config.verifier)
         common = dict(
-            suffix_ids=p.suffix_ids,
-            yes_id=p.yes_id,
-            no_id=p.no_id,
+            suffix_ids=p.template.suffix_ids,
+            labels=p.template.labels,
             kv_cache_group_id=gid,
             layer_names=p.layer_names,
             layer_caches=[self._parse_caches_by_layer[n] for n in p.layer_names],
@@ -172,12 +169,11 @@ class ParseRunnerMixin:
                 opts = request_options(_vllm.request_extra_args(self, req_id), self._parse.config)
             except ParseConfigError as e:  # validated at admission; be safe anyway
                 logger.warning("request %s: %s; PARSE off for it", req_id, e)
-                opts = request_options(None, self._parse.config)
-                opts = type(opts)(enabled=False, threshold=opts.threshold)
+                opts = dataclasses.replace(request_options(None, self._parse.config), enabled=False)
             if _vllm.request_wants_logprobs(self, req_id):
                 # Logprobs of semantically accepted tokens are not produced:
                 # such requests get token-level speculation only.
-                opts = type(opts)(enabled=False, threshold=opts.threshold)
+                opts = dataclasses.replace(opts, enabled=False)
             state = self._parse_states[req_id] = RequestState(opts)
         return state
 
@@ -353,17 +349,27 @@ class ParseRunnerMixin:
         for k, i in enumerate(rows):
             state = self._parse_states[req_ids[i]]
             view = views[k]
+            guard_cut = False
             if l_sem[k] > l_tok[i]:
                 # Semantic acceptance takes draft tokens the rejection sampler
-                # did not: they must still obey the request's constraints.
-                view, l_sem[k] = constrained_view(view, int(l_sem[k]), self._allowed_draft_len(logits, i, starts[i], view))
+                # did not: they must still obey the request's constraints and
+                # pass its token guard.
+                allowed, guarded = self._allowed_draft_len(logits, i, starts[i], view, state.options.guard)
+                view_c, l_c = constrained_view(view, int(l_sem[k]), allowed)
+                view, l_sem[k] = constrained_view(view, int(l_sem[k]), min(allowed, guarded))
+                guard_cut = final_accept_len(int(l_sem[k]), int(l_tok[i]), view) < final_accept_len(l_c, int(l_tok[i]), view_c)
             accepted = final_accept_len(int(l_sem[k]), int(l_tok[i]), view)
             stats.tokens_accepted_token_level += int(l_tok[i])
             stats.tokens_accepted_semantic += max(0, accepted - int(l_tok[i]))
-            rejected = accepted < views[k].text_len
+            # A draft the judge passed whole but the guard cut is a token-level
+            # correction, not a rejection: the request keeps drafting.
+            judge_passed = first_fail[k] < 0
+            rejected = accepted < views[k].text_len and not (guard_cut and judge_passed)
+            if guard_cut:
+                stats.guard_cuts += 1
             if rejected:
                 stats.reject_at(int(first_fail[k]) if first_fail[k] >= 0 else 0)
-            else:
+            elif accepted >= views[k].text_len:
                 stats.drafts_accepted_whole += 1
             before = state.phase
             state.after_judged_draft(p.config, rejected)
@@ -390,9 +396,10 @@ class ParseRunnerMixin:
                 out_cpu[i] = row
                 ids[i] = torch.from_numpy(row).to(ids.device, ids.dtype)
 
-    def _allowed_draft_len(self, logits, row: int, start: int, view) -> int:
+    def _allowed_draft_len(self, logits, row: int, start: int, view, guard: int) -> tuple[int, int]:
         """How many leading tokens of input-batch row `row`'s draft (its text
-        and the stop token after it) the request's constraints allow.
+        and the stop token after it) the request's constraints allow, and how
+        many its token guard (`guard_mask`, top-`guard`; 0 = off) allows.
 
         vLLM's scheduler already cuts drafts of structured-output requests to
         their grammar-valid prefix, and the grammar bitmask has been applied
@@ -402,16 +409,18 @@ class ParseRunnerMixin:
         the sampler's history does not hold for accepted draft tokens: such
         requests take no draft token beyond the token-level check."""
         md = self.input_batch.sampling_metadata
-        if row in (md.bad_words_token_ids or {}):
-            return 0
         n = view.text_len + (1 if view.stop_index == view.text_len else 0)
+        if row in (md.bad_words_token_ids or {}):
+            return 0, n
+        if guard == 1 and not _vllm.request_is_greedy(self, self.input_batch.req_ids[row]):
+            return n, 0  # the strictest guard on a sampled request: token-level acceptance only
         draft = torch.from_numpy(self._draft_of(row)[:n]).to(logits.device)
-        positions = torch.arange(start, start + n, device=logits.device)
-        ok = torch.isfinite(logits[positions, draft])
+        rows = logits[start : start + n]  # [n, vocab] the target's logits at each draft position
+        ok = torch.isfinite(rows.gather(1, draft[:, None])[:, 0])
         if md.allowed_token_ids_mask is not None:
             ok &= ~md.allowed_token_ids_mask[row, draft]
-        bad = np.flatnonzero(~ok.cpu().numpy())
-        return int(bad[0]) if bad.shape[0] else n
+        guarded = guard_mask(rows, draft, guard) if guard else torch.ones_like(ok)
+        return _leading_true(ok), _leading_true(guarded)
 
     def _record_judgments(self, md, rows, bounds, prefix_len, j) -> None:
         tokens = self.input_batch.token_ids_cpu
@@ -425,8 +434,8 @@ class ParseRunnerMixin:
                     "boundary": int(b),
                     "token_ids": committed + draft[:b].tolist(),
                     "p_yes": float(j.p_yes[c]),
-                    "logit_yes": float(j.logit_yes[c]),
-                    "logit_no": float(j.logit_no[c]),
+                    "logprob_yes": float(j.logprob_yes[c]),
+                    "logprob_no": float(j.logprob_no[c]),
                     "requests_kv_unchanged": j.requests_kv_unchanged,
                 })
                 assert len(self.parse_judgments[-1]["token_ids"]) == prefix_len[c]
@@ -493,6 +502,12 @@ class CpuSeededChunkedPrefillMixin:
     def _bookkeeping_sync(self, *args, **kwargs):
         with _vllm.generators_hidden(self, _vllm.discarded_rows_cpu_generators(self)):
             return super()._bookkeeping_sync(*args, **kwargs)
+
+
+def _leading_true(mask: torch.Tensor) -> int:
+    """Length of the all-True head of a [n] bool mask."""
+    bad = torch.nonzero(~mask)
+    return int(bad[0, 0]) if bad.shape[0] else int(mask.shape[0])
 
 
 def _make_runner(base, *mixins):

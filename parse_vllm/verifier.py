@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from parse_vllm import _vllm
+from parse_vllm.templates import LabelScoring
 
 
 @dataclass
@@ -39,8 +40,8 @@ class CopyBatch:
 @dataclass
 class Judgments:
     p_yes: torch.Tensor  # [C] P(yes) / (P(yes) + P(no)), float32
-    logit_yes: torch.Tensor  # [C]
-    logit_no: torch.Tensor  # [C]
+    logprob_yes: torch.Tensor  # [C] log P(labels[0]), the label's tokens summed
+    logprob_no: torch.Tensor  # [C] log P(labels[1])
     passes: int  # forwards it took (more than 1 only when scratch ran out)
     # With check_isolation: whether the requests' own KV blocks were left
     # bit-for-bit unchanged by the pass.
@@ -72,8 +73,7 @@ class ForkedBlockTableVerifier:
         runner,
         *,
         suffix_ids: tuple[int, ...],
-        yes_id: int,
-        no_id: int,
+        labels: LabelScoring,
         kv_cache_group_id: int,
         layer_names: list[str],
         layer_caches: list[torch.Tensor],
@@ -85,7 +85,7 @@ class ForkedBlockTableVerifier:
     ):
         self.runner = runner
         self.suffix = np.asarray(suffix_ids, dtype=np.int64)  # [L]
-        self.yes_id, self.no_id = yes_id, no_id
+        self.labels = labels
         self.group_id = kv_cache_group_id
         self.layer_names = layer_names
         self.layer_caches = layer_caches
@@ -133,13 +133,13 @@ class ForkedBlockTableVerifier:
             used += need[c]
         chunks.append((start, C))
         before = self._request_blocks(copies) if self.check_isolation else None
-        logit_yes, logit_no = [], []
+        lp_yes, lp_no = [], []
         for s, e in chunks:
             ly, ln = self._judge_chunk(copies.req_row[s:e], copies.prefix_len[s:e], need[s:e])
-            logit_yes.append(ly)
-            logit_no.append(ln)
-        ly = torch.cat(logit_yes).float().cpu()
-        ln = torch.cat(logit_no).float().cpu()
+            lp_yes.append(ly)
+            lp_no.append(ln)
+        ly = torch.cat(lp_yes).cpu()
+        ln = torch.cat(lp_no).cpu()
         unchanged = None
         if before is not None:
             after = self._request_blocks(copies)
@@ -202,5 +202,5 @@ class ForkedBlockTableVerifier:
             max_seq_len=int(seq_lens.max()),
         )
         last = torch.from_numpy(qsl[1:] - 1).to(dev).long()
-        logits = self.runner.model.compute_logits(hidden[last])  # [C, vocab]
-        return logits[:, self.yes_id], logits[:, self.no_id]
+        logits = self.runner.model.compute_logits(hidden[self.labels.row_index(last)])  # [C * rows, vocab]
+        return self.labels.log_probs(logits)

@@ -309,7 +309,7 @@ def test_client_disconnect_mid_stream_frees_everything(server, client):
 
 
 @pytest.mark.parametrize("xargs", [{"parse_threshold": -0.5}, {"parse_threshold": "nan"}, {"parse": 2},
-                                   {"parse_mode": "x"}])
+                                   {"parse_mode": "x"}, {"parse_guard": -1}, {"parse_guard": 1.5}])
 def test_bad_vllm_xargs_get_http_400(client, xargs):
     from openai import BadRequestError
 

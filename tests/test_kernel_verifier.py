@@ -164,12 +164,17 @@ def env(tmp_path_factory, smollm2_dir):
     reference: dict[tuple[int, ...], tuple[float, float]] = {}
 
     def hf_logits(tokens: list[int]) -> tuple[float, float]:
-        """(logit yes, logit no) of a plain full-sequence HF forward."""
+        """(log P(yes), log P(no)) of a plain full-sequence HF forward, each
+        label's tokens summed (label token j read at the suffix's last token
+        plus j)."""
         key = tuple(tokens)
         if key not in reference:
+            labels = template.labels
             with torch.no_grad():
-                logits = hf(torch.tensor([tokens + list(template.suffix_ids)])).logits[0, -1]
-            reference[key] = (float(logits[template.yes_id]), float(logits[template.no_id]))
+                logits = hf(torch.tensor([tokens + list(template.suffix_ids)])).logits[0, -labels.rows:]
+            lp = torch.log_softmax(logits.float(), -1)
+            reference[key] = tuple(sum(float(lp[j, x]) for j, x in enumerate(ids))
+                                   for ids in (labels.yes_ids, labels.no_ids))
         return reference[key]
 
     return SimpleNamespace(cfg=cfg, hf=hf, tok=tok, template=template, attn=attn, cpu_attn=cpu_attn,
@@ -257,7 +262,7 @@ def _setup(env, *, block: int, physical: str, kernel_block: int | None, seed: in
 def _verifier(env, runner, manager_views, num_blocks, block, **kw):
     t = env.template
     return KernelVerifier(
-        runner, suffix_ids=t.suffix_ids, yes_id=t.yes_id, no_id=t.no_id, kv_cache_group_id=0,
+        runner, suffix_ids=t.suffix_ids, labels=t.labels, kv_cache_group_id=0,
         layer_names=env.names, layer_caches=manager_views, num_blocks=num_blocks, block_size=block,
         scratch_ids=np.arange(0), check_isolation=True, **kw)
 
@@ -296,21 +301,25 @@ def test_kernel_judgments_equal_full_target_forwards(env, block, physical, kerne
     expected_passes = 1 if max_tokens is None else -(-C // (max_tokens // v.suffix_len))
     assert j.passes == expected_passes and (max_tokens is None or j.passes > 1)
     want = np.array([env.hf_logits(t) for t in tokens])  # [C, 2]
-    got = np.stack([j.logit_yes.numpy(), j.logit_no.numpy()], axis=1)
+    got = np.stack([j.logprob_yes.numpy(), j.logprob_no.numpy()], axis=1)
     worst = float(np.abs(got - want).max())
     assert worst <= TOL, f"max |logit diff| {worst}"
     p_want = 1 / (1 + np.exp(want[:, 1] - want[:, 0]))
     p_got = j.p_yes.numpy()
     assert np.abs(p_got - p_want).max() <= TOL
     assert ((p_got >= 0.5) == (p_want >= 0.5)).all()
-    # A threshold that splits the copies, so pass/fail is compared on both sides.
-    s = np.sort(p_want)
+    # A threshold that splits the copies, so pass/fail is compared on both
+    # sides; in log-odds (log P(yes) - log P(no)), where P(yes) is monotone
+    # and random weights do not saturate it (a 2-token label is ~e^-10 less
+    # likely here, so every P(yes) is within 1e-4 of 1).
+    d_want, d_got = want[:, 0] - want[:, 1], got[:, 0] - got[:, 1]
+    s = np.sort(d_want)
     gaps = np.diff(s)
     k = int(np.argmax(gaps))
     assert gaps[k] > 10 * TOL
     tau = (s[k] + s[k + 1]) / 2
-    assert ((p_got >= tau) == (p_want >= tau)).all()
-    assert 0 < (p_want >= tau).sum() < C
+    assert ((d_got >= tau) == (d_want >= tau)).all()
+    assert 0 < (d_want >= tau).sum() < C
     print(f"\n{block=} {physical=} {kernel_block=}: {C} copies, {j.passes} passes, max |logit diff| {worst:.2e}, "
           f"P(yes) in [{p_want.min():.3f}, {p_want.max():.3f}]")
 
@@ -390,7 +399,7 @@ def test_refuses_cpu_backend(env):
                              vllm_config=env.cfg)
     t = env.template
     with pytest.raises(NotImplementedError, match=r"CPU attention backend \(CPU_ATTN\).*ForkedBlockTableVerifier"):
-        KernelVerifier(runner, suffix_ids=t.suffix_ids, yes_id=t.yes_id, no_id=t.no_id, kv_cache_group_id=0,
+        KernelVerifier(runner, suffix_ids=t.suffix_ids, labels=t.labels, kv_cache_group_id=0,
                        layer_names=[a.layer_name for a in env.cpu_attn], layer_caches=[], num_blocks=8,
                        block_size=32)
 

@@ -112,9 +112,38 @@ def test_accept_all_when_threshold_zero(ref, draft, parse):
     assert got[0][1:1 + WINDOW] == first
 
 
+def test_token_guard_identities(ref, parse):
+    """The token guard (`parse_guard`, top-k) through LLM.generate: off and a k
+    beyond the vocabulary change nothing; the strictest guard (1) on greedy
+    requests is plain lossless token-level acceptance (the target's own
+    output even at τ = 0); a middle k accepts less than no guard."""
+    import parse_vllm
+
+    vocab = parse.get_tokenizer().vocab_size + 1000
+
+    def run(**extra):
+        parse_vllm.reset_stats(parse)
+        out = ids(parse.generate(PROMPTS, sp(48, extra_args={"parse_threshold": 0.0, **extra})))
+        return out, parse_vllm.get_stats(parse)["tokens_accepted_semantic"]
+
+    loose, sem_off = run()
+    assert run(parse_guard=0) == (loose, sem_off)
+    assert run(parse_guard=vocab) == (loose, sem_off)
+    strict, sem_strict = run(parse_guard=1)
+    assert strict == ids(ref.generate(PROMPTS, sp(48)))
+    assert loose != strict and sem_off > 0
+    _, sem_mid = run(parse_guard=50)
+    assert sem_strict <= sem_mid < sem_off
+    # Sampled requests under the strictest guard: token-level acceptance only.
+    parse_vllm.reset_stats(parse)
+    parse.generate(PROMPTS[:4], sp(24, temperature=0.9, seed=3, extra_args={"parse_threshold": 0.0, "parse_guard": 1}))
+    assert parse_vllm.get_stats(parse)["tokens_accepted_semantic"] == 0
+
+
 def test_judgments_equal_separate_target_forwards(parse, tiny_models):
-    """Each P(label) from the one-pass verification equals a plain target
-    forward over prompt + draft[:b] + suffix (HF transformers, float32)."""
+    """Each log P(label) from the one-pass verification, the label's tokens
+    summed, equals a plain target forward over prompt + draft[:b] + suffix
+    (HF transformers, float32)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import parse_vllm
@@ -135,11 +164,15 @@ def test_judgments_equal_separate_target_forwards(parse, tiny_models):
     worst = 0.0
     for r in picked:
         with torch.no_grad():
-            logits = model(torch.tensor([r["token_ids"] + list(t.suffix_ids)])).logits[0, -1]
-        worst = max(worst, abs(float(logits[t.yes_id]) - r["logit_yes"]), abs(float(logits[t.no_id]) - r["logit_no"]))
-        p = torch.softmax(logits[[t.yes_id, t.no_id]], -1)[0].item()
-        assert abs(p - r["p_yes"]) <= 1e-4
-    assert worst <= 1e-4, f"max |logit diff| {worst}"
+            logits = model(torch.tensor([r["token_ids"] + list(t.suffix_ids)])).logits[0]
+        # Label token j is read after the chat suffix and the label's first j
+        # tokens: the logits rows from the suffix's last token on.
+        lp = torch.log_softmax(logits[len(r["token_ids"]) + len(t.suffix_ids) - t.labels.rows:], -1)
+        ref_yes = sum(float(lp[j, x]) for j, x in enumerate(t.labels.yes_ids))
+        ref_no = sum(float(lp[j, x]) for j, x in enumerate(t.labels.no_ids))
+        worst = max(worst, abs(ref_yes - r["logprob_yes"]), abs(ref_no - r["logprob_no"]))
+        assert abs(torch.sigmoid(torch.tensor(ref_yes - ref_no)).item() - r["p_yes"]) <= 1e-4
+    assert worst <= 1e-4, f"max |log-prob diff| {worst}"
     # The pass never wrote into the requests' own KV blocks.
     assert all(r["requests_kv_unchanged"] is True for r in records)
 
@@ -203,7 +236,8 @@ def test_bad_request_options_are_refused_and_engine_survives(parse):
     from vllm import SamplingParams
     from vllm.exceptions import VLLMValidationError
 
-    for bad in ({"parse_threshold": "high"}, {"parse_tau": 0.2}, {"parse": "maybe"}, {"parse_threshold": -1}):
+    for bad in ({"parse_threshold": "high"}, {"parse_tau": 0.2}, {"parse": "maybe"}, {"parse_threshold": -1},
+                {"parse_guard": -2}, {"parse_guard": "top5"}):
         with pytest.raises(VLLMValidationError, match="parse"):
             parse.generate(["hi"], SamplingParams(max_tokens=4, extra_args=bad))
     assert len(ids(parse.generate(["hi"], sp(4)))[0]) == 4

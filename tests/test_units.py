@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from parse_vllm.acceptance import final_accept_len, maximal_valid_prefix, view_draft
 from parse_vllm.boundaries import BoundaryRule, is_sentence_end, sentence_end_mask
@@ -41,6 +42,9 @@ def test_defaults_are_valid_and_documented():
         ({"labels": ["Yes", "Yes"]}, "must differ"),
         ({"two_stage": "yes"}, "true or false"),
         ({"question": "  "}, "non-empty"),
+        ({"guard": -1}, "integer >= 0"),
+        ({"guard": 2.5}, "integer >= 0"),
+        ({"guard": True}, "integer >= 0"),
     ],
 )
 def test_bad_engine_options_are_refused(raw, needle):
@@ -70,6 +74,29 @@ def test_request_options():
         request_options({"parse_threshold": "abc"}, cfg)
     with pytest.raises(ParseConfigError):
         request_options({"parse": "maybe"}, cfg)
+    # the token guard: engine default, per-request override (vllm_xargs may
+    # carry it as a float or a string), bad values refused
+    assert request_options(None, ParseConfig(guard=5)).guard == 5
+    assert request_options({"parse_guard": 3}, cfg).guard == 3
+    assert request_options({"parse_guard": 2.0}, cfg).guard == 2
+    assert request_options({"parse_guard": "1"}, cfg).guard == 1
+    for bad in (-1, 1.5, "top3", None, [1]):
+        with pytest.raises(ParseConfigError, match="parse_guard must be an integer >= 0"):
+            request_options({"parse_guard": bad}, cfg)
+
+
+def test_guard_mask_top_k():
+    from parse_vllm.acceptance import guard_mask
+
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0],   # ranks: 1 -> 0, 3 -> 1, 2 -> 2, 0 -> 3
+                           [5.0, 1.0, 1.0, 0.0]])
+    draft = torch.tensor([3, 2])
+    assert guard_mask(logits, draft, 1).tolist() == [False, False]
+    assert guard_mask(logits, draft, 2).tolist() == [True, True]  # row 1: a tie at the 2nd value passes
+    assert guard_mask(logits, torch.tensor([2, 3]), 3).tolist() == [True, False]
+    assert guard_mask(logits, torch.tensor([0, 3]), 3).tolist() == [False, False]
+    assert guard_mask(logits, torch.tensor([1, 0]), 1).tolist() == [True, True]  # argmax
+    assert guard_mask(logits, draft, 100).tolist() == [True, True]  # k beyond the vocabulary
 
 
 # -- boundaries ----------------------------------------------------------------
@@ -183,7 +210,7 @@ def test_phases_continue_and_redraft():
 def test_verification_suffix_from_chat_template(smollm2_dir):
     from transformers import AutoTokenizer
 
-    from parse_vllm.templates import build_template, label_token_ids
+    from parse_vllm.templates import build_template
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     cfg = ParseConfig()
@@ -192,11 +219,44 @@ def test_verification_suffix_from_chat_template(smollm2_dir):
         "<|im_end|>\n<|im_start|>user\n" + cfg.question + "<|im_end|>\n<|im_start|>assistant\n"
     )
     assert t.suffix_ids[0] == tok.convert_tokens_to_ids("<|im_end|>")
-    assert tok.decode(t.suffix_ids) == t.suffix_text
-    assert tok.decode([t.yes_id]).strip() and t.yes_id != t.no_id
-    assert tok.decode([t.yes_id]) == tok.decode(tok.encode("Correct", add_special_tokens=False)[:1])
-    with pytest.raises(ParseConfigError, match="share their first token"):
-        label_token_ids(tok, ("Correctly", "Correct"))
+    chat = t.suffix_ids[: len(t.suffix_ids) - len(t.labels.extension)]
+    assert tok.decode(chat) == t.suffix_text
+    # SmolLM2 reads "Correct" as one token and "Incorrect" as "In" + "correct":
+    # the longer label's first token is appended to the suffix, and both are
+    # scored whole.
+    assert [tok.decode([x]) for x in t.labels.yes_ids] == ["Correct"]
+    assert [tok.decode([x]) for x in t.labels.no_ids] == ["In", "correct"]
+    assert t.labels.extension == t.labels.no_ids[:1] and t.labels.rows == 2
+    assert t.suffix_ids[-1] == t.labels.no_ids[0]
+
+
+def test_label_scoring_sums_each_labels_tokens():
+    """log P(label) = Σ_j log_softmax(row j)[label_j], copy-major rows."""
+    from parse_vllm.templates import LabelScoring
+
+    s = LabelScoring(yes_ids=(3,), no_ids=(1, 4, 2), extension=(1, 4))
+    last = torch.tensor([5, 11])
+    assert s.row_index(last).tolist() == [3, 4, 5, 9, 10, 11]
+    logits = torch.randn(6, 7)
+    lp = torch.log_softmax(logits, -1).view(2, 3, 7)
+    yes, no = s.log_probs(logits)
+    assert torch.allclose(yes, lp[:, 0, 3])
+    assert torch.allclose(no, lp[:, 0, 1] + lp[:, 1, 4] + lp[:, 2, 2])
+
+
+@pytest.mark.parametrize("labels, match", [
+    (("Correctly", "Correct"), "start with the same token"),
+    (("Incorrect", "Inaccurate"), "start with the same token"),
+    (("Incorrectly wrong", "Absolutely not right"), "at most one label may be more than one token"),
+])
+def test_bad_labels_are_refused(smollm2_dir, labels, match):
+    from transformers import AutoTokenizer
+
+    from parse_vllm.templates import build_template
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    with pytest.raises(ParseConfigError, match=match):
+        build_template(tok, ParseConfig(labels=labels))
 
 
 def test_no_chat_template_is_refused(smollm2_dir, tmp_path):

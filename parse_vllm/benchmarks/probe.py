@@ -167,7 +167,7 @@ def _study(runner, judge, copies, cfg: dict, last_forward: dict, totals: dict) -
     seq_len = int(copies.prefix_len[mine].max())
     tokens = runner.input_batch.token_ids_cpu[row, :seq_len].tolist()  # prompt + output + draft
     result = {"copies": total, "prefix_len": [int(x) for x in copies.prefix_len[mine]], "tokens": tokens,
-              "suffix_ids": [int(x) for x in runner._parse.suffix_ids], "picks": {},
+              "suffix_ids": [int(x) for x in runner._parse.template.suffix_ids], "picks": {},
               "floor_s": floor, "floor_tokens": last_forward.get("tokens"), "parallel_s": {}, "sequential_s": {}}
     for k in cfg.get("ks", (1, 4, 8, 16)):
         if k > total:
