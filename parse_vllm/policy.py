@@ -8,6 +8,12 @@ does after a rejected draft.
            to the next sentence end, then the request goes back to DRAFT; at
            most `max_rounds` rewrites, then CONTINUE.
 
+A draft the judge passed whole but the token guard cut is a token-level
+correction, not a rejection: the request stays in DRAFT, and its next window
+is about twice what the guard let through (at least GUARD_MIN_WINDOW),
+doubling back towards W with each draft taken whole, so a draft that keeps
+missing the target's top-k is not drafted W tokens deep every step.
+
 Requests with PARSE off behave as vLLM's own draft-model speculation with
 `spec_tokens` draft tokens (0: the target alone).
 """
@@ -22,6 +28,9 @@ import numpy as np
 from parse_vllm.config import ParseConfig, RequestOptions
 
 
+GUARD_MIN_WINDOW = 8
+
+
 class Phase(enum.Enum):
     DRAFT = "draft"
     CONTINUE = "continue"
@@ -34,6 +43,7 @@ class RequestState:
     phase: Phase = Phase.DRAFT
     rounds: int = 0  # rewrites done (redraft mode)
     rewrite_left: int = 0  # tokens the target still writes before redrafting
+    window_cap: int = 0  # after a guard cut: the next windows' length (0 = W)
 
     @property
     def judging(self) -> bool:
@@ -48,11 +58,20 @@ class RequestState:
 
     def draft_len(self, config: ParseConfig, window: int) -> int:
         """How many draft tokens to schedule for this request next step."""
-        return window if self.judging else config.spec_tokens
+        if not self.judging:
+            return config.spec_tokens
+        return min(window, self.window_cap) if self.window_cap else window
 
-    def after_judged_draft(self, config: ParseConfig, rejected: bool) -> None:
-        """A judged draft was fully accepted (stay in DRAFT) or not."""
+    def after_judged_draft(
+        self, config: ParseConfig, rejected: bool, *, guard_cut: bool = False, accepted: int = 0, window: int = 0
+    ) -> None:
+        """A judged draft was accepted whole, cut by the token guard (stay in
+        DRAFT, with a shorter window), or rejected by the judge."""
         if not rejected:
+            if guard_cut:
+                self.window_cap = min(window, max(GUARD_MIN_WINDOW, 2 * accepted))
+            elif self.window_cap:
+                self.window_cap = 0 if 2 * self.window_cap >= window else 2 * self.window_cap
             return
         if config.on_reject == "redraft" and self.rounds < config.max_rounds:
             self.phase = Phase.REWRITE

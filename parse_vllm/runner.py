@@ -372,7 +372,7 @@ class ParseRunnerMixin:
             elif accepted >= views[k].text_len:
                 stats.drafts_accepted_whole += 1
             before = state.phase
-            state.after_judged_draft(p.config, rejected)
+            state.after_judged_draft(p.config, rejected, guard_cut=guard_cut, accepted=accepted, window=p.window)
             if state.phase is Phase.REWRITE and before is not Phase.REWRITE:
                 stats.rounds += 1
             if accepted > l_tok[i]:

@@ -205,6 +205,23 @@ def test_phases_continue_and_redraft():
     assert not off.judging and off.draft_len(cont, 64) == 3
 
 
+def test_guard_cut_shortens_the_window_and_it_grows_back():
+    from parse_vllm.policy import GUARD_MIN_WINDOW
+
+    cfg = ParseConfig(guard=3)
+    s = RequestState(request_options(None, cfg))
+    s.after_judged_draft(cfg, rejected=False, guard_cut=True, accepted=2, window=64)
+    assert s.phase is Phase.DRAFT and s.draft_len(cfg, 64) == GUARD_MIN_WINDOW
+    s.after_judged_draft(cfg, rejected=False, guard_cut=True, accepted=10, window=64)
+    assert s.draft_len(cfg, 64) == 20
+    s.after_judged_draft(cfg, rejected=False, window=64)  # taken whole: doubles
+    assert s.draft_len(cfg, 64) == 40
+    s.after_judged_draft(cfg, rejected=False, window=64)
+    assert s.draft_len(cfg, 64) == 64 and s.window_cap == 0
+    s.after_judged_draft(cfg, rejected=True, window=64)  # the judge's rejection: on_reject as before
+    assert s.phase is Phase.CONTINUE
+
+
 # -- templates -------------------------------------------------------------------
 
 def test_verification_suffix_from_chat_template(smollm2_dir):
