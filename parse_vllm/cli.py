@@ -12,6 +12,11 @@
   parse-vllm flags PRESET.yaml [--check]
       print the `vllm serve` arguments a preset stands for; --check also runs
       them through vLLM's own `serve` argument parser (no engine).
+  parse-vllm eval [--config PRESET.yaml | --target T --draft D] [--prompts mtbench checkable FILE.jsonl]
+                  [--taus τ ...] [--max-accuracy-drop X] [--max-nll-increase Y] [--out DIR]
+      speed against quality: the target alone, token-level speculation and
+      PARSE over a τ sweep at batch 1 and --batch, in one run; accuracy,
+      NLL, repetition, ROUGE-L; JSON, Markdown, a PNG and a recommendation.
 """
 
 from __future__ import annotations
@@ -481,6 +486,10 @@ def main(argv: list[str] | None = None) -> int:
         return demo(rest)
     if cmd == "flags":
         return flags_command(rest)
+    if cmd == "eval":
+        from parse_vllm.quality import run as quality_run
+
+        return quality_run.main(rest)
     if cmd == "train-draft":
         from parse_vllm import train_draft
 

@@ -1,0 +1,381 @@
+"""`parse-vllm eval`: speed against quality, the target alone vs token-level speculation vs
+PARSE over a τ sweep, side by side in one process run.
+
+Engines, one at a time (a GPU preset's target does not fit twice):
+
+1. ``target``   -- the target alone;
+2. ``token-kK`` -- vLLM's ``draft_model`` token-level speculation with the same draft, k = K;
+3. ``parse``    -- ONE PARSE engine (window W, the preset's or given PARSE options), every
+   τ × guard of the sweep set per request (``parse_threshold``, ``parse_guard``);
+4. the target alone again, last: re-times the baseline (rows use the mean of both timings;
+   drift over 10% is flagged, as in bench_e2e) and computes every row's NLL -- one
+   prompt-logprobs pass of the target over prompt + output per distinct text.
+
+Each runs every prompt set at batch 1 and at ``--batch`` (requests kept in flight with
+``benchmarks.e2e.run_batch``), greedy, ``--max-tokens``. Answers are checked after the
+engines are closed (code runs in subprocesses, which must not share the CPU with a timing).
+Results: ``summary.json``, ``summary.md`` and ``eval.png`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import checks, report, tasks
+
+DEFAULT_TAUS = (0.0, 0.5, 0.9, 1.5)
+DEFAULT_WINDOW = 128  # bench_e2e's full run
+
+
+class EvalError(Exception):
+    """A bad argument or input: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="parse-vllm eval",
+        description="Speed against quality: the target alone, token-level speculation and PARSE over a τ sweep, "
+                    "on MT-Bench, a checkable task set and/or your own JSONL, with a recommendation.")
+    m = ap.add_argument_group("models (default: the bundled CPU pair, SmolLM2-135M-Instruct and its draft)")
+    m.add_argument("--config", "--parse-config", dest="config", metavar="PRESET.yaml",
+                   help="a preset (configs/): model, speculative_config (draft, W), parse and engine sections")
+    m.add_argument("--target", help="target model (HF name or folder); overrides the preset's")
+    m.add_argument("--draft", help="draft model; overrides the preset's")
+    m.add_argument("--window", type=int, help=f"PARSE draft window W (default: the preset's, else {DEFAULT_WINDOW})")
+    m.add_argument("--parse", metavar="JSON", help="PARSE options (additional_config['parse']), over the preset's")
+    m.add_argument("--engine", metavar="JSON", help="more vllm.LLM arguments for every engine, e.g. "
+                                                    "'{\"dtype\": \"float32\"}' (over the preset's engine section)")
+    m.add_argument("--spec-k", type=int, default=4, help="draft tokens of the token-level configuration (default 4)")
+    s = ap.add_argument_group("sweep")
+    s.add_argument("--taus", type=float, nargs="+", default=list(DEFAULT_TAUS), metavar="τ",
+                   help="τ values of the PARSE rows (default: 0 0.5 0.9 1.5)")
+    s.add_argument("--guards", type=int, nargs="+", default=None, metavar="K",
+                   help="token-guard values (parse_guard: top-k, 0 = off) of the PARSE rows (default: the engine's, 0)")
+    p = ap.add_argument_group("prompts")
+    p.add_argument("--prompts", nargs="+", default=["mtbench", "checkable"], metavar="SET",
+                   help="mtbench, checkable, and/or JSONL files (prompt or messages; optional id, reference, test)")
+    p.add_argument("--num-prompts", type=int, default=16, help="prompts per set at --batch (default 16)")
+    p.add_argument("--bs1-prompts", type=int, default=4, help="prompts per set at batch 1 (default 4; 0: no batch-1 run)")
+    p.add_argument("--batch", type=int, default=16, help="the big batch size (default 16)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the checkable task set (default 0)")
+    p.add_argument("--max-tokens", type=int, default=256, help="answer cap (default 256)")
+    p.add_argument("--code-timeout", type=float, default=checks.CODE_TIMEOUT_S,
+                   help=f"seconds a code answer may run with its asserts (default {checks.CODE_TIMEOUT_S:g})")
+    b = ap.add_argument_group("budget and output")
+    b.add_argument("--max-accuracy-drop", type=float, default=0.0,
+                   help="accuracy loss allowed against the target, absolute fraction (default 0)")
+    b.add_argument("--max-nll-increase", type=float, default=0.10,
+                   help="NLL-per-token increase allowed against the target (default 0.10: ratio ≤ 1.10)")
+    b.add_argument("--out", type=Path, default=Path("bench/results/eval"), help="results folder")
+    b.add_argument("--save-outputs", action="store_true", help="also write every answer to outputs.jsonl")
+    return ap
+
+
+def _json_arg(value: str | None, flag: str) -> dict:
+    if value is None:
+        return {}
+    try:
+        obj = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise EvalError(f"{flag}: not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise EvalError(f"{flag}: expected a JSON object, got {value!r}")
+    return obj
+
+
+def check_args(args: argparse.Namespace) -> None:
+    for name in ("num_prompts", "batch", "max_tokens", "spec_k"):
+        if getattr(args, name) < 1:
+            raise EvalError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.bs1_prompts < 0 or (args.window is not None and args.window < 1):
+        raise EvalError("--bs1-prompts must be >= 0 and --window >= 1")
+    if any(t < 0 for t in args.taus):
+        raise EvalError("--taus: τ must be >= 0")
+    if args.guards is not None and any(g < 0 for g in args.guards):
+        raise EvalError("--guards: a guard is an integer >= 0 (0 = off)")
+    if args.max_accuracy_drop < 0 or args.max_nll_increase < 0:
+        raise EvalError("the budget (--max-accuracy-drop, --max-nll-increase) must be >= 0")
+
+
+def resolve(args: argparse.Namespace) -> dict[str, Any]:
+    """Models, window, PARSE options and the engines' common LLM arguments (without
+    max_model_len when the preset leaves it out) from the preset and the flags."""
+    from parse_vllm.config import ParseConfig, ParseConfigError
+
+    preset = None
+    if args.config:
+        from parse_vllm.cli import load_preset
+
+        try:
+            preset = load_preset(args.config)
+        except (SystemExit, ParseConfigError) as e:  # PresetError is a SystemExit with the message
+            raise EvalError(str(e.code if isinstance(e, SystemExit) else e)) from None
+    spec = dict(preset.speculative_config or {}) if preset else {}
+    parse = dict(preset.parse) if preset else {}
+    parse.update(_json_arg(args.parse, "--parse"))
+    try:
+        ParseConfig.from_dict(parse)
+    except (ParseConfigError, TypeError) as e:
+        raise EvalError(f"--parse: {e}") from None
+    engine = {k.replace("-", "_"): v for k, v in (preset.engine if preset else {}).items()}
+    engine.update(_json_arg(args.engine, "--engine"))
+    window = args.window or spec.get("num_speculative_tokens") or DEFAULT_WINDOW
+    return {"preset": preset, "target": args.target or (preset and preset.model),
+            "draft": args.draft or spec.get("model"), "spec": spec, "window": window, "parse": parse,
+            "engine": engine}
+
+
+def engine_kwargs(res: dict, target: str, max_model_len: int, max_num_seqs: int) -> dict:
+    from parse_vllm.benchmarks import common
+
+    if res["preset"] is not None:
+        # a preset says how its engines are built (GPU ones especially): only fill the gaps
+        kw = {"model": target, "seed": 0, "max_model_len": max_model_len, "max_num_seqs": max_num_seqs}
+        kw.update(res["engine"])
+        kw["model"] = target
+        return kw
+    kw = common.engine_kwargs(Path(target), max_model_len=max_model_len, max_num_seqs=max_num_seqs)
+    kw.update(res["engine"])
+    return kw
+
+
+def spec_config(res: dict, draft: str, k: int) -> dict:
+    spec = dict(res["spec"], method="draft_model", model=draft, num_speculative_tokens=k)
+    return spec
+
+
+# -- running -----------------------------------------------------------------------------
+
+class _Tracked:
+    """``llm`` for :func:`benchmarks.e2e.run_batch`, ticking a progress bar per finished request."""
+
+    class _Engine:
+        def __init__(self, engine, bar):
+            self._engine, self._bar = engine, bar
+
+        def add_request(self, *a, **kw):
+            return self._engine.add_request(*a, **kw)
+
+        def has_unfinished_requests(self):
+            return self._engine.has_unfinished_requests()
+
+        def step(self):
+            outs = self._engine.step()
+            done = sum(1 for o in outs if o.finished)
+            if done:
+                self._bar.update(done)
+            return outs
+
+    def __init__(self, llm, bar):
+        self.llm_engine = self._Engine(llm.llm_engine, bar)
+
+
+def _acceptance(config: str, spec: dict, stats: dict | None) -> dict | None:
+    if config == "target":
+        return None
+    acc: dict[str, Any] = {f"vllm_{k}": int(v) for k, v in spec.items()}
+    if stats is not None:  # PARSE's counters
+        acc.update({k: v for k, v in stats.items()})
+        total = stats["tokens_accepted_semantic"] + stats["tokens_accepted_token_level"]
+        acc["acceptance_rate"] = total / stats["draft_tokens"] if stats["draft_tokens"] else None
+    else:
+        acc["tokens_accepted_token_level"] = int(spec["accepted"])
+        acc["acceptance_rate"] = spec["accepted"] / spec["draft_tokens"] if spec["draft_tokens"] else None
+        acc["mean_acceptance_length"] = 1 + spec["accepted"] / spec["drafts"] if spec["drafts"] else None
+    return acc
+
+
+def run_engine(config: str, kw: dict, jobs: list[dict], *, max_tokens: int, is_parse: bool, progress,
+               nll_sequences: list[list[int]] | None = None) -> tuple[list[dict], list | None]:
+    """One engine: every job (prompt set, batch, τ, guard) on it; with ``nll_sequences``,
+    then the target's prompt log-probabilities of each of them."""
+    from tqdm.auto import tqdm
+    from vllm import LLM, SamplingParams
+
+    import parse_vllm
+    from parse_vllm.benchmarks import common
+    from parse_vllm.benchmarks.e2e import _spec_counters, run_batch
+
+    progress.set_description(f"starting {config}")
+    llm = LLM(**kw, disable_log_stats=False)
+    rows, logprobs = [], None
+    try:
+        first = jobs[0]["prompts"][0]
+        llm.generate([{"prompt_token_ids": first}], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+        for job in jobs:
+            name = report.label({"config": config, "tau": job["tau"], "guard": job["guard"] if job["pass_guard"] else 0})
+            progress.set_description(f"{name} {job['set']} bs={job['batch']}")
+            extra = None
+            if is_parse:
+                extra = {"parse": True, "parse_threshold": job["tau"]}
+                if job["pass_guard"]:
+                    extra["parse_guard"] = job["guard"]
+            params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args=extra) for _ in job["prompts"]]
+            if is_parse:
+                parse_vllm.reset_stats(llm)
+            spec0 = _spec_counters(llm)
+            with tqdm(total=len(job["prompts"]), desc=f"  {name} {job['set']} bs={job['batch']}", unit="req",
+                      leave=False, file=sys.stderr) as bar:
+                res = run_batch(_Tracked(llm, bar), job["prompts"], params, job["batch"])
+            spec1 = _spec_counters(llm)
+            stats = parse_vllm.get_stats(llm) if is_parse else None
+            row = {"set": job["set"], "config": config, "tau": job["tau"], "guard": job["guard"],
+                   "batch": job["batch"], "n_prompts": len(job["prompts"]), "item_ids": job["item_ids"],
+                   **{k: res[k] for k in ("wall_s", "tokens", "tok_s", "latency_p50_s", "latency_p90_s", "outputs")},
+                   "acceptance": _acceptance(config, {k: spec1[k] - spec0[k] for k in spec1}, stats)}
+            progress.write(f"[eval] {name:22s} {job['set']:>10s} bs={job['batch']:<3d} {res['tok_s']:7.1f} tok/s "
+                           f"({res['tokens']} tokens in {res['wall_s']:.1f} s)")
+            progress.update(1)
+            rows.append(row)
+        if nll_sequences is not None:
+            progress.set_description(f"NLL of {len(nll_sequences)} texts")
+            outs = llm.generate([{"prompt_token_ids": s} for s in nll_sequences],
+                                SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0), use_tqdm=True)
+            logprobs = [o.prompt_logprobs for o in outs]
+            progress.update(1)
+    finally:
+        common.close(llm)
+    return rows, logprobs
+
+
+def _render(tok, item: dict) -> list[int]:
+    from parse_vllm.train_draft import chat_prompt_ids
+
+    if item.get("messages"):
+        text = tok.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=False)
+        return tok.encode(text, add_special_tokens=False)
+    return chat_prompt_ids(tok, item["prompt"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        return _main(args)
+    except (EvalError, tasks.PromptSetError) as e:
+        print(f"parse-vllm eval: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    check_args(args)
+    res = resolve(args)
+    batches = sorted({b for b, n in ((1, args.bs1_prompts), (args.batch, args.num_prompts)) if n > 0})
+    counts = {1: args.bs1_prompts, args.batch: args.num_prompts} if args.batch != 1 else {1: args.num_prompts}
+    sets = tasks.load_sets(args.prompts, checkable_n=max(counts.values()), seed=args.seed)
+
+    from parse_vllm.benchmarks import common
+
+    common.setup_env()
+    # one model runner for every engine (PARSE needs V1; vLLM >= 0.33 may pick V2 for the others)
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    if res["target"] is None or res["draft"] is None:
+        target, draft = common.resolve_models(res["target"] and Path(res["target"]),
+                                              res["draft"] and Path(res["draft"]))
+        res["target"], res["draft"] = res["target"] or str(target), res["draft"] or str(draft)
+    target, draft = str(res["target"]), str(res["draft"])
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target)
+    chosen = {(s.name, b): s.take(counts[b]) for s in sets for b in batches}
+    ids = {key: [_render(tok, it) for it in items] for key, items in chosen.items()}
+    mlen = max(len(p) for ps in ids.values() for p in ps) + args.max_tokens + max(res["window"], args.spec_k) + 64
+    base = engine_kwargs(res, target, mlen, max(batches))
+    guards = args.guards or [int(res["parse"].get("guard", 0))]
+    pass_guard = args.guards is not None and args.guards != [int(res["parse"].get("guard", 0))]
+
+    def jobs(taus, gs):
+        return [{"set": s.name, "batch": b, "tau": t, "guard": g, "pass_guard": pass_guard, "prompts": ids[(s.name, b)],
+                 "item_ids": [it["id"] for it in chosen[(s.name, b)]]}
+                for s in sets for b in batches for t in taus for g in gs]
+
+    target_jobs = jobs([None], [None])
+    token_name = f"token-k{args.spec_k}"
+    engines = [
+        ("target", base, target_jobs, False),
+        (token_name, dict(base, speculative_config=spec_config(res, draft, args.spec_k)), jobs([None], [None]), False),
+        ("parse", dict(base, speculative_config=spec_config(res, draft, res["window"]),
+                       additional_config={"parse": res["parse"]}), jobs(args.taus, guards), True),
+    ]
+    from tqdm.auto import tqdm
+
+    total = sum(len(j) for *_, j, _ in engines) + len(target_jobs) + 1
+    rows: list[dict] = []
+    t0 = time.perf_counter()
+    with tqdm(total=total, desc="eval", unit="run", file=sys.stderr) as progress:
+        for name, kw, js, is_parse in engines:
+            rows += run_engine(name, kw, js, max_tokens=args.max_tokens, is_parse=is_parse, progress=progress)[0]
+        # the target again: re-timed, and the NLL of every distinct text any row wrote
+        seqs: dict[tuple[int, ...], int] = {}
+        for r in rows:
+            for p, o in zip(ids[(r["set"], r["batch"])], r["outputs"]):
+                seqs.setdefault(tuple(p) + tuple(o), len(seqs))
+        again, logprobs = run_engine("target", base, target_jobs, max_tokens=args.max_tokens, is_parse=False,
+                                     progress=progress, nll_sequences=[list(s) for s in seqs])
+    from . import metrics
+
+    baselines = []
+    for r, a in zip((r for r in rows if r["config"] == "target"), again):
+        drift = a["tok_s"] / r["tok_s"] - 1.0
+        baselines.append({"set": r["set"], "batch": r["batch"], "tok_s_first": r["tok_s"], "tok_s_last": a["tok_s"],
+                          "drift": drift, "drift_flagged": abs(drift) > report.DRIFT_LIMIT,
+                          "same_text": statistics.mean(float(x == y) for x, y in zip(r["outputs"], a["outputs"]))})
+        r.update(tok_s=(r["tok_s"] + a["tok_s"]) / 2, tok_s_first=r["tok_s"], tok_s_last=a["tok_s"],
+                 wall_s=(r["wall_s"] + a["wall_s"]) / 2)
+    # answers checked and NLL read now that no engine is running
+    items = {(s.name, b): {it["id"]: it for it in chosen[(s.name, b)]} for s in sets for b in batches}
+    cache: dict[tuple, bool | None] = {}
+    for r in tqdm(rows, desc="checking answers", unit="row", file=sys.stderr):
+        texts = [tok.decode(o, skip_special_tokens=True) for o in r["outputs"]]
+        r["texts"] = texts
+        r["correct"] = []
+        for item_id, text in zip(r["item_ids"], texts):
+            spec = items[(r["set"], r["batch"])][item_id]["check"]
+            key = (text, json.dumps(spec, sort_keys=True))
+            if key not in cache:
+                cache[key] = checks.check(text, spec, timeout=args.code_timeout)
+            r["correct"].append(cache[key])
+        r["nll_logprobs"] = [
+            metrics.output_logprobs(logprobs[seqs[tuple(p) + tuple(o)]], list(p) + list(o), len(p))
+            for p, o in zip(ids[(r["set"], r["batch"])], r["outputs"])]
+    report.score(rows)
+    rec = report.recommend(rows, args.max_accuracy_drop, args.max_nll_increase)
+    summary = {
+        "machine": common.machine(),
+        "models": {"target": target, "draft": draft, "window": res["window"], "spec_k": args.spec_k,
+                   "parse": res["parse"], "preset": args.config,
+                   "engine": {k: v for k, v in base.items() if k != "model"}},
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "sets": [s.name for s in sets],
+        "prompts": {s.name: {str(b): [it["id"] for it in chosen[(s.name, b)]] for b in batches} for s in sets},
+        "rows": [{k: r.get(k) for k in report.ROW_KEYS} for r in rows],
+        **rec,
+        "baselines": baselines,
+        "wall_minutes": (time.perf_counter() - t0) / 60,
+    }
+    paths = report.write(summary, args.out)
+    if args.save_outputs:
+        with open(args.out / "outputs.jsonl", "w") as f:
+            for r in rows:
+                for item_id, text, ok in zip(r["item_ids"], r["texts"], r["correct"]):
+                    f.write(json.dumps({"set": r["set"], "config": r["config"], "tau": r["tau"], "guard": r["guard"],
+                                        "batch": r["batch"], "id": item_id, "correct": ok, "text": text}) + "\n")
+    print(report.markdown(summary))
+    for b in baselines:
+        if b["drift_flagged"]:
+            print(f"** target-alone timing drifted {b['drift']:+.1%} ({b['set']} bs {b['batch']}): "
+                  "the machine was not quiet, ratios suspect **", file=sys.stderr)
+    print(f"recommendation: {rec['recommendation']}")
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

