@@ -36,5 +36,12 @@ bench-full: setup models
 	$(PY) scripts/bench_e2e.py
 	$(PY) scripts/bench_report.py
 
+# Speed against quality (parse-vllm eval): target alone, token-level k=4 and PARSE over
+# τ = 0 0.5 0.9 1.5 on MT-Bench and the checkable task set, batch 1 and 16; the committed
+# report bench/eval/ (summary.json, summary.md, eval.png) comes from this command.
+.PHONY: eval
+eval: setup models
+	$(VENV)/bin/parse-vllm eval --out bench/eval --prompts mtbench checkable --bs1-prompts 4 --num-prompts 16 --batch 16
+
 clean:
 	rm -rf build *.egg-info parse_vllm/*.so
