@@ -41,7 +41,9 @@ bench-full: setup models
 # report bench/eval/ (summary.json, summary.md, eval.png) comes from this command.
 .PHONY: eval
 eval: setup models
-	$(VENV)/bin/parse-vllm eval --out bench/eval --prompts mtbench checkable --bs1-prompts 4 --num-prompts 16 --batch 16
+	VLLM_CPU_OMP_THREADS_BIND=1 $(VENV)/bin/parse-vllm eval --out bench/eval --prompts mtbench checkable \
+	  --bs1-prompts 4 --num-prompts 16 --batch 16 --taus 0 0.5 0.9 1.5 --guards 0 3 --max-tokens 128 \
+	  --window 48 --engine '{"dtype": "float32"}' --save-outputs
 
 clean:
 	rm -rf build *.egg-info parse_vllm/*.so

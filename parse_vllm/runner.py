@@ -248,7 +248,9 @@ class ParseRunnerMixin:
         self._parse_step_drafts = (drafts, cu_draft)  # for _draft_of, this step only
 
         # 2. What each judged request's draft offers, and its boundaries.
-        rows, views, bounds, cu_copies = [], [], [], [0]
+        cu_sampled = md.cu_num_sampled_tokens.cpu().numpy()
+        starts = cu_sampled - (num_draft + 1)  # logits row of each request's last token
+        rows, views, bounds, guard_lens, cu_copies = [], [], [], [], [0]
         for i, req_id in enumerate(req_ids):
             if num_draft[i] == 0:
                 continue
@@ -271,15 +273,25 @@ class ParseRunnerMixin:
                 self.parse_stats.tokens_accepted_token_level += int(l_tok[i])
                 continue
             b = p.rule.select(draft[: view.text_len])
+            guard_len = None
+            if state.options.guard:
+                # The guard first: no boundary past the first one at or beyond
+                # the guard's cut can add accepted tokens, so none is judged;
+                # when the guard lets nothing through beyond token-level
+                # acceptance, nothing is.
+                guard_len = self._guard_len(logits, i, starts[i], view, state.options.guard)
+                b = b[:0] if guard_len <= l_tok[i] else b[: np.searchsorted(b, guard_len) + 1]
             if p.config.two_stage and b.shape[0] > 1:
                 b = b[-1:]  # holistic check first; prefixes only if it fails
             rows.append(i)
             views.append(view)
             bounds.append(b)
+            guard_lens.append(guard_len)
             cu_copies.append(cu_copies[-1] + b.shape[0])
 
         if rows:
-            self._judge_and_accept(p, logits, md, out, out_cpu, l_tok, rows, views, bounds, np.asarray(cu_copies))
+            self._judge_and_accept(p, logits, md, out, out_cpu, l_tok, starts, rows, views, bounds, guard_lens,
+                                   np.asarray(cu_copies))
 
         # 3. Bookkeeping for requests the target is writing (REWRITE phase);
         #    a request judged this step starts counting from the next one.
@@ -293,12 +305,10 @@ class ParseRunnerMixin:
         self._parse_audit_kv()  # the tables as the verification left them
         return out
 
-    def _judge_and_accept(self, p, logits, md, out, out_cpu, l_tok, rows, views, bounds, cu_copies):
+    def _judge_and_accept(self, p, logits, md, out, out_cpu, l_tok, starts, rows, views, bounds, guard_lens, cu_copies):
         stats = self.parse_stats
         num_computed = self.input_batch.num_computed_tokens_cpu
         req_ids = self.input_batch.req_ids
-        cu_sampled = md.cu_num_sampled_tokens.cpu().numpy()
-        starts = cu_sampled - (np.asarray(md.num_draft_tokens) + 1)  # logits row of each request's last token
 
         def judge(rows_, bounds_):
             # Copy (i, b): the request's c = num_computed tokens were cached
@@ -318,14 +328,22 @@ class ParseRunnerMixin:
 
         thresholds = np.array([self._parse_states[req_ids[i]].options.threshold for i in rows])
         all_bounds = np.concatenate(bounds)
-        p_yes = judge(rows, bounds)
-        passed = p_yes >= np.repeat(thresholds, np.diff(cu_copies))
+        # P(yes) is in [0, 1]: every copy passes τ <= 0 and fails τ > 1, so
+        # only the requests in between are judged.
+        copy_tau = np.repeat(thresholds, np.diff(cu_copies))
+        passed = copy_tau <= 0
+        asks = [k for k in range(len(rows)) if 0 < thresholds[k] <= 1 and bounds[k].shape[0]]
+        if asks:
+            p_yes = judge([rows[k] for k in asks], [bounds[k] for k in asks])
+            at = np.concatenate([np.arange(cu_copies[k], cu_copies[k + 1]) for k in asks])
+            passed[at] = p_yes >= copy_tau[at]
 
         if p.config.two_stage:
             # Stage 2: drafts that failed the holistic check get their earlier
             # boundaries judged, in one more pass.
-            failed = [k for k in range(len(rows)) if not passed[cu_copies[k]]]
-            earlier = {k: p.rule.select(self._draft_of(rows[k])[: views[k].text_len])[:-1] for k in failed}
+            failed = [k for k in asks if not passed[cu_copies[k]]]
+            earlier = {k: p.rule.select(self._draft_of(rows[k])[: views[k].text_len]) for k in failed}
+            earlier = {k: b[b < bounds[k][0]] for k, b in earlier.items()}
             earlier = {k: b for k, b in earlier.items() if b.shape[0]}
             if earlier:
                 p2 = judge([rows[k] for k in earlier], list(earlier.values()))
@@ -349,15 +367,22 @@ class ParseRunnerMixin:
         for k, i in enumerate(rows):
             state = self._parse_states[req_ids[i]]
             view = views[k]
-            guard_cut = False
+            guard_len = guard_lens[k]
+            # Nothing judged because the guard let nothing through past
+            # token-level acceptance: a guard cut.
+            guard_cut = bounds[k].shape[0] == 0 and guard_len is not None and guard_len < views[k].text_len
             if l_sem[k] > l_tok[i]:
                 # Semantic acceptance takes draft tokens the rejection sampler
                 # did not: they must still obey the request's constraints and
                 # pass its token guard.
-                allowed, guarded = self._allowed_draft_len(logits, i, starts[i], view, state.options.guard)
+                allowed = self._allowed_draft_len(logits, i, starts[i], view)
                 view_c, l_c = constrained_view(view, int(l_sem[k]), allowed)
-                view, l_sem[k] = constrained_view(view, int(l_sem[k]), min(allowed, guarded))
-                guard_cut = final_accept_len(int(l_sem[k]), int(l_tok[i]), view) < final_accept_len(l_c, int(l_tok[i]), view_c)
+                if guard_len is not None:
+                    view, l_sem[k] = constrained_view(view, int(l_sem[k]), min(allowed, guard_len))
+                    guard_cut = (final_accept_len(int(l_sem[k]), int(l_tok[i]), view)
+                                 < final_accept_len(l_c, int(l_tok[i]), view_c))
+                else:
+                    view, l_sem[k] = view_c, l_c
             accepted = final_accept_len(int(l_sem[k]), int(l_tok[i]), view)
             stats.tokens_accepted_token_level += int(l_tok[i])
             stats.tokens_accepted_semantic += max(0, accepted - int(l_tok[i]))
@@ -396,10 +421,9 @@ class ParseRunnerMixin:
                 out_cpu[i] = row
                 ids[i] = torch.from_numpy(row).to(ids.device, ids.dtype)
 
-    def _allowed_draft_len(self, logits, row: int, start: int, view, guard: int) -> tuple[int, int]:
+    def _allowed_draft_len(self, logits, row: int, start: int, view) -> int:
         """How many leading tokens of input-batch row `row`'s draft (its text
-        and the stop token after it) the request's constraints allow, and how
-        many its token guard (`guard_mask`, top-`guard`; 0 = off) allows.
+        and the stop token after it) the request's constraints allow.
 
         vLLM's scheduler already cuts drafts of structured-output requests to
         their grammar-valid prefix, and the grammar bitmask has been applied
@@ -409,18 +433,30 @@ class ParseRunnerMixin:
         the sampler's history does not hold for accepted draft tokens: such
         requests take no draft token beyond the token-level check."""
         md = self.input_batch.sampling_metadata
-        n = view.text_len + (1 if view.stop_index == view.text_len else 0)
         if row in (md.bad_words_token_ids or {}):
-            return 0, n
-        if guard == 1 and not _vllm.request_is_greedy(self, self.input_batch.req_ids[row]):
-            return n, 0  # the strictest guard on a sampled request: token-level acceptance only
-        draft = torch.from_numpy(self._draft_of(row)[:n]).to(logits.device)
-        rows = logits[start : start + n]  # [n, vocab] the target's logits at each draft position
+            return 0
+        draft, rows = self._draft_rows(logits, row, start, view)
         ok = torch.isfinite(rows.gather(1, draft[:, None])[:, 0])
         if md.allowed_token_ids_mask is not None:
             ok &= ~md.allowed_token_ids_mask[row, draft]
-        guarded = guard_mask(rows, draft, guard) if guard else torch.ones_like(ok)
-        return _leading_true(ok), _leading_true(guarded)
+        return _leading_true(ok)
+
+    def _guard_len(self, logits, row: int, start: int, view, guard: int) -> int:
+        """How many leading tokens of row `row`'s draft (text and stop token)
+        the token guard lets through (`guard_mask`: within the target's
+        top-`guard`). The strictest guard on a sampled request lets none
+        through: token-level acceptance only."""
+        if guard == 1 and not _vllm.request_is_greedy(self, self.input_batch.req_ids[row]):
+            return 0
+        draft, rows = self._draft_rows(logits, row, start, view)
+        return _leading_true(guard_mask(rows, draft, guard))
+
+    def _draft_rows(self, logits, row: int, start: int, view) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row `row`'s draft tokens up to and with the stop token after its
+        text [n], and the target's logits at their positions [n, vocab]."""
+        n = view.text_len + (1 if view.stop_index == view.text_len else 0)
+        draft = torch.from_numpy(self._draft_of(row)[:n]).to(logits.device)
+        return draft, logits[start : start + n]
 
     def _record_judgments(self, md, rows, bounds, prefix_len, j) -> None:
         tokens = self.input_batch.token_ids_cpu

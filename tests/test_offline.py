@@ -78,6 +78,8 @@ def test_lossless_when_threshold_above_one(ref, parse):
     assert after["drafts"] > before["drafts"]
     assert after["rejections"] > before["rejections"]
     assert after["tokens_accepted_semantic"] == before["tokens_accepted_semantic"]
+    # P(yes) <= 1 fails τ > 1 without a judgment: no verification pass was run.
+    assert after["copies"] == before["copies"] and after["verification_passes"] == before["verification_passes"]
 
 
 def _accept_all_expected(ref, draft, prompt, max_tokens):
@@ -257,7 +259,7 @@ def test_spec_decode_metrics_and_parse_stats(parse):
     import parse_vllm
 
     parse_vllm.reset_stats(parse)
-    parse.generate(PROMPTS, sp(40, extra_args={"parse_threshold": 0.0}))
+    parse.generate(PROMPTS, sp(40, extra_args={"parse_threshold": 0.5}))
     stats = parse_vllm.get_stats(parse)
     assert stats["drafts"] > 0 and stats["copies"] > 0 and stats["verification_passes"] > 0
     assert stats["suffix_tokens"] % stats["copies"] == 0  # L tokens per copy
@@ -305,6 +307,9 @@ def parse_long(tiny_models):
     llm = make_llm(**parse_kwargs(
         tiny_models, window=LONG_WINDOW, on_reject="redraft", redraft_tokens=8, max_rounds=3,
         two_stage=True, boundaries="both", every=16, spec_tokens=3,
+        # one-token labels: on random weights a two-token label is ~e^-10 less
+        # likely, so P(yes) would be ~1 everywhere and no draft would fail
+        labels=["Yes", "No"],
     ))
     yield llm
     close_llm(llm)
@@ -318,9 +323,13 @@ def test_long_window_redraft_lossless(ref, parse_long):
     assert ids(parse_long.generate(PROMPTS, params)) == want
     stats = parse_vllm.get_stats(parse_long)
     assert stats["rounds"] > 0  # rejected drafts were redrafted
+    assert stats["copies"] == 0  # τ > 1 needs no judgment
     # two-stage: holistic copies first, then the earlier boundaries of those
-    # that failed, i.e. more passes than judged steps would need in one stage
-    assert stats["copies"] > stats["drafts"]
+    # that failed, i.e. more copies than judged drafts
+    parse_vllm.reset_stats(parse_long)
+    parse_long.generate(PROMPTS, [sp(48, extra_args={"parse_threshold": 0.5}) for _ in PROMPTS])
+    stats = parse_vllm.get_stats(parse_long)
+    assert stats["rejections"] > 0 and stats["copies"] > stats["drafts"] - stats["drafts_accepted_whole"]
 
 
 def test_long_window_accept_all(ref, draft, parse_long):
@@ -387,7 +396,7 @@ def _unreadable_draft(tiny_models, tmp_path):
     ("draft_unreadable", "draft-unreadable"),
     ("threshold", r"parse\.threshold"),
     ("boundaries", r"parse\.boundaries"),
-    ("labels", r"parse\.labels.*share their first token"),
+    ("labels", r"parse\.labels.*start with the same token"),
     ("window", r"num_speculative_tokens=2048.*max_model_len=1024"),
 ])
 def test_bad_configuration_refused_at_start(tiny_models, tmp_path, case, want):

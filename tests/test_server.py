@@ -94,7 +94,7 @@ def test_bad_xargs_get_http_400(server, client, xargs):
 
 
 def test_metrics_endpoint_and_log_line(server, client):
-    _chat(client, extra_body={"vllm_xargs": {"parse_threshold": 0.0}})
+    _chat(client, extra_body={"vllm_xargs": {"parse_threshold": 0.5}})
     body = requests.get(server["base"] + "/metrics", timeout=10).text
 
     def value(name):
