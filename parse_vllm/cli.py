@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # -- presets (configs/*.yaml) --------------------------------------------------
@@ -377,38 +378,55 @@ def serve(argv: list[str]) -> None:
     _vllm.run_vllm_serve(argv)
 
 
+# The demo's PARSE setting for the bundled pair: what `parse-vllm eval`
+# recommends for it (bench/eval/summary.json; README "Quality").
+DEMO_THRESHOLD = 0.5
+DEMO_GUARD = 0
+
+
 def demo(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="parse-vllm demo")
     ap.add_argument("--prompt", default="Explain in three sentences why the sky is blue.")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--window", type=int, default=48, help="draft window W")
-    ap.add_argument("--threshold", type=float, default=0.5, help="τ")
-    ap.add_argument("--compare", action="store_true", help="also run the target alone and time both")
+    ap.add_argument("--threshold", type=float, default=DEMO_THRESHOLD, help="τ")
+    ap.add_argument("--guard", type=int, default=DEMO_GUARD, help="token guard (top-k, 0 = off)")
+    ap.add_argument("--compare", action="store_true",
+                    help="also run the target alone: both answers side by side with speed and quality")
+    ap.add_argument("--target", help="another target model folder (default: the bundled SmolLM2-135M-Instruct)")
+    ap.add_argument("--draft", help="another draft model folder (default: the bundled trained draft)")
     args = ap.parse_args(argv)
 
     from parse_vllm import draft_vocab, models
 
-    paths = models.prepare_models(names=("smollm2-135m-instruct",))
-    target = paths["smollm2-135m-instruct"]
-    draft = models.prepare_demo_draft()
-    print(f"target: SmolLM2-135M-Instruct ({target})")
-    meta = json.loads((draft / "training.json").read_text())
-    dcfg = json.loads((draft / "config.json").read_text())
-    minutes, run = 0.0, meta
-    while run:  # a run continued from an earlier one (--init-from) records it as "previous"
-        minutes, run = minutes + run["train_minutes"], run.get("previous")
-    head = dcfg.get(draft_vocab.HEAD_VOCAB_KEY)
-    print(
-        f"draft:  {dcfg['num_hidden_layers']} layers"
-        f"{f' with an output head of the {head} tokens the target says most' if head else ''}"
-        f" distilled from the target's own answers "
-        f"({meta['data_answer_tokens']:,} answer tokens, {minutes:.0f} min on CPU; "
-        f"{meta['flops_per_token_target'] / meta['flops_per_token_draft']:.1f}x fewer MACs per token) ({draft})"
-    )
-    if meta.get("acceptance_mtbench"):
-        acc = meta["acceptance_mtbench"]
-        print(f"        vLLM's own token-level speculation (draft_model, k={acc['k']}) on MT-Bench accepts "
-              f"{acc['acceptance_rate']:.1%} of its tokens (mean acceptance length {acc['mean_acceptance_length']:.2f})")
+    if args.target:
+        target = Path(args.target)
+        print(f"target: {target}")
+    else:
+        target = models.prepare_models(names=("smollm2-135m-instruct",))["smollm2-135m-instruct"]
+        print(f"target: SmolLM2-135M-Instruct ({target})")
+    draft = Path(args.draft) if args.draft else models.prepare_demo_draft()
+    meta_path = draft / "training.json"
+    if not meta_path.is_file():
+        print(f"draft:  {draft}")
+    else:
+        meta = json.loads(meta_path.read_text())
+        dcfg = json.loads((draft / "config.json").read_text())
+        minutes, run = 0.0, meta
+        while run:  # a run continued from an earlier one (--init-from) records it as "previous"
+            minutes, run = minutes + run["train_minutes"], run.get("previous")
+        head = dcfg.get(draft_vocab.HEAD_VOCAB_KEY)
+        print(
+            f"draft:  {dcfg['num_hidden_layers']} layers"
+            f"{f' with an output head of the {head} tokens the target says most' if head else ''}"
+            f" distilled from the target's own answers "
+            f"({meta['data_answer_tokens']:,} answer tokens, {minutes:.0f} min on CPU; "
+            f"{meta['flops_per_token_target'] / meta['flops_per_token_draft']:.1f}x fewer MACs per token) ({draft})"
+        )
+        if meta.get("acceptance_mtbench"):
+            acc = meta["acceptance_mtbench"]
+            print(f"        vLLM's own token-level speculation (draft_model, k={acc['k']}) on MT-Bench accepts "
+                  f"{acc['acceptance_rate']:.1%} of its tokens (mean acceptance length {acc['mean_acceptance_length']:.2f})")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from vllm import LLM, SamplingParams
 
@@ -418,37 +436,59 @@ def demo(argv: list[str]) -> int:
         model=str(target), dtype="bfloat16", enforce_eager=True, block_size=32,
         max_model_len=2048, kv_cache_memory_bytes=1 << 30, seed=0,
     )
+    setting = f"τ = {args.threshold:g}, guard {args.guard or 'off'}"
     llm = LLM(
         **common,
         speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": args.window},
-        additional_config={"parse": {"threshold": args.threshold}},
+        additional_config={"parse": {"threshold": args.threshold, "guard": args.guard}},
     )
     messages = [{"role": "user", "content": args.prompt}]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     t0 = time.perf_counter()
-    out = llm.chat(messages, params, use_tqdm=False)[0].outputs[0]
+    result = llm.chat(messages, params, use_tqdm=False)[0]
     dt = time.perf_counter() - t0
+    out = result.outputs[0]
     stats = parse_vllm.get_stats(llm)
-    print(f"\nprompt: {args.prompt}\n\nPARSE answer ({len(out.token_ids)} tokens, {dt:.2f} s):\n{out.text}\n")
+    print(f"\nprompt: {args.prompt}\n\nPARSE answer ({setting}; {len(out.token_ids)} tokens, {dt:.2f} s):\n{out.text}\n")
     print("PARSE statistics:")
     for key, value in stats.items():
         print(f"  {key}: {value}")
     if args.compare:
-        del llm
+        from parse_vllm.benchmarks.common import close
+        from parse_vllm.quality import metrics
+
+        close(llm)
         base = LLM(**common)
         t0 = time.perf_counter()
         ref = base.chat(messages, params, use_tqdm=False)[0].outputs[0]
         dt_ref = time.perf_counter() - t0
-        print(f"\ntarget alone ({len(ref.token_ids)} tokens, {dt_ref:.2f} s):\n{ref.text}")
-        print(f"\nspeed-up (wall time, this machine, one request): {dt_ref / dt:.2f}x")
-        from parse_vllm.benchmarks.e2e import rouge_l
-
+        prompt = list(result.prompt_token_ids)
+        answers = {"target alone": (list(ref.token_ids), dt_ref), f"PARSE ({setting})": (list(out.token_ids), dt)}
+        # How likely the target finds each answer: one prompt-logprobs pass of
+        # the target over prompt + answer.
+        scored = base.generate([{"prompt_token_ids": prompt + ids} for ids, _ in answers.values()],
+                               SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+        close(base)
+        print(f"\ntarget alone ({len(ref.token_ids)} tokens, {dt_ref:.2f} s):\n{ref.text}\n")
+        print(f"{'':34s} {'tokens':>6s} {'seconds':>8s} {'tok/s':>6s} {'NLL/token':>9s} {'ROUGE-L':>7s} {'repeated 3-grams':>16s}")
+        for (name, (ids, secs)), s in zip(answers.items(), scored):
+            nll = metrics.nll_per_token([metrics.output_logprobs(s.prompt_logprobs, prompt + ids, len(prompt))])
+            rep = metrics.repeat_3gram([ids])
+            print(f"{name:34s} {len(ids):6d} {secs:8.2f} {len(ids) / secs:6.1f} {nll:9.3f} "
+                  f"{metrics.mean_rouge_l([ids], [list(ref.token_ids)]):7.2f} {'—' if rep is None else f'{rep:.2f}':>16s}")
+        print(f"\nspeed-up (wall time, this machine, one request): {dt_ref / dt:.2f}x. NLL/token: the target's "
+              "negative log-likelihood of the answer (lower = closer to what the target would say); ROUGE-L: "
+              "agreement with the target's own answer.")
         if list(ref.token_ids) == list(out.token_ids):
             print("PARSE's answer is identical to the target's own.")
         else:
-            print(f"PARSE's answer differs from the target's own (ROUGE-L {rouge_l(list(out.token_ids), list(ref.token_ids)):.2f}): "
-                  f"at τ = {args.threshold} the 135M judge passed draft text the target would not have written. "
-                  "A higher --threshold trades speed for faithfulness; BENCHMARKS.md has the MT-Bench figures.")
+            print(f"PARSE's answer differs from the target's own: at {setting} the judge and guard passed draft text "
+                  "the target would not have written. `parse-vllm eval` measures what each setting costs "
+                  "(README, \"Quality\").")
+    else:
+        from parse_vllm.benchmarks.common import close
+
+        close(llm)
     return 0
 
 
