@@ -279,6 +279,10 @@ def test_eval_lossless_settings_give_the_targets_text_and_tau_zero_takes_drafts(
             assert r["exact"] < 1.0 and r["nll_vs_target"] > 1.0, r  # random drafts: the target finds them unlikely
         if r["config"] == "token-k4":
             assert r["acceptance"]["vllm_draft_tokens"] > 0
+        if r["config"] != "target":  # one definition for all: vLLM's accepted / proposed draft tokens
+            a = r["acceptance"]
+            assert a["acceptance_rate"] == pytest.approx(a["vllm_accepted"] / a["vllm_draft_tokens"])
+            assert 0 <= a["acceptance_rate"] <= 1
 
 
 @pytest.mark.slow

@@ -149,7 +149,7 @@ COLS = [("set", "prompts", ""), ("config", "config", ""), ("tau", "τ", ""), ("g
         ("accuracy", "accuracy", ".2f"), ("nll_per_token", "NLL/token", ".3f"), ("nll_vs_target", "NLL ratio", ".3f"),
         ("repeat_3gram", "rep. 3-grams", ".3f"), ("rouge_l", "ROUGE-L", ".3f"), ("exact", "same text", ".2f"),
         ("sem_accepted", "accepted semantic", ""), ("tok_accepted", "accepted token-level", ""),
-        ("acceptance_rate", "draft acceptance", ".2f")]
+        ("acceptance_rate", "draft tokens accepted", ".2f")]
 
 
 def _table_rows(rows: list[dict]) -> list[dict]:

@@ -181,14 +181,14 @@ def _acceptance(config: str, spec: dict, stats: dict | None) -> dict | None:
     if config == "target":
         return None
     acc: dict[str, Any] = {f"vllm_{k}": int(v) for k, v in spec.items()}
-    if stats is not None:  # PARSE's counters
+    # one definition for every speculative row: vLLM's own spec-decode counters (which count
+    # PARSE's accepted prefixes as accepted draft tokens), accepted / proposed draft tokens
+    acc["acceptance_rate"] = spec["accepted"] / spec["draft_tokens"] if spec["draft_tokens"] else None
+    acc["mean_acceptance_length"] = 1 + spec["accepted"] / spec["drafts"] if spec["drafts"] else None
+    if stats is not None:  # PARSE's own counters beside them
         acc.update({k: v for k, v in stats.items()})
-        total = stats["tokens_accepted_semantic"] + stats["tokens_accepted_token_level"]
-        acc["acceptance_rate"] = total / stats["draft_tokens"] if stats["draft_tokens"] else None
     else:
         acc["tokens_accepted_token_level"] = int(spec["accepted"])
-        acc["acceptance_rate"] = spec["accepted"] / spec["draft_tokens"] if spec["draft_tokens"] else None
-        acc["mean_acceptance_length"] = 1 + spec["accepted"] / spec["drafts"] if spec["drafts"] else None
     return acc
 
 
