@@ -104,7 +104,9 @@ def test_e2e_scores_a_run_that_timed_the_baseline_once():
 @pytest.mark.slow
 def test_e2e_run_config_times_the_engines_own_calls(tiny_models, monkeypatch):
     """The benchmark's own engine loop and probes on a tiny PARSE engine: every timer the
-    brackets use is filled, and the target's logits are timed apart from verification."""
+    brackets use is filled, and the target's logits are timed apart from verification. The
+    brackets τ = 0 and τ > 1 are decided without judging (no pass runs); τ = 1e-6 judges every
+    boundary and passes on any P(yes) a tiny model gives."""
     from conftest import PROMPTS, parse_kwargs
     from transformers import AutoTokenizer
 
@@ -114,14 +116,15 @@ def test_e2e_run_config_times_the_engines_own_calls(tiny_models, monkeypatch):
     tok = AutoTokenizer.from_pretrained(str(tiny_models["target"]))
     prompts = [tok(p)["input_ids"] for p in PROMPTS[:3]]
     rows = e2e.run_config("parse-continue", parse_kwargs(tiny_models, on_reject="continue"), {2: prompts},
-                          [0.0, 1.5], True, 24)
-    assert [(r["batch"], r["tau"]) for r in rows] == [(2, 0.0), (2, 1.5)]
+                          [0.0, 1e-6, 1.5], True, 24)
+    assert [(r["batch"], r["tau"]) for r in rows] == [(2, 0.0), (2, 1e-6), (2, 1.5)]
     for r in rows:
         assert r["tokens"] == sum(len(o) for o in r["outputs"]) > 0
-        assert min(r["forward_s"], r["logits_s"], r["draft_s"], r["verify_s"]) > 0, r
-        assert r["passes"] > 0
-    accept_all, reject_all = rows
-    assert accept_all["semantic_tokens"] > 0 and reject_all["semantic_tokens"] == 0
+        assert min(r["forward_s"], r["logits_s"], r["draft_s"]) > 0, r
+    accept_all, judged, reject_all = rows
+    assert accept_all["verify_s"] == reject_all["verify_s"] == 0 and accept_all["passes"] == reject_all["passes"] == 0
+    assert judged["verify_s"] > 0 and judged["passes"] > 0, judged
+    assert accept_all["semantic_tokens"] > 0 and judged["semantic_tokens"] > 0 and reject_all["semantic_tokens"] == 0
 
 
 def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monkeypatch):
