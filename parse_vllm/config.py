@@ -14,10 +14,7 @@ from typing import Any
 
 # Measured on SmolLM2-135M-Instruct (8 hand-made cases): this wording rates
 # garbage answers lower than the plainer "Is the answer so far correct?".
-DEFAULT_QUESTION = (
-    "Is the assistant's answer above correct and well written so far? "
-    "Answer Correct or Incorrect."
-)
+DEFAULT_QUESTION = "Is the assistant's answer above correct and well written so far? Answer Correct or Incorrect."
 
 BOUNDARY_MODES = ("sentence", "tokens", "both")
 VERIFIERS = ("auto", "forked", "kernel")
@@ -92,14 +89,12 @@ class ParseConfig:
     audit_kv_blocks: bool = False
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any] | None) -> "ParseConfig":
+    def from_dict(cls, raw: dict[str, Any] | None) -> ParseConfig:
         raw = dict(raw or {})
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ParseConfigError(
-                f"unknown PARSE option(s) {unknown}; known: {sorted(known)}"
-            )
+            raise ParseConfigError(f"unknown PARSE option(s) {unknown}; known: {sorted(known)}")
         if "labels" in raw:
             labels = raw["labels"]
             if (
@@ -107,9 +102,7 @@ class ParseConfig:
                 or len(labels) != 2
                 or not all(isinstance(x, str) and x.strip() for x in labels)
             ):
-                raise ParseConfigError(
-                    f"parse.labels must be two non-empty strings, got {labels!r}"
-                )
+                raise ParseConfigError(f"parse.labels must be two non-empty strings, got {labels!r}")
             raw["labels"] = (labels[0], labels[1])
         cfg = cls(**raw)
         cfg.validate()
@@ -196,9 +189,7 @@ class RequestOptions:
     guard: int = 0
 
 
-def request_options(
-    extra_args: dict[str, Any] | None, config: ParseConfig
-) -> RequestOptions:
+def request_options(extra_args: dict[str, Any] | None, config: ParseConfig) -> RequestOptions:
     """Resolve one request's PARSE options; raises ParseConfigError on a bad
     key or value. Keys that don't start with "parse" belong to others and are
     ignored."""
@@ -213,9 +204,7 @@ def request_options(
         elif key == GUARD_ARG:
             guard = _check_guard(value, key)
         else:
-            raise ParseConfigError(
-                f"unknown PARSE request option {key!r}; known: {list(REQUEST_KEYS)}"
-            )
+            raise ParseConfigError(f"unknown PARSE request option {key!r}; known: {list(REQUEST_KEYS)}")
     return RequestOptions(enabled=enabled, threshold=threshold, guard=guard)
 
 
@@ -240,13 +229,10 @@ def parse_section(additional_config: Any) -> dict[str, Any] | None:
     if section is True:
         return {}
     if not isinstance(section, dict):
-        raise ParseConfigError(
-            f'additional_config["parse"] must be an object of PARSE options, got {section!r}'
-        )
+        raise ParseConfigError(f'additional_config["parse"] must be an object of PARSE options, got {section!r}')
     return section
 
 
 def field_docs() -> dict[str, Any]:
     """Option name -> default, for `parse-vllm options` and the README."""
-    return {f.name: f.default for f in dataclasses.fields(ParseConfig) }
-
+    return {f.name: f.default for f in dataclasses.fields(ParseConfig)}

@@ -19,7 +19,7 @@ with the other vLLM touch points; this module is its math.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -248,16 +248,15 @@ class KernelVerifier:
             # The bound cache must be readable as standard views (raises if not).
             key_cache, _ = _vllm.standard_kv_cache_views(_vllm.bound_kv_cache(layer), layer.head_size)
             if key_cache.shape[2] != layer.num_kv_heads:
-                raise ValueError(
-                    f"layer {name}: cache has {key_cache.shape[2]} kv heads, layer {layer.num_kv_heads}"
-                )
+                raise ValueError(f"layer {name}: cache has {key_cache.shape[2]} kv heads, layer {layer.num_kv_heads}")
         if _vllm.kv_transfer_configured(runner.vllm_config):
             raise NotImplementedError(
                 "PARSE kernel verifier: a KV connector (kv_transfer_config) would save "
                 "the verification forward's KV; use the forked-block-table verifier"
             )
-        has_kernel = _ops.has_cuda_op() if self.device.type == "cuda" else (
-            self.device.type == "cpu" and _ops.has_compiled_op())
+        has_kernel = (
+            _ops.has_cuda_op() if self.device.type == "cuda" else (self.device.type == "cpu" and _ops.has_compiled_op())
+        )
         if not has_kernel:
             raise RuntimeError(
                 f"PARSE kernel verifier: parse_vllm.ops.prefix_verify_attention has no "
@@ -284,7 +283,7 @@ class KernelVerifier:
         lp_yes, lp_no = [], []
         passes = 0
         for s in range(0, C, per_pass):
-            ly, ln = self._judge_chunk(copies.req_row[s:s + per_pass], copies.prefix_len[s:s + per_pass])
+            ly, ln = self._judge_chunk(copies.req_row[s : s + per_pass], copies.prefix_len[s : s + per_pass])
             lp_yes.append(ly)
             lp_no.append(ln)
             passes += 1
@@ -338,8 +337,11 @@ class KernelVerifier:
 
     def _judge_chunk(self, req_row: np.ndarray, prefix_len: np.ndarray):
         packed = pack_copies(
-            self.suffix, req_row, prefix_len,
-            _vllm.request_block_table(self.runner, self.group_id), self.block_size,
+            self.suffix,
+            req_row,
+            prefix_len,
+            _vllm.request_block_table(self.runner, self.group_id),
+            self.block_size,
         )
         md = self.layer_metadata(packed)
         dev = self.device

@@ -74,9 +74,7 @@ class ParseStats:
 
     def reject_at(self, boundary_index: int) -> None:
         self.rejections += 1
-        self.rejections_by_boundary[boundary_index] = (
-            self.rejections_by_boundary.get(boundary_index, 0) + 1
-        )
+        self.rejections_by_boundary[boundary_index] = self.rejections_by_boundary.get(boundary_index, 0) + 1
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -146,7 +144,7 @@ def read_multiprocess_counters() -> dict[str, float]:
             continue
         for sample in metric.samples:
             if sample.name.endswith("_total"):
-                key = sample.name[len(PROM_PREFIX):-len("_total")]
+                key = sample.name[len(PROM_PREFIX) : -len("_total")]
                 if key == "rejections_by_boundary":
                     key = f"rejections_at_{sample.labels.get('boundary')}"
                 totals[key] = totals.get(key, 0.0) + sample.value

@@ -560,9 +560,7 @@ def _verify_folder(spec: _ModelSpec, folder: Path) -> None:
     round_trip = tok.decode(tok(text, add_special_tokens=False).input_ids)
     if round_trip != text:
         problems.append(f"tokenizer round trip changed the text: {round_trip!r}")
-    rendered = tok.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
-    )
+    rendered = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     if not all(m in rendered for m in spec.chat_template_markers) or not rendered.endswith(
         spec.generation_prompt_suffix
     ):
@@ -902,7 +900,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "for each model."
         ),
     )
-    parser.add_argument("--cache-dir", type=Path, default=None, help="cache root (default: $PARSE_VLLM_CACHE, else ~/.cache/parse-vllm)")
+    parser.add_argument(
+        "--cache-dir", type=Path, default=None, help="cache root (default: $PARSE_VLLM_CACHE, else ~/.cache/parse-vllm)"
+    )
     parser.add_argument(
         "--only",
         nargs="+",

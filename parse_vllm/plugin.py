@@ -49,8 +49,8 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
     spec = vllm_config.speculative_config
     if spec is None or spec.method != "draft_model":
         raise ParseConfigError(
-            "PARSE needs a draft model: pass speculative_config={\"method\": "
-            "\"draft_model\", \"model\": DRAFT, \"num_speculative_tokens\": W} "
+            'PARSE needs a draft model: pass speculative_config={"method": '
+            '"draft_model", "model": DRAFT, "num_speculative_tokens": W} '
             f"(got {None if spec is None else spec.method!r})"
         )
     method = getattr(spec, "rejection_sample_method", "standard")
@@ -74,8 +74,7 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
         pc.worker_cls = worker_cls
     elif pc.worker_cls != worker_cls:
         raise ParseConfigError(
-            f"PARSE installs its own worker ({worker_cls}) but worker_cls is "
-            f"{pc.worker_cls!r}; drop --worker-cls"
+            f"PARSE installs its own worker ({worker_cls}) but worker_cls is {pc.worker_cls!r}; drop --worker-cls"
         )
     sc = vllm_config.scheduler_config
     if sc.scheduler_cls is None:
@@ -112,7 +111,9 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
         )
     logger.info(
         "PARSE named: draft %s, window W=%d, options %s",
-        spec.draft_model_config.model, window, config.to_dict(),
+        spec.draft_model_config.model,
+        window,
+        config.to_dict(),
     )
 
 
@@ -124,8 +125,7 @@ def check_same_tokenizer(vllm_config) -> None:
     spec = vllm_config.speculative_config
     if spec.use_heterogeneous_vocab:
         raise ParseConfigError(
-            "PARSE needs a draft model with the target's tokenizer "
-            "(use_heterogeneous_vocab is not supported)"
+            "PARSE needs a draft model with the target's tokenizer (use_heterogeneous_vocab is not supported)"
         )
     target = _vllm.target_tokenizer(vllm_config)
     draft_path = spec.draft_model_config.model

@@ -27,7 +27,6 @@ import numpy as np
 
 from parse_vllm.config import ParseConfig, RequestOptions
 
-
 GUARD_MIN_WINDOW = 8
 
 

@@ -97,9 +97,17 @@ class ParseRunnerMixin:
         logger.info(
             "PARSE on: window W=%d, τ=%.3g, guard=%d, boundaries=%s, max K=%d, suffix %d tokens %r, "
             "labels %r/%r (ids %s/%s), on_reject=%s",
-            self._parse.window, config.threshold, config.guard, config.boundaries, config.max_boundaries,
-            template.suffix_len, template.suffix_text, *config.labels,
-            template.labels.yes_ids, template.labels.no_ids, config.on_reject,
+            self._parse.window,
+            config.threshold,
+            config.guard,
+            config.boundaries,
+            config.max_boundaries,
+            template.suffix_len,
+            template.suffix_text,
+            *config.labels,
+            template.labels.yes_ids,
+            template.labels.no_ids,
+            config.on_reject,
         )
 
     def initialize_kv_cache_tensors(self, *args, **kwargs):
@@ -157,7 +165,9 @@ class ParseRunnerMixin:
             )
         logger.info(
             "PARSE verification: %s, scratch %d of %d KV blocks",
-            type(p.verifier).__name__, scratch, num_blocks,
+            type(p.verifier).__name__,
+            scratch,
+            num_blocks,
         )
 
     # -- per-request state --------------------------------------------------
@@ -260,7 +270,11 @@ class ParseRunnerMixin:
             draft = self._draft_of(i)
             max_tokens, min_tokens, stops = _vllm.request_limits(self, req_id)
             view = view_draft(
-                draft, stops, _vllm.request_output_len(self, req_id), max_tokens, min_tokens,
+                draft,
+                stops,
+                _vllm.request_output_len(self, req_id),
+                max_tokens,
+                min_tokens,
                 vocab_size=p.sentence_end.shape[0],
             )
             if view.text_len == 0:
@@ -290,8 +304,9 @@ class ParseRunnerMixin:
             cu_copies.append(cu_copies[-1] + b.shape[0])
 
         if rows:
-            self._judge_and_accept(p, logits, md, out, out_cpu, l_tok, starts, rows, views, bounds, guard_lens,
-                                   np.asarray(cu_copies))
+            self._judge_and_accept(
+                p, logits, md, out, out_cpu, l_tok, starts, rows, views, bounds, guard_lens, np.asarray(cu_copies)
+            )
 
         # 3. Bookkeeping for requests the target is writing (REWRITE phase);
         #    a request judged this step starts counting from the next one.
@@ -348,10 +363,10 @@ class ParseRunnerMixin:
             if earlier:
                 p2 = judge([rows[k] for k in earlier], list(earlier.values()))
                 cuts = np.cumsum([0] + [b.shape[0] for b in earlier.values()])
-                p2_of = {k: p2[cuts[i]:cuts[i + 1]] for i, k in enumerate(earlier)}
+                p2_of = {k: p2[cuts[i] : cuts[i + 1]] for i, k in enumerate(earlier)}
                 new_bounds, new_passed = [], []
                 for k in range(len(rows)):
-                    b, ok = bounds[k], passed[cu_copies[k]:cu_copies[k + 1]]
+                    b, ok = bounds[k], passed[cu_copies[k] : cu_copies[k + 1]]
                     if k in earlier:
                         b = np.concatenate([earlier[k], b])
                         ok = np.concatenate([p2_of[k] >= thresholds[k], ok])
@@ -379,8 +394,9 @@ class ParseRunnerMixin:
                 view_c, l_c = constrained_view(view, int(l_sem[k]), allowed)
                 if guard_len is not None:
                     view, l_sem[k] = constrained_view(view, int(l_sem[k]), min(allowed, guard_len))
-                    guard_cut = (final_accept_len(int(l_sem[k]), int(l_tok[i]), view)
-                                 < final_accept_len(l_c, int(l_tok[i]), view_c))
+                    guard_cut = final_accept_len(int(l_sem[k]), int(l_tok[i]), view) < final_accept_len(
+                        l_c, int(l_tok[i]), view_c
+                    )
                 else:
                     view, l_sem[k] = view_c, l_c
             accepted = final_accept_len(int(l_sem[k]), int(l_tok[i]), view)
@@ -410,9 +426,14 @@ class ParseRunnerMixin:
             num_reqs = len(req_ids)
             take = starts + np.asarray(md.num_draft_tokens)  # default: bonus rows
             take[override_rows] = starts[override_rows] + np.asarray(override_len)
-            sampled = _vllm.sample_rows(
-                self.sampler, logits[torch.from_numpy(take).to(logits.device)], self.input_batch.sampling_metadata
-            ).view(num_reqs).cpu().numpy()
+            sampled = (
+                _vllm.sample_rows(
+                    self.sampler, logits[torch.from_numpy(take).to(logits.device)], self.input_batch.sampling_metadata
+                )
+                .view(num_reqs)
+                .cpu()
+                .numpy()
+            )
             ids = out.sampled_token_ids
             for i, n in zip(override_rows, override_len):
                 row = np.full(ids.shape[1], _vllm.PLACEHOLDER_TOKEN_ID, dtype=np.int64)
@@ -465,15 +486,17 @@ class ParseRunnerMixin:
             draft = self._draft_of(row)
             committed = tokens[row, : self.input_batch.num_computed_tokens_cpu[row] + 1].tolist()
             for b in bb:
-                self.parse_judgments.append({
-                    "req_id": self.input_batch.req_ids[row],
-                    "boundary": int(b),
-                    "token_ids": committed + draft[:b].tolist(),
-                    "p_yes": float(j.p_yes[c]),
-                    "logprob_yes": float(j.logprob_yes[c]),
-                    "logprob_no": float(j.logprob_no[c]),
-                    "requests_kv_unchanged": j.requests_kv_unchanged,
-                })
+                self.parse_judgments.append(
+                    {
+                        "req_id": self.input_batch.req_ids[row],
+                        "boundary": int(b),
+                        "token_ids": committed + draft[:b].tolist(),
+                        "p_yes": float(j.p_yes[c]),
+                        "logprob_yes": float(j.logprob_yes[c]),
+                        "logprob_no": float(j.logprob_no[c]),
+                        "requests_kv_unchanged": j.requests_kv_unchanged,
+                    }
+                )
                 assert len(self.parse_judgments[-1]["token_ids"]) == prefix_len[c]
                 c += 1
 
@@ -481,7 +504,7 @@ class ParseRunnerMixin:
         """This step's draft of input-batch row `row` [d] (copied to the CPU
         once in `_sample`)."""
         drafts, cu_draft = self._parse_step_drafts
-        return drafts[cu_draft[row]:cu_draft[row + 1]]
+        return drafts[cu_draft[row] : cu_draft[row + 1]]
 
     # -- metrics ------------------------------------------------------------
 
@@ -501,17 +524,18 @@ class ParseRunnerMixin:
 
     def _parse_export(self) -> None:
         now, last = self.parse_stats, self._parse_last_exported
-        delta = ParseStats(**{
-            k: getattr(now, k) - getattr(last, k)
-            for k in now.as_dict() if k != "rejections_by_boundary"
-        })
+        delta = ParseStats(
+            **{k: getattr(now, k) - getattr(last, k) for k in now.as_dict() if k != "rejections_by_boundary"}
+        )
         delta.rejections_by_boundary = {
             k: v - last.rejections_by_boundary.get(k, 0)
             for k, v in now.rejections_by_boundary.items()
             if v != last.rejections_by_boundary.get(k, 0)
         }
         self._parse_prom.add(delta)
-        self._parse_last_exported = ParseStats(**{**now.as_dict(), "rejections_by_boundary": dict(now.rejections_by_boundary)})
+        self._parse_last_exported = ParseStats(
+            **{**now.as_dict(), "rejections_by_boundary": dict(now.rejections_by_boundary)}
+        )
 
 
 class CpuSeededChunkedPrefillMixin:

@@ -21,8 +21,6 @@ class ParseScheduler(_vllm.Scheduler):
     def __init__(self, vllm_config, kv_cache_config, *args, **kwargs):
         config = ParseConfig.from_dict(parse_section(vllm_config.additional_config))
         scratch = scratch_block_count(config.scratch_blocks, kv_cache_config.num_blocks, config.verifier)
-        kv_cache_config = dataclasses.replace(
-            kv_cache_config, num_blocks=kv_cache_config.num_blocks - scratch
-        )
+        kv_cache_config = dataclasses.replace(kv_cache_config, num_blocks=kv_cache_config.num_blocks - scratch)
         logger.info("PARSE: %d KV blocks held back as verification scratch", scratch)
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)

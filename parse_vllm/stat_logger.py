@@ -41,8 +41,16 @@ class ParseStatLogger(_vllm.StatLoggerBase):
             "PARSE metrics: drafts=%d, draft tokens=%d, accepted=%d (%.1f%%; "
             "semantic=%d, token-level=%d), whole drafts=%d, rejections=%d, "
             "verification passes=%d, copies=%d, suffix tokens=%d, rounds=%d",
-            totals.get("drafts", 0), drafted, sem + tok, 100 * rate, sem, tok,
-            totals.get("drafts_accepted_whole", 0), totals.get("rejections", 0),
-            totals.get("verification_passes", 0), totals.get("copies", 0),
-            totals.get("suffix_tokens", 0), totals.get("rounds", 0),
+            totals.get("drafts", 0),
+            drafted,
+            sem + tok,
+            100 * rate,
+            sem,
+            tok,
+            totals.get("drafts_accepted_whole", 0),
+            totals.get("rejections", 0),
+            totals.get("verification_passes", 0),
+            totals.get("copies", 0),
+            totals.get("suffix_tokens", 0),
+            totals.get("rounds", 0),
         )

@@ -118,7 +118,7 @@ def suffix_text_from_chat_template(tokenizer, question: str) -> str:
             "the target's chat template drops earlier assistant turns, so "
             "PARSE cannot place its verification question after an answer"
         )
-    suffix = text[pos + len(_SENTINEL):]
+    suffix = text[pos + len(_SENTINEL) :]
     if question not in suffix:
         raise ParseConfigError("the chat template did not keep the verification question")
     return suffix
@@ -137,7 +137,7 @@ def label_scoring(tokenizer, suffix_text: str, suffix_ids: tuple[int, ...], labe
                 f"verification suffix (it merges with the suffix's end {suffix_text[-12:]!r}); "
                 "pick another label"
             )
-        ids.append(toks[len(suffix_ids):])
+        ids.append(toks[len(suffix_ids) :])
     yes, no = ids
 
     def shown(t):
@@ -153,7 +153,7 @@ def label_scoring(tokenizer, suffix_text: str, suffix_ids: tuple[int, ...], labe
             f"parse.labels: {labels[0]!r} is {len(yes)} tokens {shown(yes)} and {labels[1]!r} is "
             f"{len(no)} tokens {shown(no)} for this tokenizer; at most one label may be more than "
             "one token (one verification copy scores both labels whole only then); pick a "
-            "one-token label for one of them, e.g. \"Yes\"/\"No\""
+            'one-token label for one of them, e.g. "Yes"/"No"'
         )
     longer = yes if len(yes) > 1 else no
     return LabelScoring(yes_ids=yes, no_ids=no, extension=longer[:-1])

@@ -32,9 +32,9 @@ import random
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +61,10 @@ class TrainConfig:
     num_prompts: int = 2000
     #: more prompts, written by the target itself (train_prompts.py, self-instruct family)
     self_instruct: int = 0
-    max_tokens: int = 256           # answer length cap when generating data
-    token_budget: int = 700_000     # answer tokens seen in training (epochs as needed)
-    max_minutes: float = 30.0       # wall-clock bound of the distill stage
-    batch_tokens: int = 4096        # padded tokens per optimiser step
+    max_tokens: int = 256  # answer length cap when generating data
+    token_budget: int = 700_000  # answer tokens seen in training (epochs as needed)
+    max_minutes: float = 30.0  # wall-clock bound of the distill stage
+    batch_tokens: int = 4096  # padded tokens per optimiser step
     lr: float = 1.5e-3
     warmup_steps: int = 20
     weight_decay: float = 0.0
@@ -107,15 +107,23 @@ def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequenc
             done = sum(1 for line in f if line.strip())
     if done >= len(prompts) + cfg.self_instruct:
         return out
-    llm = LLM(model=target, dtype="bfloat16", max_model_len=1024, max_num_seqs=128, enforce_eager=True,
-              kv_cache_memory_bytes=4 << 30, seed=cfg.seed)
+    llm = LLM(
+        model=target,
+        dtype="bfloat16",
+        max_model_len=1024,
+        max_num_seqs=128,
+        enforce_eager=True,
+        kv_cache_memory_bytes=4 << 30,
+        seed=cfg.seed,
+    )
     if cfg.self_instruct:
         prompts += write_prompts(llm, work / "prompts_self_instruct.jsonl", cfg.self_instruct, cfg.seed, exclude)
     tok = llm.get_tokenizer()
     # logprobs=k: the target's top-k at every answer position comes free with generation and
     # gives the draft the target's whole ranking to learn, not just its argmax.
-    params = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, logprobs=cfg.teacher_topk or None,
-                            detokenize=False)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=cfg.max_tokens, logprobs=cfg.teacher_topk or None, detokenize=False
+    )
     bar = tqdm(total=len(prompts), initial=done, desc="target answers", unit="prompt")
     t0, new_tokens = time.perf_counter(), 0
     for start in range(done, len(prompts), chunk):
@@ -128,8 +136,10 @@ def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequenc
                 new_tokens += len(answer)
                 row = {**r, "prompt_ids": list(p), "answer_ids": answer}
                 if cfg.teacher_topk and res.outputs[0].logprobs:
-                    top = [sorted(d.items(), key=lambda kv: -kv[1].logprob)[: cfg.teacher_topk]
-                           for d in res.outputs[0].logprobs]
+                    top = [
+                        sorted(d.items(), key=lambda kv: -kv[1].logprob)[: cfg.teacher_topk]
+                        for d in res.outputs[0].logprobs
+                    ]
                     row["topk_ids"] = [[t for t, _ in pos] for pos in top]
                     row["topk_logprobs"] = [[round(lp.logprob, 4) for _, lp in pos] for pos in top]
                 f.write(json.dumps(row) + "\n")
@@ -212,8 +222,12 @@ def init_draft(target_dir: Path, shape: DraftShape, seed: int) -> tuple[Any, dic
     if len(shape.init_layers) != shape.num_layers:
         raise ValueError(f"init_layers {shape.init_layers} must name {shape.num_layers} target layers")
     dcfg = dict(tcfg)
-    dcfg.update(num_hidden_layers=shape.num_layers, intermediate_size=shape.intermediate_size,
-                tie_word_embeddings=True, dtype="bfloat16")
+    dcfg.update(
+        num_hidden_layers=shape.num_layers,
+        intermediate_size=shape.intermediate_size,
+        tie_word_embeddings=True,
+        dtype="bfloat16",
+    )
     dcfg.pop("transformers_version", None)
     draft = LlamaForCausalLM(LlamaConfig(**dcfg)).float()
     sd_t = target.state_dict()
@@ -222,15 +236,18 @@ def init_draft(target_dir: Path, shape: DraftShape, seed: int) -> tuple[Any, dic
     # first predictions wildly over-confident (initial loss ~15 instead of ~8 here).
     n_t = tcfg["num_hidden_layers"]
     ends_like_target = shape.init_layers[-1] % n_t == n_t - 1
-    new = {"model.embed_tokens.weight": sd_t["model.embed_tokens.weight"],
-           "model.norm.weight": (sd_t["model.norm.weight"].clone() if ends_like_target
-                                 else torch.ones_like(sd_t["model.norm.weight"]))}
+    new = {
+        "model.embed_tokens.weight": sd_t["model.embed_tokens.weight"],
+        "model.norm.weight": (
+            sd_t["model.norm.weight"].clone() if ends_like_target else torch.ones_like(sd_t["model.norm.weight"])
+        ),
+    }
     for i, src in enumerate(shape.init_layers):
         src %= n_t
         pre_d, pre_t = f"model.layers.{i}.", f"model.layers.{src}."
         for k, v in sd_t.items():
             if k.startswith(pre_t) and ".mlp." not in k:
-                new[pre_d + k[len(pre_t):]] = v
+                new[pre_d + k[len(pre_t) :]] = v
         up, gate, down = (sd_t[pre_t + f"mlp.{n}_proj.weight"] for n in ("up", "gate", "down"))
         score = up.norm(dim=1) * down.norm(dim=0) * gate.norm(dim=1)
         keep = score.topk(shape.intermediate_size).indices.sort().values
@@ -254,10 +271,10 @@ class DraftHead:
     """The rows of a head-pruned draft's output head (draft_vocab.py)."""
 
     token_ids: Any  # [rows] long, ascending target ids
-    to_row: Any     # [vocab] long: target id -> row, -1 where the head has none
+    to_row: Any  # [vocab] long: target id -> row, -1 where the head has none
 
     @classmethod
-    def of(cls, token_ids, vocab: int) -> "DraftHead":
+    def of(cls, token_ids, vocab: int) -> DraftHead:
         return cls(token_ids=token_ids.long(), to_row=to_head_index(token_ids.long(), vocab))
 
 
@@ -293,9 +310,9 @@ class SoftTargets:
     Rows follow ``labels != -100`` in row-major order (the order ``hidden[mask]`` yields).
     """
 
-    rows: Any       # [num_soft] long: index into the answer positions
-    ids: Any        # [num_soft, k] long
-    probs: Any      # [num_soft, k] float: renormalised over the top k
+    rows: Any  # [num_soft] long: index into the answer positions
+    ids: Any  # [num_soft, k] long
+    probs: Any  # [num_soft, k] float: renormalised over the top k
 
 
 def _collate(rows, idx, pad_id: int, topk: int = 0):
@@ -322,13 +339,15 @@ def _collate(rows, idx, pad_id: int, topk: int = 0):
         offset += n_ans
     soft = None
     if soft_rows:
-        soft = SoftTargets(rows=torch.tensor(soft_rows), ids=torch.tensor(soft_ids),
-                           probs=torch.tensor(soft_lp).softmax(-1))
+        soft = SoftTargets(
+            rows=torch.tensor(soft_rows), ids=torch.tensor(soft_ids), probs=torch.tensor(soft_lp).softmax(-1)
+        )
     return inputs, labels, soft
 
 
-def _loss_and_hits(model, inputs, labels, soft: SoftTargets | None = None, soft_weight: float = 0.0,
-                   head: DraftHead | None = None):
+def _loss_and_hits(
+    model, inputs, labels, soft: SoftTargets | None = None, soft_weight: float = 0.0, head: DraftHead | None = None
+):
     """Loss on answer positions only (the lm_head runs on those rows alone): cross-entropy on
     the target's greedy token, mixed with cross-entropy against the target's top-k
     distribution where the batch has it. With a pruned ``head``, the logits cover its rows
@@ -337,18 +356,18 @@ def _loss_and_hits(model, inputs, labels, soft: SoftTargets | None = None, soft_
 
     mask = labels != -100
     hidden = model.model(input_ids=inputs, attention_mask=(inputs >= 0).long()).last_hidden_state
-    h = hidden[mask]                                   # [num_answer_tokens, hidden]
-    weight = model.model.embed_tokens.weight           # tied head, frozen
-    y = labels[mask]                                   # [num_answer_tokens] target ids
+    h = hidden[mask]  # [num_answer_tokens, hidden]
+    weight = model.model.embed_tokens.weight  # tied head, frozen
+    y = labels[mask]  # [num_answer_tokens] target ids
     if head is not None:
         weight = weight[head.token_ids]
-    logits = F.linear(h, weight)                       # [num_answer_tokens, rows]
+    logits = F.linear(h, weight)  # [num_answer_tokens, rows]
     logp = logits.float().log_softmax(-1)
-    y_row = y if head is None else head.to_row[y]      # -1: not in the head
+    y_row = y if head is None else head.to_row[y]  # -1: not in the head
     loss = F.nll_loss(logp, y_row, ignore_index=-1) if bool((y_row >= 0).any()) else logp.sum() * 0
     if soft is not None and soft_weight > 0:
         ids = soft.ids if head is None else head.to_row[soft.ids]
-        probs = soft.probs * (ids >= 0)                # mass on tokens the head lacks is dropped
+        probs = soft.probs * (ids >= 0)  # mass on tokens the head lacks is dropped
         soft_loss = -(probs * logp[soft.rows].gather(1, ids.clamp(min=0))).sum(-1).mean()
         loss = (1 - soft_weight) * loss + soft_weight * soft_loss
     pred = logits.argmax(-1)
@@ -393,9 +412,11 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
     train_rows = [rows[i] for i in perm[n_eval:]]
     answer_tokens = sum(len(r[1]) for r in train_rows)
     soft_tokens = sum(len(r[1]) for r in train_rows if r[2] is not None)
-    log(f"[train-draft] data: {len(train_rows)} train answers ({answer_tokens} answer tokens, {soft_tokens} of "
+    log(
+        f"[train-draft] data: {len(train_rows)} train answers ({answer_tokens} answer tokens, {soft_tokens} of "
         f"them with the target's top-{cfg.teacher_topk}; {sum(len(r[0]) for r in train_rows)} prompt tokens), "
-        f"{len(eval_rows)} held out")
+        f"{len(eval_rows)} held out"
+    )
 
     model, dcfg = init_draft(target_dir, cfg.shape, cfg.seed)
     prev = {}
@@ -409,17 +430,25 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
     if cfg.shape.head_vocab:
         # A continued draft keeps its head; a new one takes the training answers' commonest tokens.
         train_counts = Counter(t for r in train_rows for t in r[1])
-        head = (DraftHead.of(prev[HEAD_IDS_KEY], dcfg["vocab_size"]) if HEAD_IDS_KEY in prev
-                else choose_draft_head(train_counts, target_dir, cfg.shape.head_vocab, dcfg["vocab_size"]))
+        head = (
+            DraftHead.of(prev[HEAD_IDS_KEY], dcfg["vocab_size"])
+            if HEAD_IDS_KEY in prev
+            else choose_draft_head(train_counts, target_dir, cfg.shape.head_vocab, dcfg["vocab_size"])
+        )
         if head.token_ids.numel() != cfg.shape.head_vocab:
-            raise ValueError(f"--init-from {cfg.init_from} has a {head.token_ids.numel()}-row head, "
-                             f"not {cfg.shape.head_vocab}")
-        head_info = {"rows": cfg.shape.head_vocab,
-                     "coverage_train": head_coverage(train_counts, head.token_ids),
-                     "coverage_held_out": head_coverage(Counter(t for r in eval_rows for t in r[1]), head.token_ids)}
-        log(f"[train-draft] head: {cfg.shape.head_vocab} of {dcfg['vocab_size']} tokens, covering "
+            raise ValueError(
+                f"--init-from {cfg.init_from} has a {head.token_ids.numel()}-row head, not {cfg.shape.head_vocab}"
+            )
+        head_info = {
+            "rows": cfg.shape.head_vocab,
+            "coverage_train": head_coverage(train_counts, head.token_ids),
+            "coverage_held_out": head_coverage(Counter(t for r in eval_rows for t in r[1]), head.token_ids),
+        }
+        log(
+            f"[train-draft] head: {cfg.shape.head_vocab} of {dcfg['vocab_size']} tokens, covering "
             f"{head_info['coverage_train']:.4f} of the training answers' tokens and "
-            f"{head_info['coverage_held_out']:.4f} of the held-out ones")
+            f"{head_info['coverage_held_out']:.4f} of the held-out ones"
+        )
     pad_id = int(dcfg.get("pad_token_id") or 0)
     model.model.embed_tokens.weight.requires_grad_(False)  # shared with the target, never trained
     params = [p for p in model.parameters() if p.requires_grad]
@@ -437,8 +466,10 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
     if ckpt.exists():
         saved = torch.load(ckpt, weights_only=False)
         if _identity(saved.get("config", {})) != _identity(asdict(cfg)):
-            raise ValueError(f"{ckpt} was made with other settings; delete it or pass the same options "
-                             f"(only --max-minutes may change between runs)")
+            raise ValueError(
+                f"{ckpt} was made with other settings; delete it or pass the same options "
+                f"(only --max-minutes may change between runs)"
+            )
         model.load_state_dict(saved["model"], strict=False)
         opt.load_state_dict(saved["opt"])
         state = saved["state"]
@@ -494,25 +525,50 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
     acc = evaluate(model, eval_rows, cfg.batch_tokens, pad_id, head)
     state["history"].append({"step": state["step"], "tokens": state["tokens"], "eval_agreement": acc})
     save()
-    log(f"[train-draft] {state['step']}/{total_steps} steps, {state['tokens']} tokens, "
-        f"{state['seconds'] / 60:.1f} min; held-out greedy agreement {acc:.3f}")
+    log(
+        f"[train-draft] {state['step']}/{total_steps} steps, {state['tokens']} tokens, "
+        f"{state['seconds'] / 60:.1f} min; held-out greedy agreement {acc:.3f}"
+    )
 
     out = work / "draft"
-    export_delta(model, dcfg, out, head=head, meta={
-        "target": target_dir.name, "train": asdict(cfg), "data_answers": len(train_rows),
-        "data_answer_tokens": answer_tokens, "data_soft_tokens": soft_tokens, "steps": state["step"], "tokens_seen": state["tokens"],
-        "train_minutes": round(state["seconds"] / 60, 2), "history": state["history"], "head": head_info,
-        "flops_per_token_target": flops_per_token(json.loads((target_dir / "config.json").read_text())),
-        "flops_per_token_draft": flops_per_token(dcfg),
-        # a continued run records the run it started from
-        "previous": (json.loads((Path(cfg.init_from) / DELTA_META).read_text())
-                     if cfg.init_from and (Path(cfg.init_from) / DELTA_META).exists() else None),
-    })
+    export_delta(
+        model,
+        dcfg,
+        out,
+        head=head,
+        meta={
+            "target": target_dir.name,
+            "train": asdict(cfg),
+            "data_answers": len(train_rows),
+            "data_answer_tokens": answer_tokens,
+            "data_soft_tokens": soft_tokens,
+            "steps": state["step"],
+            "tokens_seen": state["tokens"],
+            "train_minutes": round(state["seconds"] / 60, 2),
+            "history": state["history"],
+            "head": head_info,
+            "flops_per_token_target": flops_per_token(json.loads((target_dir / "config.json").read_text())),
+            "flops_per_token_draft": flops_per_token(dcfg),
+            # a continued run records the run it started from
+            "previous": (
+                json.loads((Path(cfg.init_from) / DELTA_META).read_text())
+                if cfg.init_from and (Path(cfg.init_from) / DELTA_META).exists()
+                else None
+            ),
+        },
+    )
     return out
 
 
-def measure_acceptance(target: Path, draft: Path, k: int = 4, max_tokens: int = 256, batch: int = 16,
-                       limit: int | None = None, dtype: str = "bfloat16") -> dict:
+def measure_acceptance(
+    target: Path,
+    draft: Path,
+    k: int = 4,
+    max_tokens: int = 256,
+    batch: int = 16,
+    limit: int | None = None,
+    dtype: str = "bfloat16",
+) -> dict:
     """The standard quality figure of a draft: vLLM's own ``draft_model`` speculative decoding
     with ``k`` tokens, greedy, on MT-Bench's 80 first-turn questions (chat template applied).
 
@@ -525,9 +581,17 @@ def measure_acceptance(target: Path, draft: Path, k: int = 4, max_tokens: int = 
     from .benchmarks.e2e import _spec_counters
     from .train_prompts import mtbench_questions
 
-    llm = LLM(model=str(target), dtype=dtype, enforce_eager=True, max_model_len=1024, max_num_seqs=batch,
-              kv_cache_memory_bytes=2 << 30, seed=0, disable_log_stats=False,  # the spec-decode counters
-              speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": k})
+    llm = LLM(
+        model=str(target),
+        dtype=dtype,
+        enforce_eager=True,
+        max_model_len=1024,
+        max_num_seqs=batch,
+        kv_cache_memory_bytes=2 << 30,
+        seed=0,
+        disable_log_stats=False,  # the spec-decode counters
+        speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": k},
+    )
     try:
         tok = llm.get_tokenizer()
         prompts = [{"prompt_token_ids": chat_prompt_ids(tok, q["prompt"])} for q in mtbench_questions()[:limit]]
@@ -535,11 +599,17 @@ def measure_acceptance(target: Path, draft: Path, k: int = 4, max_tokens: int = 
         c = _spec_counters(llm)
     finally:
         close(llm)
-    return {"k": k, "prompts": len(prompts), "max_tokens": max_tokens,
-            "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
-            "drafts": int(c["drafts"]), "draft_tokens": int(c["draft_tokens"]), "accepted": int(c["accepted"]),
-            "acceptance_rate": c["accepted"] / c["draft_tokens"] if c["draft_tokens"] else None,
-            "mean_acceptance_length": 1 + c["accepted"] / c["drafts"] if c["drafts"] else None}
+    return {
+        "k": k,
+        "prompts": len(prompts),
+        "max_tokens": max_tokens,
+        "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+        "drafts": int(c["drafts"]),
+        "draft_tokens": int(c["draft_tokens"]),
+        "accepted": int(c["accepted"]),
+        "acceptance_rate": c["accepted"] / c["draft_tokens"] if c["draft_tokens"] else None,
+        "mean_acceptance_length": 1 + c["accepted"] / c["drafts"] if c["drafts"] else None,
+    }
 
 
 DELTA_WEIGHTS = "draft_delta.safetensors"
@@ -554,8 +624,11 @@ def export_delta(model, dcfg: dict, out: Path, meta: dict, head: DraftHead | Non
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()
-          if k not in SHARED_WEIGHTS and k != "lm_head.weight"}
+    sd = {
+        k: v.detach().to(torch.bfloat16).contiguous()
+        for k, v in model.state_dict().items()
+        if k not in SHARED_WEIGHTS and k != "lm_head.weight"
+    }
     if head is not None:
         sd[HEAD_IDS_KEY] = head.token_ids.contiguous()
     save_file(sd, str(out / DELTA_WEIGHTS), metadata={"shared_from_target": ",".join(SHARED_WEIGHTS)})
@@ -574,8 +647,10 @@ def assemble_draft(delta_dir: Path, target_dir: Path, out: Path) -> Path:
     tcfg = json.loads((target_dir / "config.json").read_text())
     for key in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads"):
         if dcfg.get(key) != tcfg.get(key):
-            raise ValueError(f"draft {delta_dir} was trained for another target: {key} "
-                             f"{dcfg.get(key)} != {tcfg.get(key)} in {target_dir}")
+            raise ValueError(
+                f"draft {delta_dir} was trained for another target: {key} "
+                f"{dcfg.get(key)} != {tcfg.get(key)} in {target_dir}"
+            )
     with safe_open(str(target_dir / "model.safetensors"), framework="pt") as f:
         for name in SHARED_WEIGHTS:
             sd[name] = f.get_tensor(name).to(torch.bfloat16)
@@ -585,8 +660,11 @@ def assemble_draft(delta_dir: Path, target_dir: Path, out: Path) -> Path:
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(dcfg, indent=2) + "\n")
     for f in target_dir.iterdir():
-        if f.name.startswith("tokenizer") or f.name in ("chat_template.jinja", "special_tokens_map.json",
-                                                        "generation_config.json"):
+        if f.name.startswith("tokenizer") or f.name in (
+            "chat_template.jinja",
+            "special_tokens_map.json",
+            "generation_config.json",
+        ):
             shutil.copy2(f, out / f.name)
     shutil.copy2(delta_dir / DELTA_META, out / DELTA_META)
     return out
@@ -602,8 +680,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--target", default=None, help=f"target HF folder (default: the prepared {DEMO_TARGET_NAME})")
     ap.add_argument("--work", type=Path, default=None, help="work folder (default: <cache>/train/<target name>)")
     ap.add_argument("--num-prompts", type=int, default=d.num_prompts)
-    ap.add_argument("--self-instruct", type=int, default=d.self_instruct,
-                    help="more prompts, written by the target itself, after the --num-prompts generated ones")
+    ap.add_argument(
+        "--self-instruct",
+        type=int,
+        default=d.self_instruct,
+        help="more prompts, written by the target itself, after the --num-prompts generated ones",
+    )
     ap.add_argument("--max-tokens", type=int, default=d.max_tokens, help="answer length cap when generating data")
     ap.add_argument("--token-budget", type=int, default=d.token_budget, help="answer tokens to train on")
     ap.add_argument("--max-minutes", type=float, default=d.max_minutes, help="wall-clock bound of the distill stage")
@@ -611,23 +693,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--layers", type=int, default=d.shape.num_layers)
     ap.add_argument("--intermediate-size", type=int, default=d.shape.intermediate_size)
-    ap.add_argument("--init-layers", default=None,
-                    help="comma-separated target layers the draft's layers start from (default: the first --layers)")
-    ap.add_argument("--head-vocab", type=int, default=d.shape.head_vocab,
-                    help="output head rows: the answers' most frequent tokens (0: the whole vocabulary)")
+    ap.add_argument(
+        "--init-layers",
+        default=None,
+        help="comma-separated target layers the draft's layers start from (default: the first --layers)",
+    )
+    ap.add_argument(
+        "--head-vocab",
+        type=int,
+        default=d.shape.head_vocab,
+        help="output head rows: the answers' most frequent tokens (0: the whole vocabulary)",
+    )
     ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--init-from", default=None,
-                    help="continue training an exported draft (a folder with draft_delta.safetensors), fresh schedule")
+    ap.add_argument(
+        "--init-from",
+        default=None,
+        help="continue training an exported draft (a folder with draft_delta.safetensors), fresh schedule",
+    )
     ap.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    ap.add_argument("--teacher-topk", type=int, default=d.teacher_topk,
-                    help="save the target's top-k log-probabilities with new answers (0: greedy tokens only)")
-    ap.add_argument("--soft-weight", type=float, default=d.soft_weight,
-                    help="weight of the loss against the target's top-k distribution (rest: its greedy token)")
-    ap.add_argument("--eval-acceptance", action="store_true",
-                    help="measure vLLM draft_model (k=4) acceptance on MT-Bench and record it in training.json")
+    ap.add_argument(
+        "--teacher-topk",
+        type=int,
+        default=d.teacher_topk,
+        help="save the target's top-k log-probabilities with new answers (0: greedy tokens only)",
+    )
+    ap.add_argument(
+        "--soft-weight",
+        type=float,
+        default=d.soft_weight,
+        help="weight of the loss against the target's top-k distribution (rest: its greedy token)",
+    )
+    ap.add_argument(
+        "--eval-acceptance",
+        action="store_true",
+        help="measure vLLM draft_model (k=4) acceptance on MT-Bench and record it in training.json",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads for distillation (default: all cores)")
-    ap.add_argument("--ship", action="store_true",
-                    help=f"copy the result into the package (parse_vllm/drafts/{DEMO_DRAFT_NAME}) for make demo/bench")
+    ap.add_argument(
+        "--ship",
+        action="store_true",
+        help=f"copy the result into the package (parse_vllm/drafts/{DEMO_DRAFT_NAME}) for make demo/bench",
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -640,18 +746,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = args.work or default_cache_dir() / "train" / target.name
     work.mkdir(parents=True, exist_ok=True)
     try:
-        init_layers = (tuple(int(x) for x in args.init_layers.split(",")) if args.init_layers
-                       else tuple(range(args.layers)))
+        init_layers = (
+            tuple(int(x) for x in args.init_layers.split(",")) if args.init_layers else tuple(range(args.layers))
+        )
     except ValueError:
         ap.error(f"--init-layers {args.init_layers!r}: expected comma-separated integers")
     if len(init_layers) != args.layers:
         ap.error(f"--init-layers names {len(init_layers)} layers, --layers is {args.layers}")
-    shape = DraftShape(num_layers=args.layers, intermediate_size=args.intermediate_size,
-                       init_layers=init_layers, head_vocab=args.head_vocab)
-    cfg = TrainConfig(num_prompts=args.num_prompts, self_instruct=args.self_instruct, max_tokens=args.max_tokens, token_budget=args.token_budget,
-                      max_minutes=args.max_minutes, batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed,
-                      shape=shape, init_from=args.init_from, warmup_steps=args.warmup_steps,
-                      teacher_topk=args.teacher_topk, soft_weight=args.soft_weight)
+    shape = DraftShape(
+        num_layers=args.layers,
+        intermediate_size=args.intermediate_size,
+        init_layers=init_layers,
+        head_vocab=args.head_vocab,
+    )
+    cfg = TrainConfig(
+        num_prompts=args.num_prompts,
+        self_instruct=args.self_instruct,
+        max_tokens=args.max_tokens,
+        token_budget=args.token_budget,
+        max_minutes=args.max_minutes,
+        batch_tokens=args.batch_tokens,
+        lr=args.lr,
+        seed=args.seed,
+        shape=shape,
+        init_from=args.init_from,
+        warmup_steps=args.warmup_steps,
+        teacher_topk=args.teacher_topk,
+        soft_weight=args.soft_weight,
+    )
     if args.num_prompts < 1 or args.self_instruct < 0:
         ap.error("--num-prompts must be >= 1 and --self-instruct >= 0")
     if not 0 <= args.soft_weight <= 1:
@@ -660,16 +782,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     generate_answers(str(target), work, cfg, exclude=[q["prompt"] for q in mtbench_questions()])
     out = distill(target, work, cfg)
     meta = json.loads((out / DELTA_META).read_text())
-    print(f"[train-draft] draft delta in {out}: {meta['flops_per_token_target'] / meta['flops_per_token_draft']:.2f}x "
-          f"fewer MACs per token than the target; held-out greedy agreement "
-          f"{meta['history'][-1]['eval_agreement']:.3f}")
+    print(
+        f"[train-draft] draft delta in {out}: {meta['flops_per_token_target'] / meta['flops_per_token_draft']:.2f}x "
+        f"fewer MACs per token than the target; held-out greedy agreement "
+        f"{meta['history'][-1]['eval_agreement']:.3f}"
+    )
     if args.eval_acceptance:
         with tempfile.TemporaryDirectory() as tmp:
             acc = measure_acceptance(target, assemble_draft(out, target, Path(tmp) / "draft"))
         meta["acceptance_mtbench"] = acc
         (out / DELTA_META).write_text(json.dumps(meta, indent=2) + "\n")
-        print(f"[train-draft] vLLM draft_model k=4 on MT-Bench: acceptance rate {acc['acceptance_rate']:.3f}, "
-              f"mean acceptance length {acc['mean_acceptance_length']:.2f}")
+        print(
+            f"[train-draft] vLLM draft_model k=4 on MT-Bench: acceptance rate {acc['acceptance_rate']:.3f}, "
+            f"mean acceptance length {acc['mean_acceptance_length']:.2f}"
+        )
     if args.ship:
         dest = SHIPPED_DRAFTS / DEMO_DRAFT_NAME
         dest.mkdir(parents=True, exist_ok=True)
@@ -679,5 +805,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["TrainConfig", "DraftShape", "generate_answers", "distill", "assemble_draft", "export_delta",
-           "flops_per_token", "measure_acceptance", "main"]
+__all__ = [
+    "TrainConfig",
+    "DraftShape",
+    "generate_answers",
+    "distill",
+    "assemble_draft",
+    "export_delta",
+    "flops_per_token",
+    "measure_acceptance",
+    "main",
+]

@@ -60,8 +60,7 @@ def scratch_block_count(
     if requested:
         if requested >= num_blocks:
             raise ValueError(
-                f"parse.scratch_blocks={requested} leaves no KV cache for requests "
-                f"({num_blocks} blocks in all)"
+                f"parse.scratch_blocks={requested} leaves no KV cache for requests ({num_blocks} blocks in all)"
             )
         return requested
     return max(suffix_blocks_hint, min(num_blocks // 8, copies_hint * suffix_blocks_hint))

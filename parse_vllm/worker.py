@@ -29,7 +29,6 @@ class _StatsRPC:
             self.model_runner.parse_stats = ParseStats()
             self.model_runner._parse_last_exported = ParseStats()
 
-
     def parse_kv_blocks(self) -> dict:
         """The worker's side of KV-block accounting, for leak checks
         (scripts/load_test.py): how many blocks the cache has and how many

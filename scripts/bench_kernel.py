@@ -79,8 +79,10 @@ CUDA_CONTEXTS = [512, 2048, 8192, 32768]
 # The op must agree with the fp32 reference to this relative (normwise) error;
 # on CUDA these are the GPU check's correctness goals.  Baselines only need to be
 # right enough to count (BASELINE_TOL); a form that is not is dropped.
-OP_TOL = {"cpu": {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 3e-2},
-          "cuda": {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-2}}
+OP_TOL = {
+    "cpu": {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 3e-2},
+    "cuda": {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-2},
+}
 BASELINE_TOL = {torch.float32: 1e-4}
 SDPA_FORMS = ("mask_gqa", "lower_right_gqa", "lower_right_expand")
 
@@ -122,15 +124,21 @@ def peak_bandwidth(device_index: int = 0, override_gbps: float | None = None) ->
     bus_bits = getattr(props, "memory_bus_width", 0) or 0
     from_props = 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9 if clock_khz and bus_bits else None
     table = next(((gbps, label) for pat, gbps, label in PEAK_BW_TABLE if re.search(pat, name.upper())), None)
-    res = {"name": name, "table_GBps": table[0] if table else None,
-           "props_GBps": round(from_props, 1) if from_props else None}
+    res = {
+        "name": name,
+        "table_GBps": table[0] if table else None,
+        "props_GBps": round(from_props, 1) if from_props else None,
+    }
     if override_gbps:
         res.update(GBps=float(override_gbps), source="--peak-bw-gbps / GPU_PEAK_BW_GBPS (given by the user)")
     elif table:
         res.update(GBps=float(table[0]), source=f"spec sheet for {table[1]} (matched by device name {name!r})")
     elif from_props:
-        res.update(GBps=from_props, source=f"2 x memory clock {clock_khz / 1e3:.0f} MHz x {bus_bits}-bit bus "
-                                           "(torch.cuda.get_device_properties)")
+        res.update(
+            GBps=from_props,
+            source=f"2 x memory clock {clock_khz / 1e3:.0f} MHz x {bus_bits}-bit bus "
+            "(torch.cuda.get_device_properties)",
+        )
     else:
         res.update(GBps=None, source=f"unknown for {name!r}: pass --peak-bw-gbps")
     return res
@@ -156,6 +164,7 @@ def copy_bandwidth(device, nbytes=1 << 30, reps=10) -> float:
 
 # --------------------------------------------------------------------------- inputs
 
+
 def make_inputs(n_ctx, K, L, Hq, Hkv, D, bs, dtype, seed=0, device="cpu"):
     """Inputs drawn on the CPU (same values on every device), then moved.  The
     index lists are kept on the host as well (`lists`), so that the baselines'
@@ -174,14 +183,18 @@ def make_inputs(n_ctx, K, L, Hq, Hkv, D, bs, dtype, seed=0, device="cpu"):
     k_new = torch.randn(T, Hkv, D, generator=g).to(dtype)
     v_new = torch.randn(T, Hkv, D, generator=g).to(dtype)
     x = dict(
-        q=q, k_new=k_new, v_new=v_new, key_cache=key_cache, value_cache=value_cache,
+        q=q,
+        k_new=k_new,
+        v_new=v_new,
+        key_cache=key_cache,
+        value_cache=value_cache,
         block_table=block_table,
         copy_req=torch.zeros(K, dtype=torch.int32),
         copy_prefix_len=torch.tensor(prefix, dtype=torch.int32),
         cu_copy_lens=torch.arange(0, T + 1, L, dtype=torch.int32),
     )
     x = {k: v.to(device) for k, v in x.items()}
-    x["scale"] = D ** -0.5
+    x["scale"] = D**-0.5
     x["lists"] = ([0] * K, prefix, list(range(0, T + 1, L)))
     return x
 
@@ -194,17 +207,30 @@ def bytes_moved(x) -> tuple[int, int]:
     Hkv = kc.shape[2]
     _, plens, _ = x["lists"]
     rest = 2 * T * Hq * D * e + 2 * T * Hkv * D * e
-    index = 4 * (x["block_table"].numel() + x["copy_req"].numel() + x["copy_prefix_len"].numel()
-                 + x["cu_copy_lens"].numel())
+    index = 4 * (
+        x["block_table"].numel() + x["copy_req"].numel() + x["copy_prefix_len"].numel() + x["cu_copy_lens"].numel()
+    )
     return (2 * max(plens) * Hkv * D * e + rest + index, 2 * sum(plens) * Hkv * D * e + rest)
 
 
 # --------------------------------------------------------------------------- methods
 
+
 def run_twin(x, out):
-    ops.prefix_verify_attention(out, x["q"], x["k_new"], x["v_new"], x["key_cache"], x["value_cache"],
-                                x["block_table"], x["copy_req"], x["copy_prefix_len"], x["cu_copy_lens"],
-                                x["scale"], check_values=False)
+    ops.prefix_verify_attention(
+        out,
+        x["q"],
+        x["k_new"],
+        x["v_new"],
+        x["key_cache"],
+        x["value_cache"],
+        x["block_table"],
+        x["copy_req"],
+        x["copy_prefix_len"],
+        x["cu_copy_lens"],
+        x["scale"],
+        check_values=False,
+    )
     return out
 
 
@@ -213,8 +239,18 @@ run_op = run_twin
 
 def run_dense(x, out):
     return prefix_verify_attention_dense_ref(
-        x["q"], x["k_new"], x["v_new"], x["key_cache"], x["value_cache"], x["block_table"],
-        x["copy_req"], x["copy_prefix_len"], x["cu_copy_lens"], x["scale"], use_sdpa=True)
+        x["q"],
+        x["k_new"],
+        x["v_new"],
+        x["key_cache"],
+        x["value_cache"],
+        x["block_table"],
+        x["copy_req"],
+        x["copy_prefix_len"],
+        x["cu_copy_lens"],
+        x["scale"],
+        use_sdpa=True,
+    )
 
 
 def _copies(x):
@@ -260,8 +296,14 @@ def make_per_copy_sdpa(x, form="mask_gqa"):
             if expand and group > 1:
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             kw = {"enable_gqa": True} if gqa else {}
-            o = F.scaled_dot_product_attention(q[t0:t1].transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                               v.transpose(0, 1)[None], attn_mask=bias, scale=x["scale"], **kw)
+            o = F.scaled_dot_product_attention(
+                q[t0:t1].transpose(0, 1)[None],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
+                attn_mask=bias,
+                scale=x["scale"],
+                **kw,
+            )
             out[t0:t1] = o[0].transpose(0, 1)
         return out
 
@@ -279,8 +321,9 @@ def make_per_copy_flash(x, flash_attn):
         for t0, t1, r, p in items:
             k = torch.cat([gather_prefix(kc, bt, r, p), k_new[t0:t1]])
             v = torch.cat([gather_prefix(vc, bt, r, p), v_new[t0:t1]])
-            out[t0:t1] = flash_attn.flash_attn_func(q[t0:t1][None], k[None], v[None],
-                                                    softmax_scale=x["scale"], causal=True)[0]
+            out[t0:t1] = flash_attn.flash_attn_func(
+                q[t0:t1][None], k[None], v[None], softmax_scale=x["scale"], causal=True
+            )[0]
         return out
 
     return run
@@ -308,6 +351,7 @@ def graphed(fn, x, out):
 
 
 # --------------------------------------------------------------------------- measuring
+
 
 def _status(field):
     with open("/proc/self/status") as f:
@@ -411,9 +455,27 @@ def _t(fn):
 
 
 def _child_memory(n_ctx, K, args, dtype_name, forms):
-    cmd = [sys.executable, os.path.abspath(__file__), "--_mem", str(n_ctx), str(K), "--suffix", str(args.suffix),
-           "--hq", str(args.hq), "--hkv", str(args.hkv), "--head-size", str(args.head_size),
-           "--block-size", str(args.block_size), "--dtype", dtype_name, "--_forms", *forms]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--_mem",
+        str(n_ctx),
+        str(K),
+        "--suffix",
+        str(args.suffix),
+        "--hq",
+        str(args.hq),
+        "--hkv",
+        str(args.hkv),
+        "--head-size",
+        str(args.head_size),
+        "--block-size",
+        str(args.block_size),
+        "--dtype",
+        dtype_name,
+        "--_forms",
+        *forms,
+    ]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
@@ -427,22 +489,43 @@ def _child_memory(n_ctx, K, args, dtype_name, forms):
 
 # --------------------------------------------------------------------------- one (context, K)
 
+
 def bench_one(n_ctx, K, dtype, args, device, flush=None, flash_attn=None, gpu_path=None):
     """Checks, times and measures every method for one (context, K, dtype); returns the JSON row.
     `gpu_path` (default: device is CUDA) selects the CUDA methods and timers; the
     tests run it on the CPU with those timers replaced."""
     is_cuda = device.type == "cuda" if gpu_path is None else gpu_path
-    x = make_inputs(n_ctx, K, args.suffix, args.hq, args.hkv, args.head_size, args.block_size, dtype,
-                    device=device)
+    x = make_inputs(n_ctx, K, args.suffix, args.hq, args.hkv, args.head_size, args.block_size, dtype, device=device)
     out = torch.full_like(x["q"], float("nan"))
-    row = dict(ctx=n_ctx, K=K, dtype=str(dtype).replace("torch.", ""), L=args.suffix, Hq=args.hq, Hkv=args.hkv,
-               D=args.head_size, block_size=args.block_size, ms={}, max_rel_err={}, peak_mem_bytes={},
-               notes=[], op_ok=True)
+    row = dict(
+        ctx=n_ctx,
+        K=K,
+        dtype=str(dtype).replace("torch.", ""),
+        L=args.suffix,
+        Hq=args.hq,
+        Hkv=args.hkv,
+        D=args.head_size,
+        block_size=args.block_size,
+        ms={},
+        max_rel_err={},
+        peak_mem_bytes={},
+        notes=[],
+        op_ok=True,
+    )
     ref = None
     if not args.no_check:
         ref = prefix_verify_attention_ref(
-            x["q"], x["k_new"], x["v_new"], x["key_cache"], x["value_cache"], x["block_table"],
-            x["copy_req"], x["copy_prefix_len"], x["cu_copy_lens"], x["scale"]).float()
+            x["q"],
+            x["k_new"],
+            x["v_new"],
+            x["key_cache"],
+            x["value_cache"],
+            x["block_table"],
+            x["copy_req"],
+            x["copy_prefix_len"],
+            x["cu_copy_lens"],
+            x["scale"],
+        ).float()
 
     def check(fn):
         return rel_err(fn(x, torch.full_like(x["q"], float("nan"))), ref)
@@ -476,10 +559,11 @@ def bench_one(n_ctx, K, dtype, args, device, flush=None, flash_attn=None, gpu_pa
         row["notes"].append(f"no per-copy SDPA form ran: {rejected}")
     elif len(cands) > 1:
         names = list(cands)
-        ts = (time_interleaved_cuda([cands[n][0] for n in names], x, out, flush, min_time=0.02, min_reps=3,
-                                    max_reps=5)
-              if is_cuda else time_interleaved([cands[n][0] for n in names], x, out, min_time=0.02, min_reps=2,
-                                               max_reps=3))
+        ts = (
+            time_interleaved_cuda([cands[n][0] for n in names], x, out, flush, min_time=0.02, min_reps=3, max_reps=5)
+            if is_cuda
+            else time_interleaved([cands[n][0] for n in names], x, out, min_time=0.02, min_reps=2, max_reps=3)
+        )
         row["sdpa_form_ms"] = {n: t * 1e3 for n, t in zip(names, ts)}
         best = names[ts.index(min(ts))]
         cands = {best: cands[best]}
@@ -531,11 +615,22 @@ def bench_one(n_ctx, K, dtype, args, device, flush=None, flash_attn=None, gpu_pa
 
     names = list(methods)
     if is_cuda:
-        ts = time_interleaved_cuda([methods[n] for n in names], x, out, flush, args.stat,
-                                   **({"min_time": 0.01, "min_reps": 2, "max_reps": 3} if args.quick else {}))
+        ts = time_interleaved_cuda(
+            [methods[n] for n in names],
+            x,
+            out,
+            flush,
+            args.stat,
+            **({"min_time": 0.01, "min_reps": 2, "max_reps": 3} if args.quick else {}),
+        )
     else:
-        ts = time_interleaved([methods[n] for n in names], x, out, args.stat,
-                              **({"min_time": 0.01, "min_reps": 2, "max_reps": 3} if args.quick else {}))
+        ts = time_interleaved(
+            [methods[n] for n in names],
+            x,
+            out,
+            args.stat,
+            **({"min_time": 0.01, "min_reps": 2, "max_reps": 3} if args.quick else {}),
+        )
     row["ms"] = {n: t * 1e3 for n, t in zip(names, ts)}
     t = row["ms"]
     for base in ("sdpa_per_copy", "dense", "flash_per_copy"):
@@ -558,8 +653,7 @@ def bench_one(n_ctx, K, dtype, args, device, flush=None, flash_attn=None, gpu_pa
     elif not args.no_mem:
         del x, out, methods, cands
         mem = _child_memory(n_ctx, K, args, row["dtype"], [row["sdpa_form"]] if "sdpa_form" in row else ["mask_gqa"])
-        row["peak_mem_bytes"] = {"op": mem.get("twin"), "dense": mem.get("dense"),
-                                 "sdpa_per_copy": mem.get("per-copy")}
+        row["peak_mem_bytes"] = {"op": mem.get("twin"), "dense": mem.get("dense"), "sdpa_per_copy": mem.get("per-copy")}
     return row
 
 
@@ -570,19 +664,24 @@ def _mib(b):
 def print_cpu_row(row):
     t, m = row["ms"], row["peak_mem_bytes"]
     tt, td, tc = t["op"], t["dense"], t.get("sdpa_per_copy", float("nan"))
-    print(f"{row['ctx']:>5} {row['K']:>3} | {tt:>8.2f} {td:>9.2f} {tc:>11.2f} | "
-          f"{td / tt:>7.2f} {tc / tt:>10.2f} {row['K'] / 2:>4.0f} {row['flops'] / (tt / 1e3) / 1e9:>9.1f} | "
-          f"{_mib(m.get('op')):>8} {_mib(m.get('dense')):>9} {_mib(m.get('sdpa_per_copy')):>12}", flush=True)
+    print(
+        f"{row['ctx']:>5} {row['K']:>3} | {tt:>8.2f} {td:>9.2f} {tc:>11.2f} | "
+        f"{td / tt:>7.2f} {tc / tt:>10.2f} {row['K'] / 2:>4.0f} {row['flops'] / (tt / 1e3) / 1e9:>9.1f} | "
+        f"{_mib(m.get('op')):>8} {_mib(m.get('dense')):>9} {_mib(m.get('sdpa_per_copy')):>12}",
+        flush=True,
+    )
 
 
 CUDA_COLS = ("op", "op_graph", "dense", "sdpa_per_copy", "sdpa_per_copy_graph", "flash_per_copy")
 
 
 def cuda_header(peak):
-    return (f"{'ctx':>5} {'K':>3} | " + " ".join(f"{c:>10.10}" for c in ("op", "op graph", "dense", "sdpa/copy",
-                                                                          "sdpa graph", "flash/copy"))
-            + f" | {'x sdpa':>6} {'x graph':>7} {'x dense':>7} | {'op GB/s':>7} {'% peak':>6} | "
-            f"{'op MiB':>6} {'sdpa MiB':>8}")
+    return (
+        f"{'ctx':>5} {'K':>3} | "
+        + " ".join(f"{c:>10.10}" for c in ("op", "op graph", "dense", "sdpa/copy", "sdpa graph", "flash/copy"))
+        + f" | {'x sdpa':>6} {'x graph':>7} {'x dense':>7} | {'op GB/s':>7} {'% peak':>6} | "
+        f"{'op MiB':>6} {'sdpa MiB':>8}"
+    )
 
 
 def print_cuda_row(row):
@@ -595,18 +694,23 @@ def print_cuda_row(row):
         return f"{s[k]:>{w}.2f}" if k in s else f"{'n/a':>{w}}"
 
     share = row.get("op_bw_share")
-    print(f"{row['ctx']:>5} {row['K']:>3} | " + " ".join(ms(c) for c in CUDA_COLS)
-          + f" | {x('vs_sdpa_per_copy', 6)} {x('graph_vs_sdpa_per_copy_graph', 7)} {x('vs_dense', 7)} | "
-          f"{row['op_GBps']:>7.0f} {(f'{100 * share:.0f}' if share is not None else 'n/a'):>6} | "
-          f"{_mib(m.get('op')):>6} {_mib(m.get('sdpa_per_copy')):>8}"
-          + ("" if row["op_ok"] else "   <-- OP WRONG: " + "; ".join(row["notes"])), flush=True)
+    print(
+        f"{row['ctx']:>5} {row['K']:>3} | "
+        + " ".join(ms(c) for c in CUDA_COLS)
+        + f" | {x('vs_sdpa_per_copy', 6)} {x('graph_vs_sdpa_per_copy_graph', 7)} {x('vs_dense', 7)} | "
+        f"{row['op_GBps']:>7.0f} {(f'{100 * share:.0f}' if share is not None else 'n/a'):>6} | "
+        f"{_mib(m.get('op')):>6} {_mib(m.get('sdpa_per_copy')):>8}"
+        + ("" if row["op_ok"] else "   <-- OP WRONG: " + "; ".join(row["notes"])),
+        flush=True,
+    )
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--contexts", type=int, nargs="+", default=None,
-                    help=f"default: {CPU_CONTEXTS} (cpu), {CUDA_CONTEXTS} (cuda)")
+    ap.add_argument(
+        "--contexts", type=int, nargs="+", default=None, help=f"default: {CPU_CONTEXTS} (cpu), {CUDA_CONTEXTS} (cuda)"
+    )
     ap.add_argument("--ks", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--suffix", type=int, default=24)
     ap.add_argument("--hq", type=int, default=8)
@@ -616,14 +720,21 @@ def main(argv=None):
     ap.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check vs the reference")
-    ap.add_argument("--stat", default="median", choices=["median", "min"],
-                    help="statistic over the repetitions (min is steadier on a busy machine)")
+    ap.add_argument(
+        "--stat",
+        default="median",
+        choices=["median", "min"],
+        help="statistic over the repetitions (min is steadier on a busy machine)",
+    )
     ap.add_argument("--no-mem", action="store_true", help="skip the peak-memory measurement")
-    ap.add_argument("--all-forms", action="store_true",
-                    help="CPU: try every per-copy SDPA form (CUDA always does)")
+    ap.add_argument("--all-forms", action="store_true", help="CPU: try every per-copy SDPA form (CUDA always does)")
     ap.add_argument("--quick", action="store_true", help="2-3 repetitions per method (a smoke run, not a measurement)")
-    ap.add_argument("--peak-bw-gbps", type=float, default=None,
-                    help="the GPU's peak memory bandwidth in GB/s (default: GPU_PEAK_BW_GBPS, else by device name)")
+    ap.add_argument(
+        "--peak-bw-gbps",
+        type=float,
+        default=None,
+        help="the GPU's peak memory bandwidth in GB/s (default: GPU_PEAK_BW_GBPS, else by device name)",
+    )
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     ap.add_argument("--_mem", type=int, nargs=2, help=argparse.SUPPRESS)  # child: ctx K
     ap.add_argument("--_forms", nargs="+", default=None, help=argparse.SUPPRESS)
@@ -647,17 +758,31 @@ def main(argv=None):
         sys.exit(f"compiled op missing: {ops.compiled_op_error()}; run `pip install --no-build-isolation -e .`")
     if args.threads:
         torch.set_num_threads(args.threads)
-    meta = {"device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "cpu_isa": ops.cpu_isa(), "dtypes": args.dtype, "contexts": contexts, "ks": args.ks,
-            "L": args.suffix, "Hq": args.hq, "Hkv": args.hkv, "D": args.head_size, "block_size": args.block_size,
-            "stat": args.stat, "quick": args.quick}
+    meta = {
+        "device": args.device,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_isa": ops.cpu_isa(),
+        "dtypes": args.dtype,
+        "contexts": contexts,
+        "ks": args.ks,
+        "L": args.suffix,
+        "Hq": args.hq,
+        "Hkv": args.hkv,
+        "D": args.head_size,
+        "block_size": args.block_size,
+        "stat": args.stat,
+        "quick": args.quick,
+    }
     flush = flash_attn = None
     if args.device == "cuda":
         if not torch.cuda.is_available():
             sys.exit(f"--device cuda: no CUDA GPU visible to torch {torch.__version__}")
         if not ops.has_cuda_op():
-            sys.exit("--device cuda: parse_vllm._C has no CUDA kernel; rebuild with "
-                     "`PARSE_VLLM_BUILD_CUDA=1 pip install --no-build-isolation -e .`")
+            sys.exit(
+                "--device cuda: parse_vllm._C has no CUDA kernel; rebuild with "
+                "`PARSE_VLLM_BUILD_CUDA=1 pip install --no-build-isolation -e .`"
+            )
         device = torch.device("cuda", torch.cuda.current_device())
         props = torch.cuda.get_device_properties(device)
         env_bw = os.environ.get("GPU_PEAK_BW_GBPS")
@@ -671,42 +796,62 @@ def main(argv=None):
             meta["flash_attn"] = f"not usable: {type(e).__name__}: {str(e)[:120]}"
         else:
             meta["flash_attn"] = getattr(flash_attn, "__version__", "?")
-        meta.update(device_name=torch.cuda.get_device_name(device),
-                    capability=list(torch.cuda.get_device_capability(device)),
-                    sms=props.multi_processor_count, total_memory=props.total_memory, l2_bytes=l2,
-                    cuda=torch.version.cuda, peak_bw=peak, flush_bytes=flush.numel(),
-                    copy_GBps=None if args.quick else copy_bandwidth(device),
-                    timing="CUDA events per call from an idle GPU, L2 flushed before each call; "
-                           f"{args.stat} over round-robin repetitions")
-        print(f"# {meta['device_name']} (sm_{meta['capability'][0]}{meta['capability'][1]}, {meta['sms']} SMs), "
-              f"torch {torch.__version__} CUDA {torch.version.cuda}; flash-attn: {meta['flash_attn']}")
-        print(f"# peak memory bandwidth {peak['GBps']} GB/s ({peak['source']})"
-              + (f"; measured device copy {meta['copy_GBps']:.0f} GB/s" if meta["copy_GBps"] else ""))
-        print(f"# Hq={args.hq} Hkv={args.hkv} D={args.head_size} block={args.block_size} L={args.suffix}, "
-              "one request; ms per call (cold L2); x = baseline / op; op GB/s = bytes_min / op time "
-              "(graph replay when captured)")
+        meta.update(
+            device_name=torch.cuda.get_device_name(device),
+            capability=list(torch.cuda.get_device_capability(device)),
+            sms=props.multi_processor_count,
+            total_memory=props.total_memory,
+            l2_bytes=l2,
+            cuda=torch.version.cuda,
+            peak_bw=peak,
+            flush_bytes=flush.numel(),
+            copy_GBps=None if args.quick else copy_bandwidth(device),
+            timing="CUDA events per call from an idle GPU, L2 flushed before each call; "
+            f"{args.stat} over round-robin repetitions",
+        )
+        print(
+            f"# {meta['device_name']} (sm_{meta['capability'][0]}{meta['capability'][1]}, {meta['sms']} SMs), "
+            f"torch {torch.__version__} CUDA {torch.version.cuda}; flash-attn: {meta['flash_attn']}"
+        )
+        print(
+            f"# peak memory bandwidth {peak['GBps']} GB/s ({peak['source']})"
+            + (f"; measured device copy {meta['copy_GBps']:.0f} GB/s" if meta["copy_GBps"] else "")
+        )
+        print(
+            f"# Hq={args.hq} Hkv={args.hkv} D={args.head_size} block={args.block_size} L={args.suffix}, "
+            "one request; ms per call (cold L2); x = baseline / op; op GB/s = bytes_min / op time "
+            "(graph replay when captured)"
+        )
     else:
         device = torch.device("cpu")
         peak = None
         meta["timing"] = f"perf_counter per call, {args.stat} over round-robin repetitions"
-        print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, twin ISA {ops.cpu_isa()}, "
-              f"dtype {' '.join(args.dtype)}, Hq={args.hq} Hkv={args.hkv} D={args.head_size} "
-              f"block={args.block_size} L={args.suffix}, one request")
+        print(
+            f"# torch {torch.__version__}, {torch.get_num_threads()} threads, twin ISA {ops.cpu_isa()}, "
+            f"dtype {' '.join(args.dtype)}, Hq={args.hq} Hkv={args.hkv} D={args.head_size} "
+            f"block={args.block_size} L={args.suffix}, one request"
+        )
         for d in dtypes:
-            print(f"# this machine's GEMM rate now (torch.mm 768x128 @ 128x2048, best of 20): "
-                  f"{gemm_rate(d, reps=3 if args.quick else 20):.0f} GFLOP/s in {d}; "
-                  "'twin GF/s' = attention FLOPs / twin time")
-        print(f"# times: {args.stat} ms per call (methods timed round-robin); mem: peak RSS rise in MiB during one "
-              "call; x = baseline / twin (higher = twin better)")
+            print(
+                f"# this machine's GEMM rate now (torch.mm 768x128 @ 128x2048, best of 20): "
+                f"{gemm_rate(d, reps=3 if args.quick else 20):.0f} GFLOP/s in {d}; "
+                "'twin GF/s' = attention FLOPs / twin time"
+            )
+        print(
+            f"# times: {args.stat} ms per call (methods timed round-robin); mem: peak RSS rise in MiB during one "
+            "call; x = baseline / twin (higher = twin better)"
+        )
     rows = []
     bad = []
     for dtype in dtypes:
         if args.device == "cuda":
             hdr = cuda_header(peak)
         else:
-            hdr = (f"{'ctx':>5} {'K':>3} | {'twin ms':>8} {'dense ms':>9} {'per-copy ms':>11} | "
-                   f"{'dense x':>7} {'per-copy x':>10} {'K/2':>4} {'twin GF/s':>9} | {'twin MiB':>8} "
-                   f"{'dense MiB':>9} {'per-copy MiB':>12}")
+            hdr = (
+                f"{'ctx':>5} {'K':>3} | {'twin ms':>8} {'dense ms':>9} {'per-copy ms':>11} | "
+                f"{'dense x':>7} {'per-copy x':>10} {'K/2':>4} {'twin GF/s':>9} | {'twin MiB':>8} "
+                f"{'dense MiB':>9} {'per-copy MiB':>12}"
+            )
         print(f"\n## {str(dtype).replace('torch.', '')}")
         print(hdr)
         print("-" * len(hdr))

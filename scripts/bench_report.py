@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Regenerate BENCHMARKS.md (+ bench/full/) from the last full benchmark run."""
+
 import sys
 
 from parse_vllm.benchmarks.report import main

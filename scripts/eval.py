@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Speed against quality: the target alone, token-level speculation and PARSE over a τ sweep, with a
 recommendation (= `parse-vllm eval`; see parse_vllm/quality/run.py and `--help`)."""
+
 import sys
 
 if __name__ == "__main__":

@@ -145,16 +145,18 @@ def make_jobs(n: int, seed: int) -> list[Job]:
         prompt = " ".join(rng.choice(WORDS) for _ in range(words))
         _, xargs, lossless = rng.choices(OPTION_MIX, weights=[w for w, _, _ in OPTION_MIX])[0]
         max_tokens = rng.choices([m for _, m in MAX_TOKENS], weights=[w for w, _ in MAX_TOKENS])[0]
-        jobs.append(Job(
-            idx=i,
-            endpoint=rng.choice(("chat", "completions")),
-            prompt=prompt,
-            max_tokens=max_tokens,
-            xargs=dict(xargs) if xargs else None,
-            lossless=lossless,
-            stop=[". "] if rng.random() < 0.15 else None,
-            ignore_eos=rng.random() < 0.2,
-        ))
+        jobs.append(
+            Job(
+                idx=i,
+                endpoint=rng.choice(("chat", "completions")),
+                prompt=prompt,
+                max_tokens=max_tokens,
+                xargs=dict(xargs) if xargs else None,
+                lossless=lossless,
+                stop=[". "] if rng.random() < 0.15 else None,
+                ignore_eos=rng.random() < 0.2,
+            )
+        )
     return jobs
 
 
@@ -188,7 +190,7 @@ async def stream_one(client, base: str, model: str, job: Job, timeout: float) ->
             async for line in resp.aiter_lines():
                 if not line.startswith("data: "):
                     continue
-                data = line[len("data: "):]
+                data = line[len("data: ") :]
                 if data == "[DONE]":
                     res.done = True
                     break
@@ -209,8 +211,9 @@ async def stream_one(client, base: str, model: str, job: Job, timeout: float) ->
     return res
 
 
-async def run_jobs(base: str, model: str, jobs: list[Job], clients: int, deadline: float,
-                   request_timeout: float, poll=None) -> list[Result]:
+async def run_jobs(
+    base: str, model: str, jobs: list[Job], clients: int, deadline: float, request_timeout: float, poll=None
+) -> list[Result]:
     """`clients` concurrent streaming clients take jobs in order until none
     are left or the deadline passes; `poll()` (sync) runs every
     POLL_INTERVAL_S meanwhile, in a thread. A failed or slow poll is
@@ -313,12 +316,13 @@ class Server:
         self.env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # parse-vllm serve makes its own
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         import httpx
 
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
         deadline = time.time() + 600
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -373,10 +377,21 @@ def tree_rss_mb(pid: int, extra_pids: tuple[int, ...] = ()) -> float:
 
 def engine_flags(args) -> list[str]:
     return [
-        "--served-model-name", args.model_name,
-        "--dtype", "float32", "--enforce-eager", "--block-size", "32",
-        "--max-model-len", "1024", "--max-num-seqs", str(args.max_num_seqs),
-        "--kv-cache-memory-bytes", str(args.kv_cache_mb << 20), "--seed", "0",
+        "--served-model-name",
+        args.model_name,
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--block-size",
+        "32",
+        "--max-model-len",
+        "1024",
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--kv-cache-memory-bytes",
+        str(args.kv_cache_mb << 20),
+        "--seed",
+        "0",
         "--disable-uvicorn-access-log",
     ]
 
@@ -385,8 +400,10 @@ def parse_flags(args) -> list[str]:
     spec = {"method": "draft_model", "model": str(args.draft), "num_speculative_tokens": args.window}
     parse = {"audit_kv_blocks": True, **json.loads(args.parse)}
     return [
-        "--speculative-config", json.dumps(spec),
-        "--additional-config", json.dumps({"parse": parse}),
+        "--speculative-config",
+        json.dumps(spec),
+        "--additional-config",
+        json.dumps({"parse": parse}),
     ]
 
 
@@ -409,7 +426,9 @@ def wait_idle(base: str, timeout: float = 60.0) -> tuple[float | None, dict | No
     while True:
         usage = metric_sum(base, "vllm:kv_cache_usage_perc")
         blocks = worker_rpc(base, "parse_kv_blocks")
-        idle = usage == 0 and (blocks is None or (blocks["request_blocks_held"] == 0 and blocks["runner_requests"] == 0))
+        idle = usage == 0 and (
+            blocks is None or (blocks["request_blocks_held"] == 0 and blocks["runner_requests"] == 0)
+        )
         if idle or time.time() > deadline:
             return usage, blocks
         time.sleep(1)
@@ -423,8 +442,14 @@ async def busy_kv_usage(base: str, model: str, max_tokens: int, timeout: float) 
     disconnect) once a non-zero value is seen."""
     import httpx
 
-    body = {"model": model, "prompt": "Count to one thousand: 1, 2, 3,", "max_tokens": max_tokens,
-            "temperature": 0.0, "ignore_eos": True, "stream": True}
+    body = {
+        "model": model,
+        "prompt": "Count to one thousand: 1, 2, 3,",
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     seen, reads = 0.0, 0
     async with httpx.AsyncClient(timeout=timeout) as client:
         async with client.stream("POST", base + "/v1/completions", json=body) as resp:
@@ -449,7 +474,9 @@ def summarize(results: list[Result]) -> dict:
     }
 
 
-def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_pid: int | None) -> tuple[dict, list[Result]]:
+def run_parse_phase(
+    args, jobs: list[Job], warmup: list[Job], base: str, server_pid: int | None
+) -> tuple[dict, list[Result]]:
     deadline = time.time() + args.max_seconds
     asyncio.run(run_jobs(base, args.model_name, warmup, args.clients, deadline, args.request_timeout))
     _, idle_blocks = wait_idle(base)
@@ -461,8 +488,15 @@ def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_
     by_process_before = rss_by_process_mb(server_pid, worker_pids) if server_pid else None
     rss_before = by_process_before and sum(by_process_before.values())
 
-    seen = {"polls": 0, "polls_with_requests": 0, "poll_seconds_max": 0.0, "scratch_in_tables_max": 0,
-            "blocks_held_max": 0, "kv_usage_max": 0.0, "rss": []}
+    seen = {
+        "polls": 0,
+        "polls_with_requests": 0,
+        "poll_seconds_max": 0.0,
+        "scratch_in_tables_max": 0,
+        "blocks_held_max": 0,
+        "kv_usage_max": 0.0,
+        "rss": [],
+    }
     POLL_ERRORS.clear()
     t0 = time.time()
 
@@ -471,10 +505,14 @@ def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_
         try:
             if rpc_ok:
                 b = worker_rpc(base, "parse_kv_blocks", POLL_TIMEOUT_S)
-                seen["scratch_in_tables_max"] = max(seen["scratch_in_tables_max"], b["scratch_blocks_in_request_tables"])
+                seen["scratch_in_tables_max"] = max(
+                    seen["scratch_in_tables_max"], b["scratch_blocks_in_request_tables"]
+                )
                 seen["blocks_held_max"] = max(seen["blocks_held_max"], b["request_blocks_held"])
                 seen["polls_with_requests"] += b["batch_requests"] > 0
-            seen["kv_usage_max"] = max(seen["kv_usage_max"], metric_sum(base, "vllm:kv_cache_usage_perc", POLL_TIMEOUT_S) or 0.0)
+            seen["kv_usage_max"] = max(
+                seen["kv_usage_max"], metric_sum(base, "vllm:kv_cache_usage_perc", POLL_TIMEOUT_S) or 0.0
+            )
             if server_pid:
                 seen["rss"].append((round(time.time() - t0, 1), round(tree_rss_mb(server_pid, worker_pids), 1)))
             seen["polls"] += 1
@@ -509,10 +547,12 @@ def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_
         "kv_cache_usage_busy_reads": kv_busy_reads,
         "audited_steps": audit and audit["steps"],
         "audit_batch_requests_max": audit and audit["batch_requests_max"],
-        "request_blocks_held_max_during": None if not rpc_ok else max(
-            seen["blocks_held_max"], audit["request_blocks_held_max"] if audit else 0),
-        "scratch_blocks_in_request_tables_max": None if not rpc_ok else max(
-            seen["scratch_in_tables_max"], audit["scratch_blocks_in_request_tables_max"] if audit else 0),
+        "request_blocks_held_max_during": None
+        if not rpc_ok
+        else max(seen["blocks_held_max"], audit["request_blocks_held_max"] if audit else 0),
+        "scratch_blocks_in_request_tables_max": None
+        if not rpc_ok
+        else max(seen["scratch_in_tables_max"], audit["scratch_blocks_in_request_tables_max"] if audit else 0),
         "runner_requests_left": blocks and blocks["runner_requests"],
         "parse_request_states_left": blocks and blocks["parse_request_states"],
         "rpc_polls": seen["polls"],
@@ -535,18 +575,31 @@ def run_parse_phase(args, jobs: list[Job], warmup: list[Job], base: str, server_
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--clients", type=int, default=32, help="concurrent streaming clients")
     ap.add_argument("--requests", type=int, default=500, help="requests of the measured run")
-    ap.add_argument("--warmup", type=int, default=None, help="warm-up requests before the RSS baseline (default: 2 x --clients)")
-    ap.add_argument("--max-seconds", type=float, default=1800, help="time bound of the load (requests not started by then are incomplete)")
+    ap.add_argument(
+        "--warmup", type=int, default=None, help="warm-up requests before the RSS baseline (default: 2 x --clients)"
+    )
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=1800,
+        help="time bound of the load (requests not started by then are incomplete)",
+    )
     ap.add_argument("--request-timeout", type=float, default=300)
     ap.add_argument("--seed", type=int, default=0, help="workload seed")
     ap.add_argument("--out", type=Path, required=True, help="JSON file for the figures")
     ap.add_argument("--base-url", help="a running PARSE server (else one is started on 127.0.0.1)")
     ap.add_argument("--server-pid", type=int, help="with --base-url: its PID, for the RSS figure")
-    ap.add_argument("--no-reference", action="store_true", help="skip the target-alone comparison (mismatches_vs_target: null)")
-    ap.add_argument("--reference-url", help="a running target-alone server (else one is started when --target is known)")
+    ap.add_argument(
+        "--no-reference", action="store_true", help="skip the target-alone comparison (mismatches_vs_target: null)"
+    )
+    ap.add_argument(
+        "--reference-url", help="a running target-alone server (else one is started when --target is known)"
+    )
     ap.add_argument("--target", type=Path, help="target model (default: a tiny random model)")
     ap.add_argument("--draft", type=Path, help="draft model (default: a tiny random model)")
     ap.add_argument("--model-name", default="tiny", help="served model name")
@@ -596,16 +649,22 @@ def main(argv: list[str] | None = None) -> int:
     ref_results: dict[int, Result] | None = None
     reference = None
     if not args.no_reference and (args.reference_url or args.target is not None):
+
         def run_ref(base):
-            out = asyncio.run(run_jobs(base, args.model_name, lossless, args.clients,
-                                       time.time() + args.max_seconds, args.request_timeout))
+            out = asyncio.run(
+                run_jobs(
+                    base, args.model_name, lossless, args.clients, time.time() + args.max_seconds, args.request_timeout
+                )
+            )
             return {r.idx: r for r in out}
 
         if args.reference_url:
             reference = f"target-alone server at {args.reference_url}"
             ref_results = run_ref(args.reference_url.rstrip("/"))
         else:
-            reference = "target-alone: stock vLLM server (no speculative config, no PARSE), same target and engine flags"
+            reference = (
+                "target-alone: stock vLLM server (no speculative config, no PARSE), same target and engine flags"
+            )
             with Server([str(args.target), *engine_flags(args)], logs / "reference-server.log") as ref:
                 ref_results = run_ref(ref.base)
 
@@ -625,10 +684,18 @@ def main(argv: list[str] | None = None) -> int:
             if a.token_ids != b.token_ids or a.finish_reason != b.finish_reason:
                 mismatches += 1
                 if len(mismatch_examples) < 5:
-                    first = next((k for k, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y),
-                                 min(len(a.token_ids), len(b.token_ids)))
-                    mismatch_examples.append({"job": asdict(j), "first_difference_at": first,
-                                              "parse": a.token_ids[:first + 3], "target": b.token_ids[:first + 3]})
+                    first = next(
+                        (k for k, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y),
+                        min(len(a.token_ids), len(b.token_ids)),
+                    )
+                    mismatch_examples.append(
+                        {
+                            "job": asdict(j),
+                            "first_difference_at": first,
+                            "parse": a.token_ids[: first + 3],
+                            "target": b.token_ids[: first + 3],
+                        }
+                    )
     out = {
         "requests": len(jobs),
         "clients": args.clients,
@@ -648,9 +715,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
-    keys = ("requests", "errors", "incomplete", "mismatches_vs_target", "leaked_blocks",
-            "scratch_blocks_in_request_tables_max", "rss_growth_mb", "rss_growth_second_half_mb",
-            "wall_s", "completion_tokens")
+    keys = (
+        "requests",
+        "errors",
+        "incomplete",
+        "mismatches_vs_target",
+        "leaked_blocks",
+        "scratch_blocks_in_request_tables_max",
+        "rss_growth_mb",
+        "rss_growth_second_half_mb",
+        "wall_s",
+        "completion_tokens",
+    )
     print(json.dumps({k: out[k] for k in keys}))
     if not args.keep_logs:
         shutil.rmtree(work, ignore_errors=True)

@@ -63,7 +63,9 @@ class ParseGenerator:
         extra = {k: row[k] for k in ("parse", "parse_threshold") if row.get(k) is not None}
         return SamplingParams(
             max_tokens=int(row.get("max_tokens") or self.defaults["max_tokens"]),
-            temperature=float(row["temperature"]) if row.get("temperature") is not None else self.defaults["temperature"],
+            temperature=float(row["temperature"])
+            if row.get("temperature") is not None
+            else self.defaults["temperature"],
             seed=None if row.get("seed") is None else int(row["seed"]),
             extra_args=extra or None,
         )
@@ -77,13 +79,15 @@ class ParseGenerator:
         chats = [i for i, r in enumerate(rows) if r.get("messages") is not None]
         texts = [i for i, r in enumerate(rows) if r.get("messages") is None]
         if texts:
-            outs = self.llm.generate([rows[i]["prompt"] for i in texts], [self._params(rows[i]) for i in texts],
-                                     use_tqdm=False)
+            outs = self.llm.generate(
+                [rows[i]["prompt"] for i in texts], [self._params(rows[i]) for i in texts], use_tqdm=False
+            )
             for i, out in zip(texts, outs):
                 outputs[i] = out.outputs[0]
         if chats:
-            outs = self.llm.chat([json.loads(rows[i]["messages"]) for i in chats], [self._params(rows[i]) for i in chats],
-                                 use_tqdm=False)
+            outs = self.llm.chat(
+                [json.loads(rows[i]["messages"]) for i in chats], [self._params(rows[i]) for i in chats], use_tqdm=False
+            )
             for i, out in zip(chats, outs):
                 outputs[i] = out.outputs[0]
         batch_id = uuid.uuid4().hex[:12]
@@ -140,8 +144,10 @@ def read_requests(path: Path) -> list[dict]:
                 raise SystemExit(f"{path}:{n}: give exactly one of 'prompt' (text) or 'messages' (a chat)")
             if "prompt" in row and not isinstance(row["prompt"], str):
                 raise SystemExit(f"{path}:{n}: prompt must be a string")
-            if "messages" in row and not (isinstance(row["messages"], list) and all(
-                    isinstance(m, dict) and "role" in m and "content" in m for m in row["messages"])):
+            if "messages" in row and not (
+                isinstance(row["messages"], list)
+                and all(isinstance(m, dict) and "role" in m and "content" in m for m in row["messages"])
+            ):
                 raise SystemExit(f"{path}:{n}: messages must be a list of {{role, content}} objects")
             if "max_tokens" in row and not (isinstance(row["max_tokens"], int) and row["max_tokens"] >= 1):
                 raise SystemExit(f"{path}:{n}: max_tokens must be an integer >= 1")
@@ -153,17 +159,19 @@ def read_requests(path: Path) -> list[dict]:
             except ParseConfigError as e:
                 raise SystemExit(f"{path}:{n}: {e}") from None
             # One column type for Ray Data: every row has every key.
-            rows.append({
-                "id": str(row.get("id", n)),
-                "prompt": row.get("prompt"),
-                # JSON text: one Arrow column type whatever the chats hold.
-                "messages": None if row.get("messages") is None else json.dumps(row["messages"]),
-                "max_tokens": row.get("max_tokens"),
-                "temperature": row.get("temperature"),
-                "seed": row.get("seed"),
-                "parse": row.get("parse"),
-                "parse_threshold": row.get("parse_threshold"),
-            })
+            rows.append(
+                {
+                    "id": str(row.get("id", n)),
+                    "prompt": row.get("prompt"),
+                    # JSON text: one Arrow column type whatever the chats hold.
+                    "messages": None if row.get("messages") is None else json.dumps(row["messages"]),
+                    "max_tokens": row.get("max_tokens"),
+                    "temperature": row.get("temperature"),
+                    "seed": row.get("seed"),
+                    "parse": row.get("parse"),
+                    "parse_threshold": row.get("parse_threshold"),
+                }
+            )
     if not rows:
         raise SystemExit(f"{path}: no requests")
     return rows
@@ -209,8 +217,9 @@ def engine_kwargs_from(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--input", type=Path, required=True, help="JSONL of requests")
     ap.add_argument("--output", type=Path, required=True, help="JSONL of results (+ OUTPUT.stats.json)")
     ap.add_argument("--preset", help="a PARSE preset YAML (configs/); flags below override it")
@@ -218,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", help="draft model")
     ap.add_argument("--window", type=int, help="draft window W (num_speculative_tokens)")
     ap.add_argument("--parse", help="PARSE options as JSON, e.g. '{\"threshold\": 0.5}'")
-    ap.add_argument("--engine", help="more LLM(...) arguments as JSON, e.g. '{\"dtype\": \"float32\"}'")
+    ap.add_argument("--engine", help='more LLM(...) arguments as JSON, e.g. \'{"dtype": "float32"}\'')
     ap.add_argument("--max-tokens", type=int, default=256, help="for requests that give none")
     ap.add_argument("--temperature", type=float, default=0.0, help="for requests that give none")
     ap.add_argument("--actors", type=int, default=1, help="engines (Ray actors): one per node or GPU")
@@ -245,8 +254,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    ray.init(address=args.ray_address, num_cpus=args.num_cpus, include_dashboard=False,
-             log_to_driver=os.environ.get("PARSE_RAY_QUIET") != "1")
+    ray.init(
+        address=args.ray_address,
+        num_cpus=args.num_cpus,
+        include_dashboard=False,
+        log_to_driver=os.environ.get("PARSE_RAY_QUIET") != "1",
+    )
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # results in input order
     ds = ray.data.from_items(requests).map_batches(
@@ -275,8 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     total: dict = {}
     for stats in per_batch.values():
         add_stats(total, {k: v for k, v in stats.items() if k != "actor"})
-    summary = {"requests": n, "batches": len(per_batch), "actors": len({s["actor"] for s in per_batch.values()}),
-               "parse_stats": total, "per_batch": per_batch}
+    summary = {
+        "requests": n,
+        "batches": len(per_batch),
+        "actors": len({s["actor"] for s in per_batch.values()}),
+        "parse_stats": total,
+        "per_batch": per_batch,
+    }
     Path(str(args.output) + ".stats.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps({k: summary[k] for k in ("requests", "batches", "actors", "parse_stats")}))
     ray.shutdown()

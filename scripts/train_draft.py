@@ -3,6 +3,7 @@
 
 Resumable: re-running continues the answer generation and the distillation where they
 stopped (work folder <cache>/train/<target>). See parse_vllm/train_draft.py."""
+
 import sys
 
 from parse_vllm.train_draft import main

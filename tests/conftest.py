@@ -60,8 +60,11 @@ def engine_kwargs(model: Path, **extra) -> dict:
 def parse_kwargs(tiny_models, window: int = WINDOW, **parse) -> dict:
     return engine_kwargs(
         tiny_models["target"],
-        speculative_config={"method": "draft_model", "model": str(tiny_models["draft"]),
-                            "num_speculative_tokens": window},
+        speculative_config={
+            "method": "draft_model",
+            "model": str(tiny_models["draft"]),
+            "num_speculative_tokens": window,
+        },
         additional_config={"parse": parse},
     )
 

@@ -24,7 +24,6 @@ import time
 
 import pytest
 import requests
-
 from conftest import BLOCK, WINDOW, running_server
 
 pytestmark = pytest.mark.slow
@@ -44,15 +43,32 @@ def _free_port() -> int:
 def _serve_cmd(target, draft, port, parse: dict, window: int = WINDOW, extra: tuple[str, ...] = ()) -> list[str]:
     exe = shutil.which("parse-vllm", path=os.path.dirname(sys.executable)) or "parse-vllm"
     return [
-        exe, "serve", str(target),
-        "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--enforce-eager", "--block-size", str(BLOCK),
-        "--max-model-len", "1024", "--max-num-seqs", "8",
-        "--kv-cache-memory-bytes", str(96 << 20), "--seed", "0",
-        "--speculative-config", json.dumps({"method": "draft_model", "model": str(draft),
-                                            "num_speculative_tokens": window}),
-        "--additional-config", json.dumps({"parse": parse}),
+        exe,
+        "serve",
+        str(target),
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--block-size",
+        str(BLOCK),
+        "--max-model-len",
+        "1024",
+        "--max-num-seqs",
+        "8",
+        "--kv-cache-memory-bytes",
+        str(96 << 20),
+        "--seed",
+        "0",
+        "--speculative-config",
+        json.dumps({"method": "draft_model", "model": str(draft), "num_speculative_tokens": window}),
+        "--additional-config",
+        json.dumps({"parse": parse}),
         *extra,
     ]
 
@@ -91,8 +107,13 @@ def server(models, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("api-server") / "server.log"
     # Compact JSON: the random target would otherwise write whitespace forever.
     compact = json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})
-    cmd = _serve_cmd(models["target"], models["draft"], port, {"threshold": 0.5, "spec_tokens": 2},
-                     extra=("--structured-outputs-config", compact))
+    cmd = _serve_cmd(
+        models["target"],
+        models["draft"],
+        port,
+        {"threshold": 0.5, "spec_tokens": 2},
+        extra=("--structured-outputs-config", compact),
+    )
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     with running_server(cmd, log_path, env) as base:
@@ -116,8 +137,11 @@ def hf_target(models):
 
 def _metric(server, name: str) -> float:
     body = requests.get(server["base"] + "/metrics", timeout=10).text
-    vals = [float(l.rsplit(" ", 1)[1]) for l in body.splitlines()
-            if l.startswith(name) and not l.startswith("#") and not l.startswith(name + "_created")]
+    vals = [
+        float(l.rsplit(" ", 1)[1])
+        for l in body.splitlines()
+        if l.startswith(name) and not l.startswith("#") and not l.startswith(name + "_created")
+    ]
     return sum(vals)
 
 
@@ -129,7 +153,7 @@ def _hf_logprobs(model, prompt_ids, out_ids):
     with torch.no_grad():
         logits = model(torch.tensor([list(prompt_ids) + list(out_ids)])).logits[0]
     n = len(prompt_ids)
-    return torch.log_softmax(logits[n - 1: n - 1 + len(out_ids)].float(), -1)
+    return torch.log_softmax(logits[n - 1 : n - 1 + len(out_ids)].float(), -1)
 
 
 # -- completions and chat, streaming and not, usage ----------------------------------
@@ -139,16 +163,25 @@ def test_completions_usage_counts_each_token_once(server, client):
     """τ = 0 (PARSE accepts whole drafts): usage counts every output token once,
     accepted draft tokens included; streaming gives the same text and usage."""
     before = _metric(server, "parse:tokens_accepted_semantic_total")
-    full = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=60, temperature=0.0,
-                                     extra_body={**ACCEPT_ALL, "return_token_ids": True})
+    full = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=60, temperature=0.0, extra_body={**ACCEPT_ALL, "return_token_ids": True}
+    )
     assert _metric(server, "parse:tokens_accepted_semantic_total") > before  # drafts were accepted
     c = full.choices[0]
     assert full.usage.completion_tokens == len(c.token_ids) == 60 or c.finish_reason == "stop"
     assert full.usage.prompt_tokens == len(c.prompt_token_ids)
     assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
-    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=60, temperature=0.0,
-                                            stream=True, stream_options={"include_usage": True},
-                                            extra_body=ACCEPT_ALL))
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=60,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=ACCEPT_ALL,
+        )
+    )
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == c.text
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
 
@@ -171,37 +204,66 @@ def test_chat_streaming_in_order(server, client):
 
 
 def test_max_tokens_stop_and_seed(client):
-    base = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=48, temperature=0.0,
-                                     extra_body=ACCEPT_ALL).choices[0]
+    base = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=48, temperature=0.0, extra_body=ACCEPT_ALL
+    ).choices[0]
     # max_tokens inside an accepted draft
-    short = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=WINDOW // 2 + 3, temperature=0.0,
-                                      extra_body={**ACCEPT_ALL, "return_token_ids": True})
+    short = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=WINDOW // 2 + 3,
+        temperature=0.0,
+        extra_body={**ACCEPT_ALL, "return_token_ids": True},
+    )
     assert short.usage.completion_tokens == WINDOW // 2 + 3 and short.choices[0].finish_reason == "length"
     assert base.text.startswith(short.choices[0].text)
     # a stop string in the middle of accepted text
-    cut = base.text[len(base.text) // 2:][:5]
+    cut = base.text[len(base.text) // 2 :][:5]
     assert cut.strip()
-    stopped = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=48, temperature=0.0,
-                                        stop=[cut], extra_body=ACCEPT_ALL).choices[0]
+    stopped = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=48, temperature=0.0, stop=[cut], extra_body=ACCEPT_ALL
+    ).choices[0]
     assert stopped.finish_reason == "stop" and cut not in stopped.text
     assert base.text.startswith(stopped.text)
     # seeded sampling through PARSE repeats; another seed differs
     sampled = [
-        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=32, temperature=1.0, seed=s,
-                                  extra_body={"vllm_xargs": {"parse_threshold": 0.3}}).choices[0].text
+        client.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=32,
+            temperature=1.0,
+            seed=s,
+            extra_body={"vllm_xargs": {"parse_threshold": 0.3}},
+        )
+        .choices[0]
+        .text
         for s in (11, 11, 12)
     ]
     assert sampled[0] == sampled[1] and sampled[0] != sampled[2]
 
 
 def test_n_greater_than_one(client):
-    out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=1.0, seed=3, n=3,
-                                    extra_body={**ACCEPT_ALL, "return_token_ids": True})
+    out = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=24,
+        temperature=1.0,
+        seed=3,
+        n=3,
+        extra_body={**ACCEPT_ALL, "return_token_ids": True},
+    )
     assert sorted(c.index for c in out.choices) == [0, 1, 2]
     assert out.usage.completion_tokens == sum(len(c.token_ids) for c in out.choices)
     assert len({c.text for c in out.choices}) > 1
-    chat = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=16, temperature=0.8, seed=5,
-                                          n=2, extra_body={**ACCEPT_ALL, "return_token_ids": True})
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=16,
+        temperature=0.8,
+        seed=5,
+        n=2,
+        extra_body={**ACCEPT_ALL, "return_token_ids": True},
+    )
     assert sorted(c.index for c in chat.choices) == [0, 1]
     assert chat.usage.completion_tokens == sum(len(c.token_ids) for c in chat.choices)
     # vLLM itself refuses n > 1 with greedy sampling (400, not a PARSE matter)
@@ -220,8 +282,14 @@ def test_logprobs_are_the_targets(server, client, hf_target):
     tokens token-level speculation accepted; greedy output is the target's."""
     accepted_before = _metric(server, "vllm:spec_decode_num_accepted_tokens_total")
     sem_before = _metric(server, "parse:tokens_accepted_semantic_total")
-    out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=64, temperature=0.0, logprobs=3,
-                                    extra_body={**ACCEPT_ALL, "return_token_ids": True})
+    out = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=64,
+        temperature=0.0,
+        logprobs=3,
+        extra_body={**ACCEPT_ALL, "return_token_ids": True},
+    )
     assert _metric(server, "vllm:spec_decode_num_accepted_tokens_total") > accepted_before
     assert _metric(server, "parse:tokens_accepted_semantic_total") == sem_before  # token-level only
     c = out.choices[0]
@@ -236,9 +304,15 @@ def test_logprobs_are_the_targets(server, client, hf_target):
         worst = max(worst, max(abs(a - float(b)) for a, b in zip(got_top, want_top.values)))
     assert worst <= 1e-4, worst
 
-    chat = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=32, temperature=0.0,
-                                          logprobs=True, top_logprobs=2,
-                                          extra_body={**ACCEPT_ALL, "return_token_ids": True})
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=32,
+        temperature=0.0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={**ACCEPT_ALL, "return_token_ids": True},
+    )
     ch = chat.choices[0]
     ref = _hf_logprobs(hf_target, chat.prompt_token_ids, ch.token_ids)
     assert ch.token_ids == ref.argmax(-1).tolist()
@@ -266,7 +340,10 @@ def test_structured_output_with_semantic_acceptance(server, client):
     prompts = ["Describe a river as JSON.", "Name a long river.", "The Nile?", "Give me data."]
     for i, p in enumerate(prompts):
         out = client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": p}], max_tokens=120, temperature=0.0,
+            model="tiny",
+            messages=[{"role": "user", "content": p}],
+            max_tokens=120,
+            temperature=0.0,
             response_format={"type": "json_schema", "json_schema": {"name": "river", "schema": SCHEMA}},
             extra_body=ACCEPT_ALL if i % 2 == 0 else {"vllm_xargs": {"parse_threshold": 0.5}},
         )
@@ -277,11 +354,21 @@ def test_structured_output_with_semantic_acceptance(server, client):
 
     choices = ["the Amazon river", "the Danube river", "the Mississippi"]
     for p in prompts[:2]:
-        out = client.completions.create(model="tiny", prompt=p, max_tokens=20, temperature=0.0,
-                                        extra_body={**ACCEPT_ALL, "structured_outputs": {"choice": choices}})
+        out = client.completions.create(
+            model="tiny",
+            prompt=p,
+            max_tokens=20,
+            temperature=0.0,
+            extra_body={**ACCEPT_ALL, "structured_outputs": {"choice": choices}},
+        )
         assert out.choices[0].text in choices
-    out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=40, temperature=0.0,
-                                    extra_body={**ACCEPT_ALL, "structured_outputs": {"regex": r"[a-z ]{10,30}\."}})
+    out = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=40,
+        temperature=0.0,
+        extra_body={**ACCEPT_ALL, "structured_outputs": {"regex": r"[a-z ]{10,30}\."}},
+    )
     text = out.choices[0].text
     assert out.choices[0].finish_reason == "stop" and text.endswith(".") and 11 <= len(text) <= 31
 
@@ -290,10 +377,20 @@ def test_structured_output_with_semantic_acceptance(server, client):
 
 
 def test_client_disconnect_mid_stream_frees_everything(server, client):
-    with requests.post(server["base"] + "/v1/completions", stream=True, timeout=60, json={
-        "model": "tiny", "prompt": PROMPT, "max_tokens": 900, "temperature": 0.0, "stream": True,
-        "ignore_eos": True, "vllm_xargs": {"parse_threshold": 0.5},
-    }) as r:
+    with requests.post(
+        server["base"] + "/v1/completions",
+        stream=True,
+        timeout=60,
+        json={
+            "model": "tiny",
+            "prompt": PROMPT,
+            "max_tokens": 900,
+            "temperature": 0.0,
+            "stream": True,
+            "ignore_eos": True,
+            "vllm_xargs": {"parse_threshold": 0.5},
+        },
+    ) as r:
         lines = r.iter_lines()
         got = [next(lines) for _ in range(6)]
         assert any(l.startswith(b"data: {") for l in got)
@@ -308,8 +405,17 @@ def test_client_disconnect_mid_stream_frees_everything(server, client):
     assert client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4).usage.completion_tokens == 4
 
 
-@pytest.mark.parametrize("xargs", [{"parse_threshold": -0.5}, {"parse_threshold": "nan"}, {"parse": 2},
-                                   {"parse_mode": "x"}, {"parse_guard": -1}, {"parse_guard": 1.5}])
+@pytest.mark.parametrize(
+    "xargs",
+    [
+        {"parse_threshold": -0.5},
+        {"parse_threshold": "nan"},
+        {"parse": 2},
+        {"parse_mode": "x"},
+        {"parse_guard": -1},
+        {"parse_guard": 1.5},
+    ],
+)
 def test_bad_vllm_xargs_get_http_400(client, xargs):
     from openai import BadRequestError
 
@@ -319,8 +425,13 @@ def test_bad_vllm_xargs_get_http_400(client, xargs):
 
 def test_lossless_over_http(client, hf_target):
     """τ > 1 over HTTP: the target's own greedy tokens (an HF forward checks)."""
-    out = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=48, temperature=0.0,
-                                         extra_body={**LOSSLESS, "return_token_ids": True})
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=48,
+        temperature=0.0,
+        extra_body={**LOSSLESS, "return_token_ids": True},
+    )
     ref = _hf_logprobs(hf_target, out.prompt_token_ids, out.choices[0].token_ids)
     assert out.choices[0].token_ids == ref.argmax(-1).tolist()
 
@@ -338,8 +449,7 @@ def test_server_refuses_bad_config_and_leaves_nothing(models, tmp_path, case):
     elif case == "labels":
         parse, want = {"labels": ["Correct", "Correctly"]}, "parse.labels"
     cmd = _serve_cmd(models["target"], draft, _free_port(), parse)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=300)
     finally:

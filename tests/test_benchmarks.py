@@ -24,8 +24,14 @@ def test_committed_summary_has_every_required_key():
     summary = json.loads((FULL / "summary.json").read_text())
     missing = [k for k in common.SUMMARY_KEYS if k not in summary]
     assert not missing
-    for k in ("verify_over_floor_N256_K8", "verify_token_bound_N256_K8", "sequential_over_parallel_N256_K8",
-              "e2e_speedup_bs1", "e2e_speedup_bs16", "draft_token_acceptance_rate"):
+    for k in (
+        "verify_over_floor_N256_K8",
+        "verify_token_bound_N256_K8",
+        "sequential_over_parallel_N256_K8",
+        "e2e_speedup_bs1",
+        "e2e_speedup_bs16",
+        "draft_token_acceptance_rate",
+    ):
         assert isinstance(summary[k], (int, float)), k
     e2e = json.loads((FULL / "e2e.json").read_text())
     # the e2e table covers every configuration the issue names, at both batch sizes
@@ -55,21 +61,42 @@ def test_report_refuses_quick_or_missing_results(tmp_path, capsys):
 
 def _row(config, batch, tok_s, outputs, tau=None, forward_s=1.0, logits_s=0.0, draft_s=0.0, verify_s=0.0):
     tokens = sum(len(o) for o in outputs)
-    return {"config": config, "batch": batch, "tau": tau, "tok_s": tok_s, "wall_s": tokens / tok_s,
-            "outputs": outputs, "forward_s": forward_s, "logits_s": logits_s, "draft_s": draft_s,
-            "verify_s": verify_s}
+    return {
+        "config": config,
+        "batch": batch,
+        "tau": tau,
+        "tok_s": tok_s,
+        "wall_s": tokens / tok_s,
+        "outputs": outputs,
+        "forward_s": forward_s,
+        "logits_s": logits_s,
+        "draft_s": draft_s,
+        "verify_s": verify_s,
+    }
 
 
 def test_e2e_scores_against_the_mean_of_both_baselines_and_flags_drift():
     from parse_vllm.benchmarks import e2e
 
     ref = [[1, 2, 3, 4]] * 5  # 20 tokens
-    rows = [_row("target", 1, 10.0, ref, forward_s=2.0, logits_s=0.2),
-            _row("target-again", 1, 12.0, ref, forward_s=1.6, logits_s=0.2),
-            _row("parse-continue", 1, 22.0, [[1, 2, 3, 4]] * 4 + [[9, 9, 9, 9]], tau=0.0,
-                 forward_s=0.5, logits_s=0.1, draft_s=0.3, verify_s=0.1),
-            _row("parse-continue", 1, 9.0, ref, tau=1.5, forward_s=1.9, logits_s=0.5, draft_s=0.2, verify_s=0.1),
-            _row("target", 16, 100.0, ref), _row("target-again", 16, 105.0, ref)]
+    rows = [
+        _row("target", 1, 10.0, ref, forward_s=2.0, logits_s=0.2),
+        _row("target-again", 1, 12.0, ref, forward_s=1.6, logits_s=0.2),
+        _row(
+            "parse-continue",
+            1,
+            22.0,
+            [[1, 2, 3, 4]] * 4 + [[9, 9, 9, 9]],
+            tau=0.0,
+            forward_s=0.5,
+            logits_s=0.1,
+            draft_s=0.3,
+            verify_s=0.1,
+        ),
+        _row("parse-continue", 1, 9.0, ref, tau=1.5, forward_s=1.9, logits_s=0.5, draft_s=0.2, verify_s=0.1),
+        _row("target", 16, 100.0, ref),
+        _row("target-again", 16, 105.0, ref),
+    ]
     bases = {b["batch"]: b for b in e2e.score(rows)}
     assert bases[1]["tok_s"] == pytest.approx(11.0) and bases[1]["drift"] == pytest.approx(0.2)
     assert bases[1]["drift_flagged"] and not bases[16]["drift_flagged"]
@@ -115,8 +142,9 @@ def test_e2e_run_config_times_the_engines_own_calls(tiny_models, monkeypatch):
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the probes are sent as callables
     tok = AutoTokenizer.from_pretrained(str(tiny_models["target"]))
     prompts = [tok(p)["input_ids"] for p in PROMPTS[:3]]
-    rows = e2e.run_config("parse-continue", parse_kwargs(tiny_models, on_reject="continue"), {2: prompts},
-                          [0.0, 1e-6, 1.5], True, 24)
+    rows = e2e.run_config(
+        "parse-continue", parse_kwargs(tiny_models, on_reject="continue"), {2: prompts}, [0.0, 1e-6, 1.5], True, 24
+    )
     assert [(r["batch"], r["tau"]) for r in rows] == [(2, 0.0), (2, 1e-6), (2, 1.5)]
     for r in rows:
         assert r["tokens"] == sum(len(o) for o in r["outputs"]) > 0
@@ -142,12 +170,24 @@ def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monke
             for tau in taus:
                 outputs = [list(p[:5]) for p in prompts]
                 tokens = sum(map(len, outputs))
-                row = {"config": name, "batch": batch, "tau": tau, "wall_s": tokens / speed, "tokens": tokens,
-                       "tok_s": speed, "outputs": outputs, "latency_p50_s": 1.0, "latency_p90_s": 2.0,
-                       "forward_s": 0.1, "logits_s": 0.01, "draft_s": 0.02 if parse else 0.0,
-                       "verify_s": 0.01 if parse else 0.0,
-                       "spec": {"drafts": 4.0, "draft_tokens": 16.0, "accepted": 5.0} if name == "token-k4"
-                       else {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0}}
+                row = {
+                    "config": name,
+                    "batch": batch,
+                    "tau": tau,
+                    "wall_s": tokens / speed,
+                    "tokens": tokens,
+                    "tok_s": speed,
+                    "outputs": outputs,
+                    "latency_p50_s": 1.0,
+                    "latency_p90_s": 2.0,
+                    "forward_s": 0.1,
+                    "logits_s": 0.01,
+                    "draft_s": 0.02 if parse else 0.0,
+                    "verify_s": 0.01 if parse else 0.0,
+                    "spec": {"drafts": 4.0, "draft_tokens": 16.0, "accepted": 5.0}
+                    if name == "token-k4"
+                    else {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0},
+                }
                 if parse:
                     row.update(semantic_tokens=3, token_level_tokens=2, passes=1, parse_draft_tokens=9)
                 rows.append(row)
@@ -155,8 +195,23 @@ def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monke
 
     monkeypatch.setattr(e2e, "run_config", fake_run_config)
     results = tmp_path / "results"
-    assert e2e.main(["--results", str(results), "--bs1-prompts", "2", "--bs16-prompts", "3",
-                     "--target", str(tiny_models["target"]), "--draft", str(tiny_models["draft"])]) == 0
+    assert (
+        e2e.main(
+            [
+                "--results",
+                str(results),
+                "--bs1-prompts",
+                "2",
+                "--bs16-prompts",
+                "3",
+                "--target",
+                str(tiny_models["target"]),
+                "--draft",
+                str(tiny_models["draft"]),
+            ]
+        )
+        == 0
+    )
     assert calls == ["target", "token-k4", "parse-continue", "parse-continue-k4", "parse-redraft", "target"]
     out = json.loads((results / "e2e.json").read_text())
     bases = {b["batch"]: b for b in out["baselines"]}
@@ -175,10 +230,16 @@ def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monke
     # draft has one (training.json), with this run's own subset beside it
     row = next(line for line in goals.splitlines() if "≥ 30%" in line)
     assert "0.312 (mean length" in row and row.endswith("**met** |")
-    out["draft_acceptance_mtbench"] = {"prompts": 80, "k": 4, "max_tokens": 256, "acceptance_rate": 0.25,
-                                       "mean_acceptance_length": 1.9}
+    out["draft_acceptance_mtbench"] = {
+        "prompts": 80,
+        "k": 4,
+        "max_tokens": 256,
+        "acceptance_rate": 0.25,
+        "mean_acceptance_length": 1.9,
+    }
     (results / "e2e.json").write_text(json.dumps(out))
-    row = next(line for line in report.render(results, "bench/results").split("## 1.")[0].splitlines()
-               if "≥ 30%" in line)
+    row = next(
+        line for line in report.render(results, "bench/results").split("## 1.")[0].splitlines() if "≥ 30%" in line
+    )
     assert "0.250 on all 80 questions (mean length 1.90); 0.312" in row and "on this run's 5" in row
     assert row.endswith("**not met** |")

@@ -78,6 +78,7 @@ def no_engine(monkeypatch, tmp_path):
 
 # -- every config file ---------------------------------------------------------
 
+
 def test_the_presets_the_issue_asks_for_are_there():
     models = {(p.model, p.speculative_config["model"]) for p in map(load_preset, PRESETS)}
     assert ("Qwen/Qwen3-235B-A22B-FP8", "Qwen/Qwen3-8B") in models  # the paper's pair
@@ -151,25 +152,40 @@ def test_flags_command_prints_the_argv(capsys):
 
 
 def test_yaml_shapes_become_vllm_config_file_flags():
-    preset = cli.Preset(path="x", engine={
-        "enforce_eager": True, "enable_prefix_caching": False,
-        "compilation_config": {"level": 0}, "served_model_name": ["a", "b"], "max_num_seqs": 8,
-    })
+    preset = cli.Preset(
+        path="x",
+        engine={
+            "enforce_eager": True,
+            "enable_prefix_caching": False,
+            "compilation_config": {"level": 0},
+            "served_model_name": ["a", "b"],
+            "max_num_seqs": 8,
+        },
+    )
     assert preset.flags()[2:] == [
-        "--enforce-eager", "--no-enable-prefix-caching",
-        "--compilation-config", '{"level": 0}', "--served-model-name", "a", "b", "--max-num-seqs", "8",
+        "--enforce-eager",
+        "--no-enable-prefix-caching",
+        "--compilation-config",
+        '{"level": 0}',
+        "--served-model-name",
+        "a",
+        "b",
+        "--max-num-seqs",
+        "8",
     ]
 
 
 def test_false_and_empty_engine_values_reach_vllm(vllm_parser):
-    preset = cli.Preset(path="x", model="t", engine={"enforce_eager": False, "enable_prefix_caching": False,
-                                                      "served_model_name": []})
+    preset = cli.Preset(
+        path="x", model="t", engine={"enforce_eager": False, "enable_prefix_caching": False, "served_model_name": []}
+    )
     assert preset.flags()[2:] == ["--no-enforce-eager", "--no-enable-prefix-caching"]
     args = check_with_vllm(preset, preset.argv())
     assert args.enforce_eager is False and args.enable_prefix_caching is False and args.served_model_name is None
 
 
 # -- `parse-vllm serve --config` -----------------------------------------------
+
 
 def test_serve_config_runs_vllm_serve_with_the_preset(no_engine, vllm_parser):
     path = ROOT / "configs" / "qwen3-32b-qwen3-0.6b.yaml"
@@ -198,28 +214,42 @@ BAD = {
     "parse value": ("parse:\n  threshold: -1\n", "parse.threshold must be >= 0"),
     "parse option": ("parse:\n  treshold: 0.5\n", "unknown PARSE option(s) ['treshold']"),
     "parse not a mapping": ("parse: 0.5\n", "parse: must be a mapping"),
-    "method": ("speculative_config: {method: eagle, model: d, num_speculative_tokens: 4}\n",
-               "speculative_config.method='eagle'"),
-    "window": ("speculative_config: {method: draft_model, model: d}\n",
-               "speculative_config.num_speculative_tokens=None"),
-    "no draft": ("speculative_config: {method: draft_model, num_speculative_tokens: 4}\n",
-                 "speculative_config.model=None"),
-    "too many GPUs": ("hardware: {device: cuda, gpus: 4}\nengine: {tensor_parallel_size: 8}\n",
-                      "engine.tensor_parallel_size=8 x data_parallel_size=1 needs 8 GPUs; hardware.gpus=4"),
+    "method": (
+        "speculative_config: {method: eagle, model: d, num_speculative_tokens: 4}\n",
+        "speculative_config.method='eagle'",
+    ),
+    "window": (
+        "speculative_config: {method: draft_model, model: d}\n",
+        "speculative_config.num_speculative_tokens=None",
+    ),
+    "no draft": (
+        "speculative_config: {method: draft_model, num_speculative_tokens: 4}\n",
+        "speculative_config.model=None",
+    ),
+    "too many GPUs": (
+        "hardware: {device: cuda, gpus: 4}\nengine: {tensor_parallel_size: 8}\n",
+        "engine.tensor_parallel_size=8 x data_parallel_size=1 needs 8 GPUs; hardware.gpus=4",
+    ),
     "pipeline": ("engine: {pipeline_parallel_size: 2}\n", "engine.pipeline_parallel_size: PARSE refuses"),
     "tp type": ("engine: {tensor_parallel_size: two}\n", "engine.tensor_parallel_size='two'"),
     "hardware key": ("hardware: {device: cuda, gpus: 1, gpu: H100}\n", "hardware: unknown keys ['gpu']"),
     "device": ("hardware: {device: tpu}\n", "hardware.device='tpu'"),
     "gpus": ("hardware: {device: cuda}\n", "hardware.gpus=0"),
-    "section in engine": ("engine: {additional_config: {parse: {}}}\n",
-                          "engine.additional_config: say it in the preset's section parse"),
+    "section in engine": (
+        "engine: {additional_config: {parse: {}}}\n",
+        "engine.additional_config: say it in the preset's section parse",
+    ),
     "engine null": ("engine: {max_model_len: null}\n", "engine.max_model_len: no value"),
     # Found by vLLM's own parser, still named by the preset's field:
-    "engine key": ("model: t\nengine: {tensor_paralel_size: 2}\n",
-                   "engine.tensor_paralel_size: not a `vllm serve` argument; did you mean tensor_parallel_size?"),
+    "engine key": (
+        "model: t\nengine: {tensor_paralel_size: 2}\n",
+        "engine.tensor_paralel_size: not a `vllm serve` argument; did you mean tensor_parallel_size?",
+    ),
     "engine value": ("model: t\nengine: {max_model_len: lots}\n", "--max-model-len"),
-    "speculative key": ("model: t\nspeculative_config: {method: draft_model, model: d, num_speculative_tokens: 4, "
-                        "windw: 3}\n", "speculative_config: unknown keys ['windw']"),
+    "speculative key": (
+        "model: t\nspeculative_config: {method: draft_model, model: d, num_speculative_tokens: 4, windw: 3}\n",
+        "speculative_config: unknown keys ['windw']",
+    ),
 }
 
 
@@ -234,16 +264,20 @@ def test_serve_refuses_a_bad_preset_naming_the_field(case, tmp_path, no_engine, 
     assert no_engine == []  # refused before any engine
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--config"], "--config needs a preset file"),
-    (["--config", "--port", "1"], "--config needs a preset file"),
-    (["--config", "a.yaml", "--parse-config", "b.yaml"], "one preset per command"),
-    (["--config", "/nonexistent/p.yaml"], "/nonexistent/p.yaml: cannot read the preset"),
-    (["--config", str(ROOT / "configs" / "redraft.yaml"), "--additional-config", "{}"],
-     "sets --additional-config"),
-    (["--config", str(ROOT / "configs" / "smollm2-135m-demo.yaml"), "--speculative-config={}"],
-     "sets --speculative-config"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--config"], "--config needs a preset file"),
+        (["--config", "--port", "1"], "--config needs a preset file"),
+        (["--config", "a.yaml", "--parse-config", "b.yaml"], "one preset per command"),
+        (["--config", "/nonexistent/p.yaml"], "/nonexistent/p.yaml: cannot read the preset"),
+        (["--config", str(ROOT / "configs" / "redraft.yaml"), "--additional-config", "{}"], "sets --additional-config"),
+        (
+            ["--config", str(ROOT / "configs" / "smollm2-135m-demo.yaml"), "--speculative-config={}"],
+            "sets --speculative-config",
+        ),
+    ],
+)
 def test_serve_refuses_bad_config_arguments(argv, message, no_engine):
     with pytest.raises(PresetError, match=re.escape(message)):
         cli.main(["serve", *argv])
@@ -261,6 +295,7 @@ def test_console_script_reports_a_bad_preset_without_traceback(tmp_path):
 
 
 # -- Dockerfile ----------------------------------------------------------------
+
 
 def _dockerfile_stages() -> dict[str, list[tuple[str, str]]]:
     """Stage name -> [(INSTRUCTION, arguments)], continuation lines joined and
@@ -320,15 +355,22 @@ def test_cpu_image_runs_the_steps_make_demo_runs():
     # Under `make test` (CI) this make is a sub-make: MAKEFLAGS/MAKELEVEL from the parent
     # would make it print "Entering/Leaving directory" lines, so run it as a top-level make.
     env_clean = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
-    r = subprocess.run(["make", "--no-print-directory", "-n", "-B", "demo", f"VENV={venv}"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60, check=True, env=env_clean)
+    r = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-B", "demo", f"VENV={venv}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=env_clean,
+    )
     make_cmds = [shlex.split(l) for l in r.stdout.splitlines() if l.strip() and not l.startswith("touch ")]
     assert make_cmds[-1][:2] == [f"{venv}/bin/parse-vllm", "demo"]
     steps = make_cmds[:-1]
     assert [c[:2] for c in steps] == [["bash", "scripts/setup_env.sh"], [f"{venv}/bin/parse-vllm", "prepare-models"]]
     docker_cmds = _run_commands(cpu, env)
     i = docker_cmds.index(steps[0])
-    assert docker_cmds[i:i + len(steps)] == steps
+    assert docker_cmds[i : i + len(steps)] == steps
     assert f"{venv}/bin" in env["PATH"]
 
 
@@ -343,8 +385,8 @@ def test_images_serve_presets_made_for_them():
 
 
 def test_gpu_image_is_the_pinned_vllm_with_the_cuda_op():
-    from packaging.specifiers import SpecifierSet
     import tomllib
+    from packaging.specifiers import SpecifierSet
 
     gpu = _dockerfile_stages()["gpu"]
     image = gpu[0][1].split(" AS ")[0]

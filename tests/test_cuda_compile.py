@@ -52,11 +52,29 @@ def test_there_is_cuda_source():
 @pytest.mark.parametrize("cu", CU_FILES, ids=[os.path.relpath(p, ROOT) for p in CU_FILES])
 def test_cu_compiles_to_object(cu, tmp_path):
     archs = os.environ.get("PARSE_VLLM_COMPILE_TEST_ARCHS", "80,90").replace(";", ",").split(",")
-    cmd = [NVCC, "-c", cu, "-o", str(tmp_path / "out.o"), "-std=c++17", "-Xcompiler", "-fPIC",
-           "--expt-relaxed-constexpr", "-O0", "-Xcicc", "-O0", "-Xptxas", "-O0",
-           "--threads", os.environ.get("PARSE_VLLM_NVCC_THREADS", "1"),
-           "-diag-suppress", "3306", "-Xcompiler", "-Wno-c++20-extensions",
-           f"-I{sysconfig.get_paths()['include']}"]
+    cmd = [
+        NVCC,
+        "-c",
+        cu,
+        "-o",
+        str(tmp_path / "out.o"),
+        "-std=c++17",
+        "-Xcompiler",
+        "-fPIC",
+        "--expt-relaxed-constexpr",
+        "-O0",
+        "-Xcicc",
+        "-O0",
+        "-Xptxas",
+        "-O0",
+        "--threads",
+        os.environ.get("PARSE_VLLM_NVCC_THREADS", "1"),
+        "-diag-suppress",
+        "3306",
+        "-Xcompiler",
+        "-Wno-c++20-extensions",
+        f"-I{sysconfig.get_paths()['include']}",
+    ]
     for a in archs:
         a = a.strip().replace(".", "")
         cmd += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
@@ -68,14 +86,18 @@ def test_cu_compiles_to_object(cu, tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     took = time.time() - t0
     assert r.returncode == 0, (
-        f"nvcc failed ({took:.0f}s) for torch {torch.__version__}:\n{' '.join(cmd)}\n"
-        f"{r.stderr[-6000:]}")
+        f"nvcc failed ({took:.0f}s) for torch {torch.__version__}:\n{' '.join(cmd)}\n{r.stderr[-6000:]}"
+    )
     obj = tmp_path / "out.o"
     assert obj.exists() and obj.stat().st_size > 0
     # the object carries device code for every requested arch
-    listing = subprocess.run([os.path.join(os.path.dirname(NVCC), "cuobjdump"), "--list-elf", str(obj)],
-                             capture_output=True, text=True) if os.path.exists(
-        os.path.join(os.path.dirname(NVCC), "cuobjdump")) else None
+    listing = (
+        subprocess.run(
+            [os.path.join(os.path.dirname(NVCC), "cuobjdump"), "--list-elf", str(obj)], capture_output=True, text=True
+        )
+        if os.path.exists(os.path.join(os.path.dirname(NVCC), "cuobjdump"))
+        else None
+    )
     if listing is not None and listing.returncode == 0:
         for a in archs:
             assert f"sm_{a.strip().replace('.', '')}" in listing.stdout, listing.stdout

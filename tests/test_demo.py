@@ -14,17 +14,32 @@ pytestmark = pytest.mark.slow
 def test_demo_compare_prints_both_answers_with_quality(tiny_models, capsys):
     from parse_vllm import cli
 
-    argv = ["demo", "--compare", "--target", str(tiny_models["target"]), "--draft", str(tiny_models["draft"]),
-            "--max-tokens", "24", "--window", "8", "--prompt", "Tell me about the sea."]
+    argv = [
+        "demo",
+        "--compare",
+        "--target",
+        str(tiny_models["target"]),
+        "--draft",
+        str(tiny_models["draft"]),
+        "--max-tokens",
+        "24",
+        "--window",
+        "8",
+        "--prompt",
+        "Tell me about the sea.",
+    ]
     # τ > 1: PARSE's answer is the target's own, so its figures must equal the target's.
     assert cli.main(argv + ["--threshold", "1.5"]) == 0
     text = capsys.readouterr().out
-    rows = {m.group(1).strip(): m.groups()[1:] for m in re.finditer(
-        r"^(target alone|PARSE \(.*?\))\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)$", text, re.M)}
+    rows = {
+        m.group(1).strip(): m.groups()[1:]
+        for m in re.finditer(
+            r"^(target alone|PARSE \(.*?\))\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)$", text, re.M
+        )
+    }
     assert set(rows) == {"target alone", "PARSE (τ = 1.5, guard off)"}, text
     target, parse = rows["target alone"], rows["PARSE (τ = 1.5, guard off)"]
     assert target[0] == parse[0] == "24"
     assert target[3] == parse[3]  # NLL/token of the same text
     assert target[4] == parse[4] == "1.00"  # ROUGE-L against the target's answer
     assert "identical to the target's own" in text
-

@@ -12,7 +12,12 @@ import pytest
 import torch
 
 from parse_vllm.draft_vocab import (
-    ARCHITECTURE, HEAD_IDS_KEY, HEAD_VOCAB_KEY, choose_head_tokens, full_vocab_logits, head_coverage,
+    ARCHITECTURE,
+    HEAD_IDS_KEY,
+    HEAD_VOCAB_KEY,
+    choose_head_tokens,
+    full_vocab_logits,
+    head_coverage,
     to_head_index,
 )
 
@@ -53,12 +58,23 @@ def test_pruned_head_loss_ignores_tokens_it_cannot_say():
     from parse_vllm.train_draft import DraftHead, _collate, _loss_and_hits
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=50,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+        )
+    )
     ids = torch.tensor([2, 4, 5, 7, 8, 10, 11])  # 9 and 12 are not in the head
     head = DraftHead.of(ids, 50)
-    rows = [([1, 2, 3], [4, 5], [[4, 9, 7], [5, 8, 12]], [[-0.1, -2.5, -3.0], [-0.2, -1.9, -2.0]]),
-            ([1, 6], [7, 8, 9], None, None)]
+    rows = [
+        ([1, 2, 3], [4, 5], [[4, 9, 7], [5, 8, 12]], [[-0.1, -2.5, -3.0], [-0.2, -1.9, -2.0]]),
+        ([1, 6], [7, 8, 9], None, None),
+    ]
     inputs, labels, soft = _collate(rows, [0, 1], pad_id=0, topk=3)
     w = 0.4
     loss, hits, n = _loss_and_hits(model, inputs, labels, soft, w, head)
@@ -71,8 +87,9 @@ def test_pruned_head_loss_ignores_tokens_it_cannot_say():
     hard = -torch.stack([logp[i, row[t]] for i, t in enumerate(y) if t in row]).mean()
     p0 = torch.tensor([-0.1, -2.5, -3.0]).softmax(-1)
     p1 = torch.tensor([-0.2, -1.9, -2.0]).softmax(-1)
-    soft_ref = -((p0[0] * logp[0, row[4]] + p0[2] * logp[0, row[7]])
-                 + (p1[0] * logp[1, row[5]] + p1[1] * logp[1, row[8]])) / 2
+    soft_ref = (
+        -((p0[0] * logp[0, row[4]] + p0[2] * logp[0, row[7]]) + (p1[0] * logp[1, row[5]] + p1[1] * logp[1, row[8]])) / 2
+    )
     assert loss.item() == pytest.approx(((1 - w) * hard + w * soft_ref).item(), rel=1e-5)
     pred = ids[logp.argmax(-1)].tolist()
     assert n == 5 and hits == sum(p == t for p, t in zip(pred, y))
@@ -81,8 +98,14 @@ def test_pruned_head_loss_ignores_tokens_it_cannot_say():
 def test_flops_count_only_the_head_rows():
     from parse_vllm.train_draft import flops_per_token
 
-    cfg = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-               num_key_value_heads=1, vocab_size=1000)
+    cfg = dict(
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=1000,
+    )
     assert flops_per_token({**cfg, HEAD_VOCAB_KEY: 100}, 0) == flops_per_token(cfg, 0) - 8 * 900
 
 
@@ -107,7 +130,7 @@ def _hf_greedy(folder, prompts, head_ids=None, max_tokens=MAX_TOKENS):
                     seq.append(int((weight @ h).argmax()))
                 else:
                     seq.append(int(head_ids[(weight[head_ids] @ h).argmax()]))
-            outs.append(seq[len(p):])
+            outs.append(seq[len(p) :])
     return outs
 
 
@@ -125,8 +148,11 @@ def tied_target(tiny_models, tmp_path_factory):
     model.lm_head.weight = model.model.embed_tokens.weight
     model.save_pretrained(str(out))
     for f in src.iterdir():
-        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "generation_config.json",
-                                                        "chat_template.jinja"):
+        if f.name.startswith("tokenizer") or f.name in (
+            "special_tokens_map.json",
+            "generation_config.json",
+            "chat_template.jinja",
+        ):
             shutil.copy2(f, out / f.name)
     return out
 
@@ -170,8 +196,11 @@ def test_vllm_runs_a_pruned_head_like_the_hf_reference(tied_target, tmp_path):
 
     llm = make_llm(**engine_kwargs(draft))
     try:
-        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
-                            SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in PROMPTS],
+            SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True),
+            use_tqdm=False,
+        )
     finally:
         close_llm(llm)
     got = [list(o.outputs[0].token_ids) for o in outs]

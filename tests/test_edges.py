@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import shutil
 
-import numpy as np
 import pytest
 import torch
-
 from conftest import PROMPTS, WINDOW, close_llm, engine_kwargs, make_llm, parse_kwargs
 
 pytestmark = pytest.mark.slow
@@ -163,8 +161,9 @@ def test_eos_inside_drafts_ends_the_answer(tight, hf):
     assert ended, "no draft wrote EOS; the edited draft no longer tests this"
     assert all(c.finish_reason == "stop" for c in ended)
     # Some of those EOS were inside a draft (not the target's own token).
-    assert any(len(g) > 1 and g[-1] == eos and _greedy_next(hf["target"], p + g[:-1]) != eos
-               for p, g in zip(prompts, got))
+    assert any(
+        len(g) > 1 and g[-1] == eos and _greedy_next(hf["target"], p + g[:-1]) != eos for p, g in zip(prompts, got)
+    )
 
 
 def test_empty_drafts_give_the_targets_output(first, ref):
@@ -208,8 +207,10 @@ def test_prompt_near_max_model_len(tight, ref):
     assert len(want) == room
     got = tight.generate([{"prompt_token_ids": prompt}], sp(50, extra_args=LOSSLESS))[0].outputs[0]
     assert list(got.token_ids) == want and got.finish_reason == "length"
-    loose = tight.generate([{"prompt_token_ids": prompt}] * 2,
-                           [sp(50, extra_args=ACCEPT_ALL), sp(50, extra_args=ACCEPT_ALL, ignore_eos=True)])
+    loose = tight.generate(
+        [{"prompt_token_ids": prompt}] * 2,
+        [sp(50, extra_args=ACCEPT_ALL), sp(50, extra_args=ACCEPT_ALL, ignore_eos=True)],
+    )
     for o in loose:
         assert len(o.outputs[0].token_ids) <= room and o.outputs[0].finish_reason in ("length", "stop")
     assert len(loose[1].outputs[0].token_ids) == room
@@ -239,9 +240,14 @@ def test_allowed_token_ids_hold_for_accepted_drafts(tight):
 
 @pytest.fixture(scope="module")
 def chunked(tiny_models, drafts):
-    llm = _parse_engine(tiny_models, drafts["mid"], kv_cache_memory_bytes=2 << 20, max_num_batched_tokens=64,
-                        disable_log_stats=False,
-                        max_num_seqs=4)
+    llm = _parse_engine(
+        tiny_models,
+        drafts["mid"],
+        kv_cache_memory_bytes=2 << 20,
+        max_num_batched_tokens=64,
+        disable_log_stats=False,
+        max_num_seqs=4,
+    )
     yield llm
     close_llm(llm)
 
@@ -261,13 +267,17 @@ def test_seeded_requests_with_chunked_prompts(chunked, tight):
     tok = chunked.get_tokenizer()
     prompt = {"prompt_token_ids": (tok.encode(" ".join(PROMPTS)) * 4)[:200]}
     budget = chunked.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
-    assert budget < len(prompt["prompt_token_ids"]) <= tight.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    assert (
+        budget < len(prompt["prompt_token_ids"]) <= tight.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    )
     first = [SamplingParams(temperature=1.0, seed=s, max_tokens=1) for s in range(8)]
     got = ids(chunked.generate([prompt] * 8, first))
     assert got == ids(tight.generate([prompt] * 8, first))
     assert len({o[0] for o in got}) > 1  # the seeds matter (the check could fail)
-    params = [SamplingParams(temperature=0.9, seed=11, max_tokens=24, ignore_eos=True, extra_args=x)
-              for x in ({"parse": False}, LOSSLESS, ACCEPT_ALL)]
+    params = [
+        SamplingParams(temperature=0.9, seed=11, max_tokens=24, ignore_eos=True, extra_args=x)
+        for x in ({"parse": False}, LOSSLESS, ACCEPT_ALL)
+    ]
     outs = ids(chunked.generate([prompt] * 3 + PROMPTS[:2], params + [sp(24)] * 2))
     assert all(len(o) == 24 for o in outs[:3])
     assert _metric(chunked, "vllm:kv_cache_usage_perc") == 0.0

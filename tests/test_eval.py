@@ -46,19 +46,30 @@ def test_code_checks_run_isolated_with_a_timeout(tmp_path, monkeypatch):
     ok, why = checks.run_code("while True:\n    pass", "assert True", timeout=1.5)
     assert not ok and "timed out" in why and time.monotonic() - t0 < 10
     # never in this process, never in the caller's folder
-    ok, _ = checks.run_code("import os\nopen('left.txt', 'w').write('x')\nassert os.getcwd() != %r" % str(tmp_path), "")
+    ok, _ = checks.run_code(f"import os\nopen('left.txt', 'w').write('x')\nassert os.getcwd() != {str(tmp_path)!r}", "")
     assert ok and not (tmp_path / "left.txt").exists()
-    assert checks.check("```python\ndef f():\n    return 1\n```", {"type": "all", "checks": [
-        {"type": "code", "test": "assert f() == 1"}, {"type": "answer", "answer": "return 1", "distractors": []}]})
+    assert checks.check(
+        "```python\ndef f():\n    return 1\n```",
+        {
+            "type": "all",
+            "checks": [
+                {"type": "code", "test": "assert f() == 1"},
+                {"type": "answer", "answer": "return 1", "distractors": []},
+            ],
+        },
+    )
 
 
 # -- prompt sets -------------------------------------------------------------------------
 
 
 SOLUTIONS = {
-    "add": "def add(a, b):\n    return a + b", "subtract": "def subtract(a, b):\n    return a - b",
-    "multiply": "def multiply(a, b):\n    return a * b", "square": "def square(x):\n    return x * x",
-    "is_even": "def is_even(n):\n    return n % 2 == 0", "largest": "def largest(numbers):\n    return max(numbers)",
+    "add": "def add(a, b):\n    return a + b",
+    "subtract": "def subtract(a, b):\n    return a - b",
+    "multiply": "def multiply(a, b):\n    return a * b",
+    "square": "def square(x):\n    return x * x",
+    "is_even": "def is_even(n):\n    return n % 2 == 0",
+    "largest": "def largest(numbers):\n    return max(numbers)",
     "reverse_string": "def reverse_string(s):\n    return s[::-1]",
 }
 
@@ -81,12 +92,16 @@ def test_checkable_set_is_deterministic_and_its_answers_pass():
 
 def test_user_jsonl(tmp_path):
     good = tmp_path / "mine.jsonl"
-    good.write_text("\n".join([
-        json.dumps({"prompt": "Say hi"}),
-        "",
-        json.dumps({"id": "q2", "messages": [{"role": "user", "content": "2+2?"}], "reference": 4}),
-        json.dumps({"prompt": "Write f", "reference": "def f", "test": "assert f() == 1"}),
-    ]))
+    good.write_text(
+        "\n".join(
+            [
+                json.dumps({"prompt": "Say hi"}),
+                "",
+                json.dumps({"id": "q2", "messages": [{"role": "user", "content": "2+2?"}], "reference": 4}),
+                json.dumps({"prompt": "Write f", "reference": "def f", "test": "assert f() == 1"}),
+            ]
+        )
+    )
     s = tasks.load_jsonl(good)
     assert s.name == "mine" and [it["id"] for it in s.items] == ["mine-1", "q2", "mine-4"]
     assert s.items[0]["check"] is None and s.items[1]["check"] == {"type": "number", "answer": 4}
@@ -97,16 +112,16 @@ def test_user_jsonl(tmp_path):
         json.dumps({"prompt": "x", "refrence": "y"}): "unknown keys ['refrence']",
         json.dumps({"reference": "y"}): "exactly one of",
         json.dumps({"prompt": "x", "messages": []}): "exactly one of",
-        json.dumps({"messages": [{"role": "user"}]}): "\"messages\" must be",
+        json.dumps({"messages": [{"role": "user"}]}): '"messages" must be',
         json.dumps({"prompt": "x", "test": "assert (("}): "not valid Python",
-        json.dumps({"prompt": "x", "reference": True}): "\"reference\" must be",
+        json.dumps({"prompt": "x", "reference": True}): '"reference" must be',
     }
     for line, msg in bad.items():
         f = tmp_path / "bad.jsonl"
         f.write_text(json.dumps({"prompt": "fine"}) + "\n" + line + "\n")
         with pytest.raises(tasks.PromptSetError) as e:
             tasks.load_jsonl(f)
-        assert f"bad.jsonl:2: " in str(e.value) and msg.split(": ", 1)[-1] in str(e.value), (line, str(e.value))
+        assert "bad.jsonl:2: " in str(e.value) and msg.split(": ", 1)[-1] in str(e.value), (line, str(e.value))
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(tasks.PromptSetError, match="no prompts"):
         tasks.load_jsonl(tmp_path / "empty.jsonl")
@@ -114,7 +129,7 @@ def test_user_jsonl(tmp_path):
 
 def test_bad_jsonl_ends_the_command_with_status_2(tmp_path, capsys):
     f = tmp_path / "prompts.jsonl"
-    f.write_text(json.dumps({"prompt": "ok"}) + "\n{\"prompt\": \n")
+    f.write_text(json.dumps({"prompt": "ok"}) + '\n{"prompt": \n')
     assert cli.main(["eval", "--prompts", str(f), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "parse-vllm eval: error:" in err and "prompts.jsonl:2: not valid JSON" in err
@@ -142,20 +157,30 @@ def test_metrics():
 def _row(name, config, batch, tok_s, acc=None, nll=1.0, tau=None, guard=None):
     n = 10
     correct = None if acc is None else [i < round(acc * n) for i in range(n)]
-    return {"set": name, "config": config, "tau": tau, "guard": guard, "batch": batch, "tok_s": tok_s,
-            "outputs": [[1, 2, 3]] * n, "correct": correct or [None] * n,
-            "nll_logprobs": [[-nll] * 3] * n}
+    return {
+        "set": name,
+        "config": config,
+        "tau": tau,
+        "guard": guard,
+        "batch": batch,
+        "tok_s": tok_s,
+        "outputs": [[1, 2, 3]] * n,
+        "correct": correct or [None] * n,
+        "nll_logprobs": [[-nll] * 3] * n,
+    }
 
 
 def _rows(parse_fast):
     rows = []
     for name, acc in (("mtbench", None), ("checkable", 0.5)):
         for b in (1, 16):
-            rows += [_row(name, "target", b, 10.0, acc),
-                     _row(name, "token-k4", b, 12.0, acc, nll=1.02),
-                     _row(name, "parse", b, parse_fast, None if acc is None else acc - 0.1, nll=1.05, tau=0.0, guard=0),
-                     _row(name, "parse", b, 15.0, acc, nll=1.08, tau=0.5, guard=0),
-                     _row(name, "parse", b, 9.0, acc, tau=1.5, guard=0)]
+            rows += [
+                _row(name, "target", b, 10.0, acc),
+                _row(name, "token-k4", b, 12.0, acc, nll=1.02),
+                _row(name, "parse", b, parse_fast, None if acc is None else acc - 0.1, nll=1.05, tau=0.0, guard=0),
+                _row(name, "parse", b, 15.0, acc, nll=1.08, tau=0.5, guard=0),
+                _row(name, "parse", b, 9.0, acc, tau=1.5, guard=0),
+            ]
     return rows
 
 
@@ -205,7 +230,7 @@ def _target_says(target: Path, prompt: str, n: int) -> str:
     ids = torch.tensor([chat_prompt_ids(tok, prompt)])
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=n, do_sample=False)
-    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 @pytest.fixture(scope="module")
@@ -216,17 +241,50 @@ def run(tiny_models, tmp_path_factory):
     assert len(words) >= 3, said
     reference = " ".join(words[:-1])  # the last word may be cut short; the rest is the target's own
     user = root / "mine.jsonl"
-    user.write_text("\n".join(json.dumps(o) for o in [
-        {"id": "right", "prompt": "Tell me something.", "reference": reference},
-        {"id": "wrong", "prompt": "Write a function f.", "test": "assert False, 'never'"},
-        {"id": "free", "messages": [{"role": "user", "content": "Hi!"}]},
-    ]) + "\n")
+    user.write_text(
+        "\n".join(
+            json.dumps(o)
+            for o in [
+                {"id": "right", "prompt": "Tell me something.", "reference": reference},
+                {"id": "wrong", "prompt": "Write a function f.", "test": "assert False, 'never'"},
+                {"id": "free", "messages": [{"role": "user", "content": "Hi!"}]},
+            ]
+        )
+        + "\n"
+    )
     out = root / "out"
-    argv = ["eval", "--target", str(tiny_models["target"]), "--draft", str(tiny_models["draft"]), "--window", "8",
-            "--engine", json.dumps({"dtype": "float32", "kv_cache_memory_bytes": 96 << 20}),
-            "--prompts", "mtbench", "checkable", str(user), "--bs1-prompts", "2", "--num-prompts", "3",
-            "--batch", "2", "--max-tokens", "12", "--taus", "0", "1.5", "--guards", "0", "1", "--out", str(out),
-            "--save-outputs"]
+    argv = [
+        "eval",
+        "--target",
+        str(tiny_models["target"]),
+        "--draft",
+        str(tiny_models["draft"]),
+        "--window",
+        "8",
+        "--engine",
+        json.dumps({"dtype": "float32", "kv_cache_memory_bytes": 96 << 20}),
+        "--prompts",
+        "mtbench",
+        "checkable",
+        str(user),
+        "--bs1-prompts",
+        "2",
+        "--num-prompts",
+        "3",
+        "--batch",
+        "2",
+        "--max-tokens",
+        "12",
+        "--taus",
+        "0",
+        "1.5",
+        "--guards",
+        "0",
+        "1",
+        "--out",
+        str(out),
+        "--save-outputs",
+    ]
     t0 = time.monotonic()
     assert cli.main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -238,13 +296,33 @@ def run(tiny_models, tmp_path_factory):
 def test_eval_rows_complete(run):
     summary, out = run
     rows = summary["rows"]
-    keys = ("config", "tau", "guard", "batch", "speedup", "accuracy", "nll_per_token", "nll_vs_target",
-            "repeat_3gram", "rouge_l")
+    keys = (
+        "config",
+        "tau",
+        "guard",
+        "batch",
+        "speedup",
+        "accuracy",
+        "nll_per_token",
+        "nll_vs_target",
+        "repeat_3gram",
+        "rouge_l",
+    )
     assert all(k in r for r in rows for k in keys)
     got = {(r["set"], r["config"], r["tau"], r["guard"], r["batch"]) for r in rows}
-    want = {(s, c, t, g, b) for s in ("mtbench", "checkable", "mine") for b in (1, 2)
-            for c, t, g in (("target", None, None), ("token-k4", None, None), ("parse", 0.0, 0), ("parse", 0.0, 1),
-                            ("parse", 1.5, 0), ("parse", 1.5, 1))}
+    want = {
+        (s, c, t, g, b)
+        for s in ("mtbench", "checkable", "mine")
+        for b in (1, 2)
+        for c, t, g in (
+            ("target", None, None),
+            ("token-k4", None, None),
+            ("parse", 0.0, 0),
+            ("parse", 0.0, 1),
+            ("parse", 1.5, 0),
+            ("parse", 1.5, 1),
+        )
+    }
     assert got == want and len(rows) == len(want)
     for r in rows:
         assert r["speedup"] > 0 and r["nll_per_token"] > 0 and 0 <= r["rouge_l"] <= 1 and 0 <= r["repeat_3gram"] <= 1

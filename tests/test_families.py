@@ -12,7 +12,6 @@ to end through `LLM(...)`.
 from __future__ import annotations
 
 import pytest
-
 from conftest import close_llm, engine_kwargs, make_llm
 from fixtures.families import FAMILIES, load_tokenizer, make_tiny_family_model
 
@@ -39,11 +38,11 @@ def test_suffix_ends_where_the_answer_starts(family):
     name, tok = family
     t = build_template(tok, ParseConfig())
     user = [{"role": "user", "content": ParseConfig().question}]
-    opening = _render(tok, user, True, **CHAT_TEMPLATE_KWARGS)[len(_render(tok, user, False, **CHAT_TEMPLATE_KWARGS)):]
+    opening = _render(tok, user, True, **CHAT_TEMPLATE_KWARGS)[len(_render(tok, user, False, **CHAT_TEMPLATE_KWARGS)) :]
     assert opening and t.suffix_text.endswith(opening)
     if name == "qwen3":
         assert opening.endswith("<think>\n\n</think>\n\n")
-        thinking = _render(tok, user, True)[len(_render(tok, user, False)):]
+        thinking = _render(tok, user, True)[len(_render(tok, user, False)) :]
         assert thinking == "<|im_start|>assistant\n"  # what the judge must not be given
     else:
         assert "<think>" not in t.suffix_text
@@ -55,12 +54,15 @@ def test_suffix_tokens_are_those_of_a_whole_conversation(family):
     _, tok = family
     t = build_template(tok, ParseConfig())
     chat_ids = t.suffix_ids[: len(t.suffix_ids) - len(t.labels.extension)]
-    convo = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": ANSWER},
-             {"role": "user", "content": ParseConfig().question}]
+    convo = [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": ANSWER},
+        {"role": "user", "content": ParseConfig().question},
+    ]
     text = _render(tok, convo, True, **CHAT_TEMPLATE_KWARGS)
     assert text.endswith(t.suffix_text)
     whole = tok.encode(text, add_special_tokens=False)
-    assert tuple(whole[-len(chat_ids):]) == chat_ids
+    assert tuple(whole[-len(chat_ids) :]) == chat_ids
     assert tok.decode(whole[: len(whole) - len(chat_ids)]).endswith(ANSWER)
 
 
@@ -77,7 +79,7 @@ def test_labels_are_what_the_judge_reads_next(family):
     assert t.labels.yes_ids[0] != t.labels.no_ids[0]
     # the longer label's leading tokens ride on the suffix
     longer = max((t.labels.yes_ids, t.labels.no_ids), key=len)
-    assert t.labels.extension == longer[:-1] and t.suffix_ids[len(chat_ids):] == longer[:-1]
+    assert t.labels.extension == longer[:-1] and t.suffix_ids[len(chat_ids) :] == longer[:-1]
 
 
 def test_two_long_labels_are_refused_naming_tokens(family):
@@ -92,25 +94,38 @@ def test_two_long_labels_are_refused_naming_tokens(family):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [f for f in FAMILIES if f != "smollm2"])
 def test_tau_sweep_end_to_end(name, tmp_path):
-    import parse_vllm
     from vllm import SamplingParams
+
+    import parse_vllm
 
     target = make_tiny_family_model(name, tmp_path / "target", num_layers=2, seed=0)
     draft = make_tiny_family_model(name, tmp_path / "draft", num_layers=1, seed=1)
-    llm = make_llm(**engine_kwargs(
-        target, max_model_len=512, max_num_seqs=4,
-        speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": 12},
-        additional_config={"parse": {"record_judgments": 256}}))
+    llm = make_llm(
+        **engine_kwargs(
+            target,
+            max_model_len=512,
+            max_num_seqs=4,
+            speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": 12},
+            additional_config={"parse": {"record_judgments": 256}},
+        )
+    )
     try:
         tok = llm.get_tokenizer()
-        prompts = [{"prompt_token_ids": tok.encode(_render(tok, [{"role": "user", "content": q}], True,
-                                                           **CHAT_TEMPLATE_KWARGS), add_special_tokens=False)}
-                   for q in (QUESTION, "Write two sentences about rivers.", "List three colours.")]
+        prompts = [
+            {
+                "prompt_token_ids": tok.encode(
+                    _render(tok, [{"role": "user", "content": q}], True, **CHAT_TEMPLATE_KWARGS),
+                    add_special_tokens=False,
+                )
+            }
+            for q in (QUESTION, "Write two sentences about rivers.", "List three colours.")
+        ]
 
         def run(**extra):
             parse_vllm.reset_stats(llm)
-            out = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
-                                                        extra_args=extra), use_tqdm=False)
+            out = llm.generate(
+                prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, extra_args=extra), use_tqdm=False
+            )
             return [list(o.outputs[0].token_ids) for o in out], parse_vllm.get_stats(llm)
 
         own, _ = run(parse=False)  # the target's own output

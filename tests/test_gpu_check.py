@@ -30,8 +30,7 @@ def run_check(out: Path, **env) -> subprocess.CompletedProcess:
     for k in ("PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST", "GPU_CHECK_KEEP_GOING", "GPU_CHECK_CUDA_ARCH"):
         e.pop(k, None)
     e.update(env)
-    return subprocess.run(["bash", str(SCRIPT), str(out)], cwd=ROOT, env=e, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(["bash", str(SCRIPT), str(out)], cwd=ROOT, env=e, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +48,14 @@ def test_cpu_mode_runs_every_step_and_skips_the_cuda_parts(cpu_run):
     assert rep["mode"] == "cpu" and rep["result"] == "passed" and rep["failed_step"] is None
     status = {s["name"]: s["status"] for s in rep["steps"]}
     assert list(status) == STEPS
-    assert status == {"env": "ok", "imports": "ok", "build": "skipped", "cuda_tests": "skipped",
-                      "bench": "skipped", "cpu_tests": "ok"}, rep["steps"]
+    assert status == {
+        "env": "ok",
+        "imports": "ok",
+        "build": "skipped",
+        "cuda_tests": "skipped",
+        "bench": "skipped",
+        "cpu_tests": "ok",
+    }, rep["steps"]
     detail = {s["name"]: s["detail"] for s in rep["steps"]}
     assert detail["build"].startswith("no GPU: CUDA build skipped")
     assert "skipped: no CUDA GPU" in detail["cuda_tests"]
@@ -103,6 +108,7 @@ def test_usage_errors():
 
 # --------------------------------------------------------------------------- the GPU paths, run on the CPU
 
+
 def _bench_module():
     spec = importlib.util.spec_from_file_location("bench_kernel_under_test", ROOT / "scripts" / "bench_kernel.py")
     mod = importlib.util.module_from_spec(spec)
@@ -112,6 +118,7 @@ def _bench_module():
 
 class _FakeFlash(types.SimpleNamespace):
     """flash_attn_func's contract ([B, S, H, D], GQA, causal = bottom-right) over SDPA."""
+
     __version__ = "fake"
 
     @staticmethod
@@ -119,9 +126,13 @@ class _FakeFlash(types.SimpleNamespace):
         from torch.nn.attention.bias import causal_lower_right
 
         o = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=softmax_scale,
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            scale=softmax_scale,
             attn_mask=causal_lower_right(q.shape[1], k.shape[1]) if causal else None,
-            enable_gqa=q.shape[2] != k.shape[2])
+            enable_gqa=q.shape[2] != k.shape[2],
+        )
         return o.transpose(1, 2)
 
 
@@ -145,8 +156,19 @@ def test_bench_gpu_path_on_cpu(monkeypatch, capsys):
     monkeypatch.setattr(bk, "time_interleaved_cuda", timer)
     monkeypatch.setattr(bk, "graphed", graphed)
     monkeypatch.setattr(bk, "cuda_peak_extra_bytes", mem)
-    args = Namespace(suffix=8, hq=4, hkv=2, head_size=64, block_size=16, no_check=False, stat="median",
-                     no_mem=False, all_forms=False, quick=True, _forms=None)
+    args = Namespace(
+        suffix=8,
+        hq=4,
+        hkv=2,
+        head_size=64,
+        block_size=16,
+        no_check=False,
+        stat="median",
+        no_mem=False,
+        all_forms=False,
+        quick=True,
+        _forms=None,
+    )
     row = bk.bench_one(256, 4, torch.bfloat16, args, torch.device("cpu"), flash_attn=_FakeFlash(), gpu_path=True)
     assert row["op_ok"] and not row["notes"], row["notes"]
     assert set(row["ms"]) == {"op", "op_graph", "dense", "sdpa_per_copy", "sdpa_per_copy_graph", "flash_per_copy"}
@@ -177,19 +199,45 @@ def test_bench_gpu_path_on_cpu(monkeypatch, capsys):
 def test_per_copy_sdpa_forms_match_the_reference(form, dtype):
     bk = _bench_module()
     x = bk.make_inputs(200, 3, 5, 4, 2, 32, 16, dtype)
-    ref = bk.prefix_verify_attention_ref(*[x[k] for k in ("q", "k_new", "v_new", "key_cache", "value_cache",
-                                                          "block_table", "copy_req", "copy_prefix_len",
-                                                          "cu_copy_lens", "scale")]).float()
+    ref = bk.prefix_verify_attention_ref(
+        *[
+            x[k]
+            for k in (
+                "q",
+                "k_new",
+                "v_new",
+                "key_cache",
+                "value_cache",
+                "block_table",
+                "copy_req",
+                "copy_prefix_len",
+                "cu_copy_lens",
+                "scale",
+            )
+        ]
+    ).float()
     got = bk.make_per_copy_sdpa(x, form)(x, torch.full_like(x["q"], float("nan")))
     assert bk.rel_err(got, ref) <= (1e-5 if dtype == torch.float32 else 2e-2)
 
 
-@pytest.mark.parametrize("name,gbps", [
-    ("NVIDIA H100 80GB HBM3", 3350), ("NVIDIA H100 PCIe", 2000), ("NVIDIA H100 NVL", 3900),
-    ("NVIDIA H200", 4800), ("NVIDIA H200 NVL", 4800), ("NVIDIA GH200 480GB", 4000), ("NVIDIA H20", 4000),
-    ("NVIDIA A100-SXM4-80GB", 2039), ("NVIDIA A100-SXM4-40GB", 1555), ("NVIDIA A100 80GB PCIe", 1935),
-    ("NVIDIA A10G", 600), ("NVIDIA L4", 300), ("NVIDIA L40S", 864),
-])
+@pytest.mark.parametrize(
+    "name,gbps",
+    [
+        ("NVIDIA H100 80GB HBM3", 3350),
+        ("NVIDIA H100 PCIe", 2000),
+        ("NVIDIA H100 NVL", 3900),
+        ("NVIDIA H200", 4800),
+        ("NVIDIA H200 NVL", 4800),
+        ("NVIDIA GH200 480GB", 4000),
+        ("NVIDIA H20", 4000),
+        ("NVIDIA A100-SXM4-80GB", 2039),
+        ("NVIDIA A100-SXM4-40GB", 1555),
+        ("NVIDIA A100 80GB PCIe", 1935),
+        ("NVIDIA A10G", 600),
+        ("NVIDIA L4", 300),
+        ("NVIDIA L40S", 864),
+    ],
+)
 def test_peak_bandwidth_by_name(monkeypatch, name, gbps):
     bk = _bench_module()
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: name)
@@ -211,10 +259,21 @@ def test_peak_bandwidth_from_properties_and_override(monkeypatch):
 
 
 def _gpu_row(ctx, K, dtype, ms_op, ms_sdpa, gbps, err=1e-3):
-    return {"ctx": ctx, "K": K, "dtype": dtype, "ms": {"op": ms_op, "op_graph": ms_op * 0.8, "sdpa_per_copy": ms_sdpa},
-            "speedup": {"vs_sdpa_per_copy": ms_sdpa / ms_op}, "op_GBps": gbps, "bw_time_basis": "op_graph",
-            "bytes_min": 1 << 20, "max_rel_err": {"op": err}, "op_ok": True, "peak_mem_bytes": {}, "notes": [],
-            "sdpa_form": "lower_right_gqa"}
+    return {
+        "ctx": ctx,
+        "K": K,
+        "dtype": dtype,
+        "ms": {"op": ms_op, "op_graph": ms_op * 0.8, "sdpa_per_copy": ms_sdpa},
+        "speedup": {"vs_sdpa_per_copy": ms_sdpa / ms_op},
+        "op_GBps": gbps,
+        "bw_time_basis": "op_graph",
+        "bytes_min": 1 << 20,
+        "max_rel_err": {"op": err},
+        "op_ok": True,
+        "peak_mem_bytes": {},
+        "notes": [],
+        "sdpa_form": "lower_right_gqa",
+    }
 
 
 def test_report_judges_the_goals_in_gpu_mode(cpu_run, tmp_path):
@@ -222,22 +281,46 @@ def test_report_judges_the_goals_in_gpu_mode(cpu_run, tmp_path):
     helper = cpu_run[0] / "data" / "gpu_check_helper.py"
     data = tmp_path / "data"
     data.mkdir()
-    (data / "env.json").write_text(json.dumps({
-        "mode": "cuda", "gpu": {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"},
-        "peak_bw": {"GBps": 3350.0, "source": "spec sheet"}}))
+    (data / "env.json").write_text(
+        json.dumps(
+            {
+                "mode": "cuda",
+                "gpu": {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0"},
+                "peak_bw": {"GBps": 3350.0, "source": "spec sheet"},
+            }
+        )
+    )
     (data / "steps.tsv").write_text("".join(f"{s}\tok\t1.0\t\n" for s in STEPS))
-    (data / "cuda_tests.json").write_text(json.dumps({
-        "tests": 100, "passed": 98, "failed": 0, "errors": 0, "skipped": 2, "failures": [],
-        "skip_reasons": {"could not import 'flash_attn'": 2},
-        "errors_by_dtype": {"float32": {"cases": 40, "max_err": 3e-6, "worst": "t", "over_goal": 0},
-                            "bfloat16": {"cases": 40, "max_err": 8e-3, "worst": "t", "over_goal": 0}}}))
+    (data / "cuda_tests.json").write_text(
+        json.dumps(
+            {
+                "tests": 100,
+                "passed": 98,
+                "failed": 0,
+                "errors": 0,
+                "skipped": 2,
+                "failures": [],
+                "skip_reasons": {"could not import 'flash_attn'": 2},
+                "errors_by_dtype": {
+                    "float32": {"cases": 40, "max_err": 3e-6, "worst": "t", "over_goal": 0},
+                    "bfloat16": {"cases": 40, "max_err": 8e-3, "worst": "t", "over_goal": 0},
+                },
+            }
+        )
+    )
     rows = [_gpu_row(2048, 8, "bfloat16", 0.05, 0.25, 900), _gpu_row(2048, 8, "float32", 0.1, 0.2, 900, err=1e-6)]
     rows += [_gpu_row(32768, k, "bfloat16", 0.1, 1.0, gb) for k, gb in ((4, 2500), (8, 2100), (16, 1500))]
-    (data / "bench.json").write_text(json.dumps({"meta": {"device": "cuda", "peak_bw": {"GBps": 3350.0,
-                                                                                        "source": "spec sheet"}},
-                                                 "rows": rows}))
-    env = dict(os.environ, GC_ROOT=str(ROOT), GC_OUT=str(tmp_path), GC_DATA=str(data), GC_STEPS=" ".join(STEPS),
-               GC_TITLES="cuda_tests=CUDA kernel tests|")
+    (data / "bench.json").write_text(
+        json.dumps({"meta": {"device": "cuda", "peak_bw": {"GBps": 3350.0, "source": "spec sheet"}}, "rows": rows})
+    )
+    env = dict(
+        os.environ,
+        GC_ROOT=str(ROOT),
+        GC_OUT=str(tmp_path),
+        GC_DATA=str(data),
+        GC_STEPS=" ".join(STEPS),
+        GC_TITLES="cuda_tests=CUDA kernel tests|",
+    )
     r = subprocess.run([sys.executable, str(helper), "report", "final"], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     rep = json.loads((tmp_path / "gpu_check.json").read_text())

@@ -22,8 +22,9 @@ LAYOUTS = ("vllm_fa", "contig", "flashinfer_nhd", "hnd")
 
 # --------------------------------------------------------------------------- inputs
 
+
 def make_case(
-    copies,               # list of (request, prefix_len, suffix_len), in packed order
+    copies,  # list of (request, prefix_len, suffix_len), in packed order
     *,
     num_requests=None,
     Hq=4,
@@ -52,7 +53,7 @@ def make_case(
     need = max([-(-p // block_size) for p in longest] + [1])
     max_blocks = max_blocks or need + 1
     num_blocks = R * max_blocks + 3
-    if layout == "vllm_fa":      # [2, num_blocks, block_size, Hkv, D]; K = kv[0], V = kv[1]
+    if layout == "vllm_fa":  # [2, num_blocks, block_size, Hkv, D]; K = kv[0], V = kv[1]
         kv = rnd(2, num_blocks, block_size, Hkv, D)
         key_cache, value_cache = kv[0], kv[1]
     elif layout == "contig":
@@ -60,7 +61,7 @@ def make_case(
     elif layout == "flashinfer_nhd":  # [num_blocks, 2, block_size, Hkv, D]
         kv = rnd(num_blocks, 2, block_size, Hkv, D)
         key_cache, value_cache = kv[:, 0], kv[:, 1]
-    elif layout == "hnd":        # [num_blocks, Hkv, block_size, D] -> logical view
+    elif layout == "hnd":  # [num_blocks, Hkv, block_size, D] -> logical view
         key_cache = rnd(num_blocks, Hkv, block_size, D).transpose(1, 2)
         value_cache = rnd(num_blocks, Hkv, block_size, D).transpose(1, 2)
     else:
@@ -74,22 +75,40 @@ def make_case(
     if strided_q:  # q/k/v as slices of one fused qkv projection, as in vLLM
         qkv = rnd(T, (Hq + 2 * Hkv) * D)
         q = qkv[:, : Hq * D].view(T, Hq, D)
-        k_new = qkv[:, Hq * D:(Hq + Hkv) * D].view(T, Hkv, D)
-        v_new = qkv[:, (Hq + Hkv) * D:].view(T, Hkv, D)
+        k_new = qkv[:, Hq * D : (Hq + Hkv) * D].view(T, Hkv, D)
+        v_new = qkv[:, (Hq + Hkv) * D :].view(T, Hkv, D)
     else:
         q, k_new, v_new = rnd(T, Hq, D), rnd(T, Hkv, D), rnd(T, Hkv, D)
     return dict(
-        q=q, k_new=k_new, v_new=v_new, key_cache=key_cache, value_cache=value_cache,
+        q=q,
+        k_new=k_new,
+        v_new=v_new,
+        key_cache=key_cache,
+        value_cache=value_cache,
         block_table=block_table,
         copy_req=torch.tensor([r for r, _, _ in copies], dtype=torch.int32),
         copy_prefix_len=torch.tensor([p for _, p, _ in copies], dtype=torch.int32),
         cu_copy_lens=torch.tensor(cu, dtype=torch.int32),
-        scale=D ** -0.5 * 1.3, softcap=softcap, sliding_window=sliding_window,
+        scale=D**-0.5 * 1.3,
+        softcap=softcap,
+        sliding_window=sliding_window,
     )
 
 
-ARG_ORDER = ("q", "k_new", "v_new", "key_cache", "value_cache", "block_table", "copy_req",
-             "copy_prefix_len", "cu_copy_lens", "scale", "softcap", "sliding_window")
+ARG_ORDER = (
+    "q",
+    "k_new",
+    "v_new",
+    "key_cache",
+    "value_cache",
+    "block_table",
+    "copy_req",
+    "copy_prefix_len",
+    "cu_copy_lens",
+    "scale",
+    "softcap",
+    "sliding_window",
+)
 
 
 def run_op(case, out=None, strided_out=False):
@@ -129,6 +148,7 @@ def nested(req, P, K, L, step):
 
 # --------------------------------------------------------------------------- shapes
 
+
 @pytest.mark.parametrize("Hq,Hkv", [(4, 4), (4, 2), (8, 2), (8, 1)])  # GQA 1, 2, 4, 8
 @pytest.mark.parametrize("block_size", [16, 32, 128])
 def test_gqa_and_block_sizes(Hq, Hkv, block_size):
@@ -156,6 +176,7 @@ def test_strided_q_kv_and_out():
 
 
 # --------------------------------------------------------------------------- prefix edges
+
 
 @pytest.mark.parametrize("P", [0, 1, 15, 16, 17, 31, 32, 33, 64])
 def test_prefix_block_edges(P):
@@ -211,6 +232,7 @@ def test_suffix_longer_than_a_tile(dtype):
 
 # --------------------------------------------------------------------------- long prefixes (split-KV path)
 
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_long_prefix_split(threads):
     old = torch.get_num_threads()
@@ -225,6 +247,7 @@ def test_long_prefix_split(threads):
 
 # --------------------------------------------------------------------------- softcap / sliding window
 
+
 @pytest.mark.parametrize("softcap", [0.0, 1.0, 30.0])
 @pytest.mark.parametrize("window", [None, 1, 4, 17, 64, 1000])
 def test_softcap_and_window(softcap, window):
@@ -234,11 +257,15 @@ def test_softcap_and_window(softcap, window):
 
 def test_softcap_and_window_bf16_gemma_like():
     copies = nested(0, 300, 8, 24, 30)
-    check(make_case(copies, Hq=4, Hkv=1, D=256, block_size=16, dtype=torch.bfloat16, seed=22,
-                    softcap=50.0, sliding_window=128))
+    check(
+        make_case(
+            copies, Hq=4, Hkv=1, D=256, block_size=16, dtype=torch.bfloat16, seed=22, softcap=50.0, sliding_window=128
+        )
+    )
 
 
 # --------------------------------------------------------------------------- random fuzz
+
 
 @pytest.mark.parametrize("seed", range(12))
 def test_random(seed):
@@ -255,15 +282,23 @@ def test_random(seed):
     if sum(L for _, _, L in copies) == 0:
         copies.append((0, 5, 2))
     rng.shuffle(copies)
-    case = make_case(copies, Hq=Hq, Hkv=Hkv, D=D, block_size=bs, seed=seed,
-                     dtype=rng.choice([torch.float32, torch.bfloat16]),
-                     layout=rng.choice(LAYOUTS),
-                     softcap=rng.choice([0.0, 0.0, 10.0]),
-                     sliding_window=rng.choice([None, None, rng.randint(1, 200)]))
+    case = make_case(
+        copies,
+        Hq=Hq,
+        Hkv=Hkv,
+        D=D,
+        block_size=bs,
+        seed=seed,
+        dtype=rng.choice([torch.float32, torch.bfloat16]),
+        layout=rng.choice(LAYOUTS),
+        softcap=rng.choice([0.0, 0.0, 10.0]),
+        sliding_window=rng.choice([None, None, rng.randint(1, 200)]),
+    )
     check(case)
 
 
 # --------------------------------------------------------------------------- the reference itself
+
 
 def test_reference_trivial_cases():
     # prefix 0, one suffix token: the only key is the token itself -> out = v_new
@@ -300,6 +335,7 @@ def test_suffix_kv_never_written_and_inputs_untouched():
 
 # --------------------------------------------------------------------------- bad inputs
 
+
 def _good():
     return make_case(nested(0, 40, 3, 4, 10) + [(1, 20, 3)], seed=40)
 
@@ -313,8 +349,16 @@ def _call(case, out=None):
     [
         (lambda c: c.update(q=c["q"].to(torch.bfloat16)), "dtype"),
         (lambda c: c.update(key_cache=c["key_cache"].double(), value_cache=c["value_cache"].double()), "dtype"),
-        (lambda c: c.update(q=c["q"].double(), k_new=c["k_new"].double(), v_new=c["v_new"].double(),
-                            key_cache=c["key_cache"].double(), value_cache=c["value_cache"].double()), "dtype"),
+        (
+            lambda c: c.update(
+                q=c["q"].double(),
+                k_new=c["k_new"].double(),
+                v_new=c["v_new"].double(),
+                key_cache=c["key_cache"].double(),
+                value_cache=c["value_cache"].double(),
+            ),
+            "dtype",
+        ),
         (lambda c: c.update(block_table=c["block_table"].long()), "int32"),
         (lambda c: c.update(cu_copy_lens=c["cu_copy_lens"].long()), "int32"),
         (lambda c: c.update(q=c["q"][:-1]), r"\[T="),
@@ -383,6 +427,7 @@ def test_op_metadata():
 
 # --------------------------------------------------------------------------- both bf16 paths
 
+
 @pytest.mark.parametrize("brgemm", ["0", "1"])
 @pytest.mark.parametrize("D", [64, 80, 128, 256])
 def test_bf16_both_product_paths(brgemm, D, monkeypatch):
@@ -393,8 +438,19 @@ def test_bf16_both_product_paths(brgemm, D, monkeypatch):
         pytest.skip("torch's brgemm does not support bf16 on this CPU")
     assert torch.ops.parse_vllm.cpu_uses_brgemm(torch.bfloat16) == (brgemm == "1")
     copies = nested(0, 200, 5, 24, 33) + [(1, 65, 1), (1, 64, 7), (2, 0, 3)]
-    check(make_case(copies, Hq=8, Hkv=2, D=D, dtype=torch.bfloat16, layout="flashinfer_nhd", seed=D,
-                    softcap=20.0 if D == 256 else 0.0, sliding_window=100 if D == 80 else None))
+    check(
+        make_case(
+            copies,
+            Hq=8,
+            Hkv=2,
+            D=D,
+            dtype=torch.bfloat16,
+            layout="flashinfer_nhd",
+            seed=D,
+            softcap=20.0 if D == 256 else 0.0,
+            sliding_window=100 if D == 80 else None,
+        )
+    )
     old = torch.get_num_threads()
     torch.set_num_threads(1)  # forces the split path for one (request, head) pair
     try:

@@ -19,18 +19,19 @@ import random
 
 import pytest
 import torch
+from test_kernel_cpu import ARG_ORDER, LAYOUTS, TOL, make_case, nested, reference
 
 import parse_vllm.ops as ops
 from parse_vllm.ops.reference import gather_prefix
 
-from test_kernel_cpu import ARG_ORDER, LAYOUTS, TOL, make_case, nested, reference
-
 if not torch.cuda.is_available():
     _skip = f"no CUDA GPU (torch {torch.__version__}, torch.version.cuda={torch.version.cuda})"
 elif not ops.has_cuda_op():
-    _skip = ("parse_vllm._C was built without the CUDA kernel: rebuild with "
-             "`PARSE_VLLM_BUILD_CUDA=1 pip install --no-build-isolation -e .`"
-             + (f" ({ops.compiled_op_error()})" if ops.compiled_op_error() else ""))
+    _skip = (
+        "parse_vllm._C was built without the CUDA kernel: rebuild with "
+        "`PARSE_VLLM_BUILD_CUDA=1 pip install --no-build-isolation -e .`"
+        + (f" ({ops.compiled_op_error()})" if ops.compiled_op_error() else "")
+    )
 else:
     _skip = None
 
@@ -46,8 +47,9 @@ def to_cuda_strided(case):
     out = {}
     for k, v in case.items():
         if isinstance(v, torch.Tensor) and v.untyped_storage().nbytes() > v.numel() * v.element_size():
-            base = torch.empty(0, dtype=v.dtype).set_(v.untyped_storage(), 0,
-                                                       (v.untyped_storage().nbytes() // v.element_size(),))
+            base = torch.empty(0, dtype=v.dtype).set_(
+                v.untyped_storage(), 0, (v.untyped_storage().nbytes() // v.element_size(),)
+            )
             out[k] = base.cuda().as_strided(v.shape, v.stride(), v.storage_offset())
         elif isinstance(v, torch.Tensor):
             out[k] = v.cuda()
@@ -104,8 +106,9 @@ def test_prefix_edges_and_splits(P):
 @pytest.mark.parametrize("window", [None, 1, 17, 512])
 def test_softcap_window(softcap, window):
     copies = nested(0, 3000, 8, 24, 200) + [(1, 33, 5)]
-    check_cuda(make_case(copies, Hq=4, Hkv=1, D=256, dtype=torch.bfloat16, softcap=softcap,
-                         sliding_window=window, seed=5))
+    check_cuda(
+        make_case(copies, Hq=4, Hkv=1, D=256, dtype=torch.bfloat16, softcap=softcap, sliding_window=window, seed=5)
+    )
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -119,11 +122,21 @@ def test_random(seed):
             copies.append((r, rng.randint(0, P), rng.randint(0, 40)))
     if sum(L for _, _, L in copies) == 0:
         copies.append((0, 5, 2))
-    check_cuda(make_case(copies, Hq=Hkv * rng.choice([1, 2, 4, 8]), Hkv=Hkv,
-                         D=rng.choice([64, 80, 96, 128, 256]), block_size=rng.choice([16, 32, 64, 128]),
-                         dtype=rng.choice([torch.float16, torch.bfloat16]), layout=rng.choice(LAYOUTS),
-                         softcap=rng.choice([0.0, 20.0]), sliding_window=rng.choice([None, 256]),
-                         max_blocks=rng.choice([None, 1024]), seed=seed))
+    check_cuda(
+        make_case(
+            copies,
+            Hq=Hkv * rng.choice([1, 2, 4, 8]),
+            Hkv=Hkv,
+            D=rng.choice([64, 80, 96, 128, 256]),
+            block_size=rng.choice([16, 32, 64, 128]),
+            dtype=rng.choice([torch.float16, torch.bfloat16]),
+            layout=rng.choice(LAYOUTS),
+            softcap=rng.choice([0.0, 20.0]),
+            sliding_window=rng.choice([None, 256]),
+            max_blocks=rng.choice([None, 1024]),
+            seed=seed,
+        )
+    )
 
 
 def _per_copy_inputs(case):
@@ -140,14 +153,28 @@ def _per_copy_inputs(case):
 @pytest.mark.parametrize("softcap,window", [(0.0, None), (30.0, 256)])
 def test_matches_flash_attn_per_copy(softcap, window):
     flash_attn = pytest.importorskip("flash_attn")
-    case_cpu = make_case(nested(0, 2000, 8, 24, 100) + nested(1, 700, 4, 24, 50), Hq=8, Hkv=2, D=128,
-                         dtype=torch.bfloat16, softcap=softcap, sliding_window=window, seed=9)
+    case_cpu = make_case(
+        nested(0, 2000, 8, 24, 100) + nested(1, 700, 4, 24, 50),
+        Hq=8,
+        Hkv=2,
+        D=128,
+        dtype=torch.bfloat16,
+        softcap=softcap,
+        sliding_window=window,
+        seed=9,
+    )
     out, case = check_cuda(case_cpu)
     for t0, t1, q, k, v in _per_copy_inputs(case):
         # causal with seqlen_q < seqlen_k is bottom-right aligned: query j sees keys <= P + j
-        o = flash_attn.flash_attn_func(q[None].contiguous(), k[None].contiguous(), v[None].contiguous(),
-                                       softmax_scale=case["scale"], causal=True, softcap=softcap,
-                                       window_size=((window - 1) if window else -1, 0))[0]
+        o = flash_attn.flash_attn_func(
+            q[None].contiguous(),
+            k[None].contiguous(),
+            v[None].contiguous(),
+            softmax_scale=case["scale"],
+            causal=True,
+            softcap=softcap,
+            window_size=((window - 1) if window else -1, 0),
+        )[0]
         torch.testing.assert_close(out[t0:t1].float(), o.float(), rtol=2e-2, atol=2e-2)
 
 
@@ -157,8 +184,12 @@ def test_matches_xformers_per_copy():
     out, case = check_cuda(case_cpu)
     for t0, t1, q, k, v in _per_copy_inputs(case):
         o = xops.memory_efficient_attention(
-            q[None].contiguous(), k[None].contiguous(), v[None].contiguous(), scale=case["scale"],
-            attn_bias=xops.fmha.attn_bias.LowerTriangularFromBottomRightMask())[0]
+            q[None].contiguous(),
+            k[None].contiguous(),
+            v[None].contiguous(),
+            scale=case["scale"],
+            attn_bias=xops.fmha.attn_bias.LowerTriangularFromBottomRightMask(),
+        )[0]
         torch.testing.assert_close(out[t0:t1].float(), o.float(), rtol=2e-2, atol=2e-2)
 
 

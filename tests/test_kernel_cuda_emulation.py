@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from test_kernel_cpu import ARG_ORDER, make_case, nested, reference
 
 KT = 32
@@ -113,12 +112,13 @@ def emulate(case, sms=108):
                 P_t, j_t, c_t = torch.tensor(row_p), torch.tensor(row_j), torch.tensor(row_c)
                 lo_t = (P_t + j_t - W + 1).clamp(min=0) if W > 0 else torch.zeros(ROWS, dtype=torch.long)
 
+                # called only within this iteration, so the loop variables it reads are current
                 def process_tile(Ks, Vs, n, vis):  # vis: [ROWS, n] bool
                     nonlocal m, l, acc
-                    s = Qs @ Ks[:n].T
+                    s = Qs @ Ks[:n].T  # noqa: B023
                     if softcap > 0:
                         s = softcap * torch.tanh(s / softcap)
-                    x = torch.where(vis & ok[:, None], s, torch.full_like(s, NEG_INF))
+                    x = torch.where(vis & ok[:, None], s, torch.full_like(s, NEG_INF))  # noqa: B023
                     m_new = torch.maximum(m, x.max(1).values)
                     seen = m_new != NEG_INF  # rows that have seen something (else: untouched)
                     m_safe = torch.where(seen, m_new, torch.zeros_like(m_new))
@@ -150,7 +150,7 @@ def emulate(case, sms=108):
                             vis = (c_t[:, None] == cc) & (jk[None] <= j_t[:, None])
                             if W > 0:
                                 vis &= (j_t[:, None] - jk[None]) < W
-                            process_tile(k_new[t0 + j0:t0 + j0 + n, h], v_new[t0 + j0:t0 + j0 + n, h], n, vis)
+                            process_tile(k_new[t0 + j0 : t0 + j0 + n, h], v_new[t0 + j0 : t0 + j0 + n, h], n, vis)
                 # ---- write
                 for r in valid:
                     t, hq = row_t[r], h * G + (row0 + r) % G
@@ -183,8 +183,12 @@ def emulate(case, sms=108):
     [
         (nested(0, 40, 3, 5, 10) + [(1, 20, 3)], dict(), 1, False),
         (nested(0, 700, 4, 24, 100), dict(Hq=8, Hkv=2, block_size=16), 108, True),
-        (nested(0, 700, 4, 24, 100) + [(1, 0, 4), (1, 300, 0), (1, 299, 7)],
-         dict(Hq=4, Hkv=1, block_size=32, sliding_window=90, softcap=10.0), 108, True),
+        (
+            nested(0, 700, 4, 24, 100) + [(1, 0, 4), (1, 300, 0), (1, 299, 7)],
+            dict(Hq=4, Hkv=1, block_size=32, sliding_window=90, softcap=10.0),
+            108,
+            True,
+        ),
         ([(0, 64, 40), (0, 63, 1), (1, 65, 33)], dict(Hq=8, Hkv=1, D=256, block_size=16), 4, None),
         ([(0, 50, 4), (1, 30, 3), (0, 20, 5)], dict(Hq=6, Hkv=3, max_blocks=40), 108, True),
     ],

@@ -53,9 +53,20 @@ def _test_backend():
     class NeverCalledImpl(AttentionImpl):
         """The layers' "own" impl: the kernel path must never reach it."""
 
-        def __init__(self, num_heads, head_size, scale, num_kv_heads=None, alibi_slopes=None,
-                     sliding_window=None, kv_cache_dtype="auto", logits_soft_cap=None,
-                     attn_type="decoder", kv_sharing_target_layer_name=None, **kw):
+        def __init__(
+            self,
+            num_heads,
+            head_size,
+            scale,
+            num_kv_heads=None,
+            alibi_slopes=None,
+            sliding_window=None,
+            kv_cache_dtype="auto",
+            logits_soft_cap=None,
+            attn_type="decoder",
+            kv_sharing_target_layer_name=None,
+            **kw,
+        ):
             self.num_heads, self.head_size, self.scale = num_heads, head_size, float(scale)
             self.num_kv_heads = num_kv_heads
             self.alibi_slopes = alibi_slopes
@@ -132,8 +143,15 @@ def env(tmp_path_factory, smollm2_dir):
     from parse_vllm.models import make_tiny_model
     from parse_vllm.templates import build_template
 
-    path = make_tiny_model(tmp_path_factory.mktemp("kv") / "target", smollm2_dir, num_layers=NUM_LAYERS,
-                           hidden_size=128, intermediate_size=256, num_heads=HQ, num_kv_heads=HKV)
+    path = make_tiny_model(
+        tmp_path_factory.mktemp("kv") / "target",
+        smollm2_dir,
+        num_layers=NUM_LAYERS,
+        hidden_size=128,
+        intermediate_size=256,
+        num_heads=HQ,
+        num_kv_heads=HKV,
+    )
     tok = AutoTokenizer.from_pretrained(path)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     template = build_template(tok, ParseConfig())
@@ -141,24 +159,36 @@ def env(tmp_path_factory, smollm2_dir):
     backend = _test_backend()
     scale = hf.model.layers[0].self_attn.scaling
     with set_current_vllm_config(cfg):
-        attn = [Attention(HQ, D, scale, num_kv_heads=HKV, prefix=f"model.layers.{i}.self_attn.attn",
-                          attn_backend=backend) for i in range(NUM_LAYERS)]
-        cpu_attn = [Attention(HQ, D, scale, num_kv_heads=HKV, prefix=f"cpu.layers.{i}.self_attn.attn")
-                    for i in range(NUM_LAYERS)]
+        attn = [
+            Attention(HQ, D, scale, num_kv_heads=HKV, prefix=f"model.layers.{i}.self_attn.attn", attn_backend=backend)
+            for i in range(NUM_LAYERS)
+        ]
+        cpu_attn = [
+            Attention(HQ, D, scale, num_kv_heads=HKV, prefix=f"cpu.layers.{i}.self_attn.attn")
+            for i in range(NUM_LAYERS)
+        ]
 
     rng = np.random.default_rng(0)
-    questions = ["Why is the sky blue?", "Write a poem about the sea, please.", "What is 2+2?",
-                 "Tell me a story about a dragon who learns to fly over the mountains at night."]
+    questions = [
+        "Why is the sky blue?",
+        "Write a poem about the sea, please.",
+        "What is 2+2?",
+        "Tell me a story about a dragon who learns to fly over the mountains at night.",
+    ]
     requests = []
     for i, text in enumerate(questions):
-        chat = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                       tokenize=False)
+        chat = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
         prompt = tok.encode(chat, add_special_tokens=False)
         draft = rng.integers(200, 30000, size=40 + 13 * i).tolist()
         with torch.no_grad():
             cache = hf(torch.tensor([prompt + draft]), use_cache=True).past_key_values
-        kv = [(cache.layers[j].keys[0].transpose(0, 1).contiguous(),  # [n, Hkv, D], after RoPE
-               cache.layers[j].values[0].transpose(0, 1).contiguous()) for j in range(NUM_LAYERS)]
+        kv = [
+            (
+                cache.layers[j].keys[0].transpose(0, 1).contiguous(),  # [n, Hkv, D], after RoPE
+                cache.layers[j].values[0].transpose(0, 1).contiguous(),
+            )
+            for j in range(NUM_LAYERS)
+        ]
         requests.append(SimpleNamespace(prompt=prompt, draft=draft, kv=kv))
 
     reference: dict[tuple[int, ...], tuple[float, float]] = {}
@@ -171,14 +201,24 @@ def env(tmp_path_factory, smollm2_dir):
         if key not in reference:
             labels = template.labels
             with torch.no_grad():
-                logits = hf(torch.tensor([tokens + list(template.suffix_ids)])).logits[0, -labels.rows:]
+                logits = hf(torch.tensor([tokens + list(template.suffix_ids)])).logits[0, -labels.rows :]
             lp = torch.log_softmax(logits.float(), -1)
-            reference[key] = tuple(sum(float(lp[j, x]) for j, x in enumerate(ids))
-                                   for ids in (labels.yes_ids, labels.no_ids))
+            reference[key] = tuple(
+                sum(float(lp[j, x]) for j, x in enumerate(ids)) for ids in (labels.yes_ids, labels.no_ids)
+            )
         return reference[key]
 
-    return SimpleNamespace(cfg=cfg, hf=hf, tok=tok, template=template, attn=attn, cpu_attn=cpu_attn,
-                           requests=requests, hf_logits=hf_logits, names=[a.layer_name for a in attn])
+    return SimpleNamespace(
+        cfg=cfg,
+        hf=hf,
+        tok=tok,
+        template=template,
+        attn=attn,
+        cpu_attn=cpu_attn,
+        requests=requests,
+        hf_logits=hf_logits,
+        names=[a.layer_name for a in attn],
+    )
 
 
 def _make_cache(num_blocks: int, block_size: int, physical: str, gen: torch.Generator):
@@ -218,7 +258,7 @@ def _setup(env, *, block: int, physical: str, kernel_block: int | None, seed: in
     table = rng.integers(0, num_blocks, size=(max_reqs, max_blocks)).astype(np.int32)
     perm = rng.permutation(num_blocks)
     start = 0
-    for i, r in enumerate(reqs):
+    for i in range(len(reqs)):
         table[rows[i], : need[i]] = perm[start : start + need[i]]
         start += need[i]
     manager_views, bound = [], []
@@ -240,8 +280,12 @@ def _setup(env, *, block: int, physical: str, kernel_block: int | None, seed: in
     for a, kv in zip(env.attn, bound):
         a.bind_kv_cache(kv)
 
-    group = SimpleNamespace(layer_names=env.names, kernel_block_size=kernel_block, kernel_block_stride=0,
-                            kv_cache_spec=SimpleNamespace(block_size=block))
+    group = SimpleNamespace(
+        layer_names=env.names,
+        kernel_block_size=kernel_block,
+        kernel_block_stride=0,
+        kv_cache_spec=SimpleNamespace(block_size=block),
+    )
     runner = SimpleNamespace(
         device=torch.device("cpu"),
         model=HFDrivenTarget(env.hf, env.attn),
@@ -262,9 +306,18 @@ def _setup(env, *, block: int, physical: str, kernel_block: int | None, seed: in
 def _verifier(env, runner, manager_views, num_blocks, block, **kw):
     t = env.template
     return KernelVerifier(
-        runner, suffix_ids=t.suffix_ids, labels=t.labels, kv_cache_group_id=0,
-        layer_names=env.names, layer_caches=manager_views, num_blocks=num_blocks, block_size=block,
-        scratch_ids=np.arange(0), check_isolation=True, **kw)
+        runner,
+        suffix_ids=t.suffix_ids,
+        labels=t.labels,
+        kv_cache_group_id=0,
+        layer_names=env.names,
+        layer_caches=manager_views,
+        num_blocks=num_blocks,
+        block_size=block,
+        scratch_ids=np.arange(0),
+        check_isolation=True,
+        **kw,
+    )
 
 
 # -- tests --------------------------------------------------------------------
@@ -284,7 +337,8 @@ def test_kernel_judgments_equal_full_target_forwards(env, block, physical, kerne
     """KernelVerifier.judge == plain HF forwards over prompt + draft[:b] +
     suffix: every logit within 1e-4, identical pass/fail; no cache byte written."""
     runner, copies, tokens, manager_views, num_blocks = _setup(
-        env, block=block, physical=physical, kernel_block=kernel_block, seed=block + (kernel_block or 0))
+        env, block=block, physical=physical, kernel_block=kernel_block, seed=block + (kernel_block or 0)
+    )
     prefix = copies.prefix_len
     assert (prefix % block == 0).any() and (prefix % block != 0).any()  # on and off block edges
     assert len(copies.req_row) >= 20 and len(set(copies.req_row.tolist())) == 4
@@ -320,8 +374,10 @@ def test_kernel_judgments_equal_full_target_forwards(env, block, physical, kerne
     tau = (s[k] + s[k + 1]) / 2
     assert ((d_got >= tau) == (d_want >= tau)).all()
     assert 0 < (d_want >= tau).sum() < C
-    print(f"\n{block=} {physical=} {kernel_block=}: {C} copies, {j.passes} passes, max |logit diff| {worst:.2e}, "
-          f"P(yes) in [{p_want.min():.3f}, {p_want.max():.3f}]")
+    print(
+        f"\n{block=} {physical=} {kernel_block=}: {C} copies, {j.passes} passes, max |logit diff| {worst:.2e}, "
+        f"P(yes) in [{p_want.min():.3f}, {p_want.max():.3f}]"
+    )
 
 
 def test_standard_kv_cache_views_read_vllm_layouts():
@@ -377,9 +433,14 @@ def test_impl_wrapper_delegates_everything_else_untouched(env):
     slots = torch.zeros(1, dtype=torch.long)
     w.do_kv_cache_update(layer, k, v, kv, slots)  # no forward context
     assert calls.pop()[1] == (layer, k, v, kv, slots)
-    pv = PrefixVerifyMetadata(block_table=torch.zeros(1, 1, dtype=torch.int32), copy_req=torch.zeros(0),
-                              copy_prefix_len=torch.zeros(0), cu_copy_lens=torch.zeros(1), num_actual_tokens=0,
-                              scale=1.0)
+    pv = PrefixVerifyMetadata(
+        block_table=torch.zeros(1, 1, dtype=torch.int32),
+        copy_req=torch.zeros(0),
+        copy_prefix_len=torch.zeros(0),
+        cu_copy_lens=torch.zeros(1),
+        num_actual_tokens=0,
+        scale=1.0,
+    )
     with set_forward_context({layer.layer_name: pv}, env.cfg, num_tokens=1, slot_mapping={}):
         w.do_kv_cache_update(layer, k, v, kv, slots)
     assert calls == []  # dropped
@@ -395,20 +456,25 @@ def test_refuses_cpu_backend(env):
     """vLLM's CPU backend packs KV per ISA: the kernel verifier refuses it,
     naming the backend and the alternative."""
     assert env.cpu_attn[0].attn_backend.get_name() == "CPU_ATTN"
-    runner = SimpleNamespace(device=torch.device("cpu"), model=torch.nn.ModuleList(env.cpu_attn),
-                             vllm_config=env.cfg)
+    runner = SimpleNamespace(device=torch.device("cpu"), model=torch.nn.ModuleList(env.cpu_attn), vllm_config=env.cfg)
     t = env.template
     with pytest.raises(NotImplementedError, match=r"CPU attention backend \(CPU_ATTN\).*ForkedBlockTableVerifier"):
-        KernelVerifier(runner, suffix_ids=t.suffix_ids, labels=t.labels, kv_cache_group_id=0,
-                       layer_names=[a.layer_name for a in env.cpu_attn], layer_caches=[], num_blocks=8,
-                       block_size=32)
+        KernelVerifier(
+            runner,
+            suffix_ids=t.suffix_ids,
+            labels=t.labels,
+            kv_cache_group_id=0,
+            layer_names=[a.layer_name for a in env.cpu_attn],
+            layer_caches=[],
+            num_blocks=8,
+            block_size=32,
+        )
 
 
 def test_refuses_unknown_backend_layout(env, monkeypatch):
     """A backend whose cache layout is not known to be standard is refused."""
     backend = env.attn[0].attn_backend
-    runner, copies, tokens, manager_views, num_blocks = _setup(env, block=16, physical="HND", kernel_block=None,
-                                                               seed=3)
+    runner, copies, tokens, manager_views, num_blocks = _setup(env, block=16, physical="HND", kernel_block=None, seed=3)
     for a in env.attn:
         monkeypatch.setattr(a, "attn_backend", type("Unknown", (backend,), {"parse_standard_kv_layout": False}))
     with pytest.raises(NotImplementedError, match="KV cache layout"):

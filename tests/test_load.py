@@ -22,10 +22,24 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "load_test.py"
 def figures(tiny_models, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("load") / "load.json"
     cmd = [
-        sys.executable, str(SCRIPT), "--clients", "16", "--requests", "64",
-        "--target", str(tiny_models["target"]), "--draft", str(tiny_models["draft"]),
-        "--max-seconds", "600", "--request-timeout", "300",
-        "--keep-logs", str(out.parent), "--out", str(out),
+        sys.executable,
+        str(SCRIPT),
+        "--clients",
+        "16",
+        "--requests",
+        "64",
+        "--target",
+        str(tiny_models["target"]),
+        "--draft",
+        str(tiny_models["draft"]),
+        "--max-seconds",
+        "600",
+        "--request-timeout",
+        "300",
+        "--keep-logs",
+        str(out.parent),
+        "--out",
+        str(out),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     logs = "\n".join(p.read_text()[-3000:] for p in sorted(out.parent.glob("*.log")))
@@ -51,9 +65,20 @@ def test_no_kv_or_scratch_block_leaked(figures):
     # The worker scanned its block tables after every step of the load, and
     # the load did hold blocks; the scheduler's usage figure, read while one
     # request ran alone, does see them (so the checks are not vacuous) ...
-    watch = {k: figures[k] for k in (
-        "wall_s", "audited_steps", "audit_batch_requests_max", "kv_cache_usage_busy_reads",
-        "rpc_polls", "rpc_polls_with_requests", "poll_seconds_max", "poll_error_count", "poll_errors")}
+    watch = {
+        k: figures[k]
+        for k in (
+            "wall_s",
+            "audited_steps",
+            "audit_batch_requests_max",
+            "kv_cache_usage_busy_reads",
+            "rpc_polls",
+            "rpc_polls_with_requests",
+            "poll_seconds_max",
+            "poll_error_count",
+            "poll_errors",
+        )
+    }
     assert figures["audited_steps"] > 0, watch
     assert figures["audit_batch_requests_max"] > 1, watch  # requests ran concurrently
     assert figures["request_blocks_held_max_during"] > 0, watch

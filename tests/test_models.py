@@ -275,11 +275,16 @@ def test_prepare_demo_draft_idempotent(prepared):
     assert cfg == shipped and cfg["num_hidden_layers"] < 30
     # the embedding came from the target, the layers from the shipped delta
     from safetensors import safe_open
-    with safe_open(str(path / "model.safetensors"), framework="pt") as d, \
-            safe_open(str(models.model_dir(models.DEMO_TARGET_NAME) / "model.safetensors"), framework="pt") as t:
+
+    with (
+        safe_open(str(path / "model.safetensors"), framework="pt") as d,
+        safe_open(str(models.model_dir(models.DEMO_TARGET_NAME) / "model.safetensors"), framework="pt") as t,
+    ):
         assert torch.equal(d.get_tensor("model.embed_tokens.weight"), t.get_tensor("model.embed_tokens.weight"))
-    with safe_open(str(models.SHIPPED_DRAFTS / models.DEMO_DRAFT_NAME / "draft_delta.safetensors"), framework="pt") as s, \
-            safe_open(str(path / "model.safetensors"), framework="pt") as d:
+    with (
+        safe_open(str(models.SHIPPED_DRAFTS / models.DEMO_DRAFT_NAME / "draft_delta.safetensors"), framework="pt") as s,
+        safe_open(str(path / "model.safetensors"), framework="pt") as d,
+    ):
         assert "model.embed_tokens.weight" not in s.keys()
         assert all(torch.equal(s.get_tensor(k), d.get_tensor(k)) for k in s.keys())
     mtime = (path / MARKER_FILE).stat().st_mtime_ns

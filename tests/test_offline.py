@@ -18,7 +18,6 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-
 from conftest import PROMPTS, WINDOW, close_llm, engine_kwargs, make_llm, parse_kwargs
 
 pytestmark = pytest.mark.slow
@@ -106,12 +105,13 @@ def test_accept_all_when_threshold_zero(ref, draft, parse):
     prompts = prompt_ids(parse, PROMPTS[:4])
     max_tokens = 2 * WINDOW + 6
     want = [_accept_all_expected(ref, draft, p, max_tokens) for p in prompts]
-    got = ids(parse.generate([{"prompt_token_ids": p} for p in prompts],
-                             sp(max_tokens, extra_args={"parse_threshold": 0.0})))
+    got = ids(
+        parse.generate([{"prompt_token_ids": p} for p in prompts], sp(max_tokens, extra_args={"parse_threshold": 0.0}))
+    )
     assert got == want
     # One window of W draft tokens, then the target's token:
     first = ids(draft.generate([{"prompt_token_ids": prompts[0] + got[0][:1]}], sp(WINDOW)))[0]
-    assert got[0][1:1 + WINDOW] == first
+    assert got[0][1 : 1 + WINDOW] == first
 
 
 def test_token_guard_identities(ref, parse):
@@ -169,7 +169,7 @@ def test_judgments_equal_separate_target_forwards(parse, tiny_models):
             logits = model(torch.tensor([r["token_ids"] + list(t.suffix_ids)])).logits[0]
         # Label token j is read after the chat suffix and the label's first j
         # tokens: the logits rows from the suffix's last token on.
-        lp = torch.log_softmax(logits[len(r["token_ids"]) + len(t.suffix_ids) - t.labels.rows:], -1)
+        lp = torch.log_softmax(logits[len(r["token_ids"]) + len(t.suffix_ids) - t.labels.rows :], -1)
         ref_yes = sum(float(lp[j, x]) for j, x in enumerate(t.labels.yes_ids))
         ref_no = sum(float(lp[j, x]) for j, x in enumerate(t.labels.no_ids))
         worst = max(worst, abs(ref_yes - r["logprob_yes"]), abs(ref_no - r["logprob_no"]))
@@ -209,12 +209,14 @@ def test_limits_hold_inside_accepted_drafts(parse):
     stopped = ids(parse.generate([PROMPTS[0]], sp(30, extra_args=accept, stop_token_ids=[stop_tok])))[0]
     assert stopped == out0[: first + 1]
     # min_tokens: the stop token may not come before min_tokens outputs
-    held = ids(parse.generate([PROMPTS[0]], sp(30, extra_args=accept, stop_token_ids=[stop_tok], min_tokens=first + 4)))[0]
+    held = ids(
+        parse.generate([PROMPTS[0]], sp(30, extra_args=accept, stop_token_ids=[stop_tok], min_tokens=first + 4))
+    )[0]
     assert stop_tok not in held[: first + 4]
     assert len(held) >= first + 4
     # stop strings (detokenized) still cut the text
     text = parse.generate([PROMPTS[0]], sp(30, extra_args=accept))[0].outputs[0].text
-    cut = text[len(text) // 2:][:6]
+    cut = text[len(text) // 2 :][:6]
     if cut.strip():
         stopped_text = parse.generate([PROMPTS[0]], sp(30, extra_args=accept, stop=[cut]))[0].outputs[0].text
         assert cut not in stopped_text and text.startswith(stopped_text)
@@ -238,8 +240,14 @@ def test_bad_request_options_are_refused_and_engine_survives(parse):
     from vllm import SamplingParams
     from vllm.exceptions import VLLMValidationError
 
-    for bad in ({"parse_threshold": "high"}, {"parse_tau": 0.2}, {"parse": "maybe"}, {"parse_threshold": -1},
-                {"parse_guard": -2}, {"parse_guard": "top5"}):
+    for bad in (
+        {"parse_threshold": "high"},
+        {"parse_tau": 0.2},
+        {"parse": "maybe"},
+        {"parse_threshold": -1},
+        {"parse_guard": -2},
+        {"parse_guard": "top5"},
+    ):
         with pytest.raises(VLLMValidationError, match="parse"):
             parse.generate(["hi"], SamplingParams(max_tokens=4, extra_args=bad))
     assert len(ids(parse.generate(["hi"], sp(4)))[0]) == 4
@@ -274,7 +282,8 @@ def test_plugin_installed_but_not_named_changes_nothing(ref, tiny_models, tmp_pa
     gives the same tokens as with parse-vllm installed (the `ref` engine)."""
     want = ids(ref.generate(PROMPTS, sp(32)))
     script = tmp_path / "plain.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from conftest import PROMPTS, engine_kwargs
@@ -288,10 +297,13 @@ def test_plugin_installed_but_not_named_changes_nothing(ref, tiny_models, tmp_pa
             print("RESULT", json.dumps([list(o.outputs[0].token_ids) for o in out]))
         if __name__ == "__main__":
             main()
-    """))
+    """)
+    )
     env = {**os.environ, "VLLM_PLUGINS": ""}
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
-    lines = {l.split(" ", 1)[0]: l.split(" ", 1)[1] for l in res.stdout.splitlines() if l.startswith(("RESULT", "PLATFORM"))}
+    lines = {
+        l.split(" ", 1)[0]: l.split(" ", 1)[1] for l in res.stdout.splitlines() if l.startswith(("RESULT", "PLATFORM"))
+    }
     assert "RESULT" in lines, res.stderr[-3000:]
     assert lines["PLATFORM"] == "CpuPlatform"  # truly without the plugin
     assert json.loads(lines["RESULT"]) == want
@@ -304,13 +316,22 @@ LONG_WINDOW = 256
 
 @pytest.fixture(scope="module")
 def parse_long(tiny_models):
-    llm = make_llm(**parse_kwargs(
-        tiny_models, window=LONG_WINDOW, on_reject="redraft", redraft_tokens=8, max_rounds=3,
-        two_stage=True, boundaries="both", every=16, spec_tokens=3,
-        # one-token labels: on random weights a two-token label is ~e^-10 less
-        # likely, so P(yes) would be ~1 everywhere and no draft would fail
-        labels=["Yes", "No"],
-    ))
+    llm = make_llm(
+        **parse_kwargs(
+            tiny_models,
+            window=LONG_WINDOW,
+            on_reject="redraft",
+            redraft_tokens=8,
+            max_rounds=3,
+            two_stage=True,
+            boundaries="both",
+            every=16,
+            spec_tokens=3,
+            # one-token labels: on random weights a two-token label is ~e^-10 less
+            # likely, so P(yes) would be ~1 everywhere and no draft would fail
+            labels=["Yes", "No"],
+        )
+    )
     yield llm
     close_llm(llm)
 
@@ -334,8 +355,11 @@ def test_long_window_redraft_lossless(ref, parse_long):
 
 def test_long_window_accept_all(ref, draft, parse_long):
     prompts = prompt_ids(parse_long, PROMPTS[:2])
-    got = ids(parse_long.generate([{"prompt_token_ids": p} for p in prompts],
-                                  sp(200, extra_args={"parse_threshold": 0.0}, ignore_eos=True)))
+    got = ids(
+        parse_long.generate(
+            [{"prompt_token_ids": p} for p in prompts], sp(200, extra_args={"parse_threshold": 0.0}, ignore_eos=True)
+        )
+    )
     for p, g in zip(prompts, got):
         t0 = ids(ref.generate([{"prompt_token_ids": p}], sp(1)))[0]
         d = ids(draft.generate([{"prompt_token_ids": p + t0}], sp(199, ignore_eos=True)))[0]
@@ -391,14 +415,17 @@ def _unreadable_draft(tiny_models, tmp_path):
     return bad
 
 
-@pytest.mark.parametrize("case, want", [
-    ("draft_missing", "no-such-draft"),
-    ("draft_unreadable", "draft-unreadable"),
-    ("threshold", r"parse\.threshold"),
-    ("boundaries", r"parse\.boundaries"),
-    ("labels", r"parse\.labels.*start with the same token"),
-    ("window", r"num_speculative_tokens=2048.*max_model_len=1024"),
-])
+@pytest.mark.parametrize(
+    "case, want",
+    [
+        ("draft_missing", "no-such-draft"),
+        ("draft_unreadable", "draft-unreadable"),
+        ("threshold", r"parse\.threshold"),
+        ("boundaries", r"parse\.boundaries"),
+        ("labels", r"parse\.labels.*start with the same token"),
+        ("window", r"num_speculative_tokens=2048.*max_model_len=1024"),
+    ],
+)
 def test_bad_configuration_refused_at_start(tiny_models, tmp_path, case, want):
     """Each bad start-up setting: an error naming the field, raised before any
     engine process is left running."""

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import BLOCK, WINDOW
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ray_batch.py"
@@ -21,8 +20,14 @@ LOAD_SCRIPT = SCRIPT.with_name("load_test.py")
 def _config(tiny_models, **extra):
     from vllm.engine.arg_utils import EngineArgs
 
-    kw = dict(model=str(tiny_models["target"]), dtype="float32", enforce_eager=True, block_size=BLOCK,
-              max_model_len=1024, distributed_executor_backend="ray")
+    kw = dict(
+        model=str(tiny_models["target"]),
+        dtype="float32",
+        enforce_eager=True,
+        block_size=BLOCK,
+        max_model_len=1024,
+        distributed_executor_backend="ray",
+    )
     kw.update(extra)
     return EngineArgs(**kw).create_engine_config()
 
@@ -34,8 +39,11 @@ def test_ray_backend_becomes_the_parse_cpu_ray_executor(tiny_models):
 
     named = _config(
         tiny_models,
-        speculative_config={"method": "draft_model", "model": str(tiny_models["draft"]),
-                            "num_speculative_tokens": WINDOW},
+        speculative_config={
+            "method": "draft_model",
+            "model": str(tiny_models["draft"]),
+            "num_speculative_tokens": WINDOW,
+        },
         additional_config={"parse": {}},
     )
     assert named.parallel_config.distributed_executor_backend is ParseCpuRayExecutor
@@ -54,10 +62,27 @@ def test_serve_on_the_ray_executor(tiny_models, tmp_path):
     drafts judged), its RPCs answer through Ray, nothing leaks."""
     out = tmp_path / "load.json"
     cmd = [
-        sys.executable, str(LOAD_SCRIPT), "--clients", "4", "--requests", "8", "--warmup", "4",
-        "--target", str(tiny_models["target"]), "--draft", str(tiny_models["draft"]),
-        "--executor", "ray", "--no-reference", "--max-seconds", "600",
-        "--keep-logs", str(tmp_path), "--out", str(out),
+        sys.executable,
+        str(LOAD_SCRIPT),
+        "--clients",
+        "4",
+        "--requests",
+        "8",
+        "--warmup",
+        "4",
+        "--target",
+        str(tiny_models["target"]),
+        "--draft",
+        str(tiny_models["draft"]),
+        "--executor",
+        "ray",
+        "--no-reference",
+        "--max-seconds",
+        "600",
+        "--keep-logs",
+        str(tmp_path),
+        "--out",
+        str(out),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     log = (tmp_path / "parse-server.log").read_text() if (tmp_path / "parse-server.log").exists() else ""
@@ -74,10 +99,18 @@ def test_serve_on_the_ray_executor(tiny_models, tmp_path):
 REQUESTS = [
     {"id": "a", "prompt": "The capital of France is", "max_tokens": 24, "parse_threshold": 1.5},
     {"id": "b", "prompt": "The capital of France is", "max_tokens": 24, "parse": False},
-    {"id": "c", "messages": [{"role": "user", "content": "Write a poem about the sea."}], "max_tokens": 32,
-     "parse_threshold": 1.5},
-    {"id": "d", "messages": [{"role": "user", "content": "Write a poem about the sea."}], "max_tokens": 32,
-     "parse": False},
+    {
+        "id": "c",
+        "messages": [{"role": "user", "content": "Write a poem about the sea."}],
+        "max_tokens": 32,
+        "parse_threshold": 1.5,
+    },
+    {
+        "id": "d",
+        "messages": [{"role": "user", "content": "Write a poem about the sea."}],
+        "max_tokens": 32,
+        "parse": False,
+    },
     {"id": "e", "prompt": "Tell me a story about a dragon.", "max_tokens": 40, "parse_threshold": 0.0},
     {"id": "f", "messages": [{"role": "user", "content": "What is 2+2?"}], "parse_threshold": 0.0},
     {"id": "g", "prompt": "a " * 60},
@@ -90,13 +123,39 @@ REQUESTS = [
 def test_ray_batch_over_jsonl(tiny_models, tmp_path):
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("".join(json.dumps(r) + "\n" for r in REQUESTS))
-    engine = {"dtype": "float32", "enforce_eager": True, "block_size": BLOCK, "max_model_len": 1024,
-              "kv_cache_memory_bytes": 96 << 20, "seed": 0}
+    engine = {
+        "dtype": "float32",
+        "enforce_eager": True,
+        "block_size": BLOCK,
+        "max_model_len": 1024,
+        "kv_cache_memory_bytes": 96 << 20,
+        "seed": 0,
+    }
     cmd = [
-        sys.executable, str(SCRIPT), "--input", str(inp), "--output", str(out),
-        "--model", str(tiny_models["target"]), "--draft", str(tiny_models["draft"]), "--window", str(WINDOW),
-        "--parse", json.dumps({"threshold": 0.5}), "--engine", json.dumps(engine),
-        "--max-tokens", "20", "--actors", "1", "--batch-size", "4", "--num-cpus", "2",
+        sys.executable,
+        str(SCRIPT),
+        "--input",
+        str(inp),
+        "--output",
+        str(out),
+        "--model",
+        str(tiny_models["target"]),
+        "--draft",
+        str(tiny_models["draft"]),
+        "--window",
+        str(WINDOW),
+        "--parse",
+        json.dumps({"threshold": 0.5}),
+        "--engine",
+        json.dumps(engine),
+        "--max-tokens",
+        "20",
+        "--actors",
+        "1",
+        "--batch-size",
+        "4",
+        "--num-cpus",
+        "2",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -122,8 +181,20 @@ def test_ray_batch_over_jsonl(tiny_models, tmp_path):
 def test_ray_batch_refuses_bad_input_naming_the_line(tmp_path, tiny_models):
     inp = tmp_path / "in.jsonl"
     inp.write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"prompt": "x", "parse_threshold": "high"}) + "\n")
-    cmd = [sys.executable, str(SCRIPT), "--input", str(inp), "--output", str(tmp_path / "o.jsonl"),
-           "--model", str(tiny_models["target"]), "--draft", str(tiny_models["draft"]), "--window", "8"]
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--input",
+        str(inp),
+        "--output",
+        str(tmp_path / "o.jsonl"),
+        "--model",
+        str(tiny_models["target"]),
+        "--draft",
+        str(tiny_models["draft"]),
+        "--window",
+        "8",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert f"{inp}:2" in proc.stderr and "parse_threshold" in proc.stderr

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from conftest import BLOCK, WINDOW, running_server
 
 pytestmark = pytest.mark.slow
@@ -32,15 +31,32 @@ def server(tiny_models, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     exe = shutil.which("parse-vllm", path=os.path.dirname(sys.executable)) or "parse-vllm"
     cmd = [
-        exe, "serve", str(tiny_models["target"]),
-        "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--enforce-eager", "--block-size", str(BLOCK),
-        "--max-model-len", "1024", "--max-num-seqs", "8",
-        "--kv-cache-memory-bytes", str(96 << 20), "--seed", "0",
-        "--speculative-config", json.dumps({"method": "draft_model", "model": str(tiny_models["draft"]),
-                                            "num_speculative_tokens": WINDOW}),
-        "--additional-config", json.dumps({"parse": {"threshold": 0.5}}),
+        exe,
+        "serve",
+        str(tiny_models["target"]),
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--block-size",
+        str(BLOCK),
+        "--max-model-len",
+        "1024",
+        "--max-num-seqs",
+        "8",
+        "--kv-cache-memory-bytes",
+        str(96 << 20),
+        "--seed",
+        "0",
+        "--speculative-config",
+        json.dumps({"method": "draft_model", "model": str(tiny_models["draft"]), "num_speculative_tokens": WINDOW}),
+        "--additional-config",
+        json.dumps({"parse": {"threshold": 0.5}}),
     ]
     env = {**os.environ, "VLLM_LOG_STATS_INTERVAL": "1", "VLLM_LOGGING_LEVEL": "INFO"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)

@@ -31,8 +31,16 @@ def test_prompts_are_deterministic_and_never_the_evaluation_questions():
     victim = a[0]["prompt"]
     b = make_prompts(300, seed=3, exclude=[victim], ngram=4)
     assert victim not in {p["prompt"] for p in b}
-    assert {p["category"] for p in a} >= {"writing", "roleplay", "reasoning", "math", "coding", "extraction",
-                                          "stem", "humanities"}
+    assert {p["category"] for p in a} >= {
+        "writing",
+        "roleplay",
+        "reasoning",
+        "math",
+        "coding",
+        "extraction",
+        "stem",
+        "humanities",
+    }
 
 
 def test_long_prompts_follow_the_short_ones_unchanged():
@@ -48,29 +56,37 @@ def test_long_prompts_follow_the_short_ones_unchanged():
     assert not {p["prompt"] for p in long} & set(questions)
     words = lambda ps: sum(len(p["prompt"].split()) for p in ps) / len(ps)  # noqa: E731
     assert words(long) > 2 * words(short)
-    assert {p["category"] for p in long} == {"writing", "roleplay", "reasoning", "math", "coding", "extraction",
-                                             "stem", "humanities"}
+    assert {p["category"] for p in long} == {
+        "writing",
+        "roleplay",
+        "reasoning",
+        "math",
+        "coding",
+        "extraction",
+        "stem",
+        "humanities",
+    }
 
 
 def test_self_instruct_requests_are_filtered_and_never_the_evaluation_questions():
     import random
 
-    from parse_vllm.train_prompts import (EXAMPLE_REQUESTS, accept_written_request, banned_ngrams,
-                                          self_instruct_text)
+    from parse_vllm.train_prompts import EXAMPLE_REQUESTS, accept_written_request, banned_ngrams, self_instruct_text
 
     questions = [q["prompt"] for q in mtbench_questions()]
     banned = banned_ngrams(questions)
     # the examples shown to the target are not evaluation questions, nor pieces of them
     assert len(set(EXAMPLE_REQUESTS)) == len(EXAMPLE_REQUESTS) >= 20
-    assert all(accept_written_request(e, set(), banned) == e for e in
-               [e + " Please." for e in EXAMPLE_REQUESTS])
+    assert all(accept_written_request(e, set(), banned) == e for e in [e + " Please." for e in EXAMPLE_REQUESTS])
     text = self_instruct_text(random.Random(0))
     assert text == self_instruct_text(random.Random(0)) != self_instruct_text(random.Random(1))
     assert text.endswith("\n5.") and sum(e in text for e in EXAMPLE_REQUESTS) == 4
     seen: set[str] = set()
     # the first line only, whitespace folded
-    assert accept_written_request("  Write a  poem about   rain.\n6. Something else", seen, banned) \
+    assert (
+        accept_written_request("  Write a  poem about   rain.\n6. Something else", seen, banned)
         == "Write a poem about rain."
+    )
     assert accept_written_request("Write a poem about rain.", seen, banned) is None  # repeat
     assert accept_written_request("Hello there", seen, banned) is None  # too short
     assert accept_written_request("word " * 200, seen, banned) is None  # too long
@@ -92,11 +108,20 @@ def test_soft_targets_line_up_with_the_answer_positions():
     from parse_vllm.train_draft import _collate, _loss_and_hits
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=50,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+        )
+    )
     rows = [
         ([1, 2, 3], [4, 5], [[4, 9, 7], [5, 8]], [[-0.1, -2.5, -3.0], [-0.2, -1.9]]),  # 2nd position lists 2 of 3
-        ([1, 6], [7, 8, 9], None, None),                                               # no top-k: hard loss only
+        ([1, 6], [7, 8, 9], None, None),  # no top-k: hard loss only
         ([2], [10], [[10, 11, 12]], [[-0.5, -1.0, -4.0]]),
     ]
     inputs, labels, soft = _collate(rows, [0, 1, 2], pad_id=0, topk=3)
@@ -116,7 +141,9 @@ def test_soft_targets_line_up_with_the_answer_positions():
     p0 = torch.tensor([-0.1, -2.5, -3.0]).softmax(-1)
     p1 = torch.tensor([-0.2, -1.9]).softmax(-1)
     p2 = torch.tensor([-0.5, -1.0, -4.0]).softmax(-1)
-    soft_ref = -((p0 * logp[0, [4, 9, 7]]).sum() + (p1 * logp[1, [5, 8]]).sum() + (p2 * logp[5, [10, 11, 12]]).sum()) / 3
+    soft_ref = (
+        -((p0 * logp[0, [4, 9, 7]]).sum() + (p1 * logp[1, [5, 8]]).sum() + (p2 * logp[5, [10, 11, 12]]).sum()) / 3
+    )
     assert loss.item() == pytest.approx(((1 - w) * hard + w * soft_ref).item(), rel=1e-5)
     assert n == 6 and hits == int((logp.argmax(-1) == y).sum())
     assert _loss_and_hits(model, inputs, labels, soft, 0.0)[0].item() == pytest.approx(hard.item(), rel=1e-5)
@@ -151,18 +178,43 @@ def test_train_draft_end_to_end_on_a_tiny_target(tiny_models, tmp_path):
     """`parse-vllm train-draft` from answers to an assembled draft that vLLM runs as a draft,
     interrupted by its time bound and resumed from the checkpoint."""
     work = tmp_path / "work"
-    exe = [sys.executable, "-m", "parse_vllm.cli", "train-draft", "--target", str(tiny_models["target"]),
-           "--work", str(work), "--num-prompts", "20", "--self-instruct", "4", "--max-tokens", "24",
-           "--batch-tokens", "512",
-           "--layers", "1", "--init-layers", "3", "--intermediate-size", "128", "--threads", "2",
-           "--head-vocab", "1024",  # a head-pruned draft (draft_vocab.py), as shipped
-           # A random target's top-k is nearly flat: nothing a 3000-token run can learn from.
-           # Its greedy tokens are, so this run checks learning on those (the top-k are still
-           # generated and checked below; the soft loss has its own test above).
-           "--soft-weight", "0"]
+    exe = [
+        sys.executable,
+        "-m",
+        "parse_vllm.cli",
+        "train-draft",
+        "--target",
+        str(tiny_models["target"]),
+        "--work",
+        str(work),
+        "--num-prompts",
+        "20",
+        "--self-instruct",
+        "4",
+        "--max-tokens",
+        "24",
+        "--batch-tokens",
+        "512",
+        "--layers",
+        "1",
+        "--init-layers",
+        "3",
+        "--intermediate-size",
+        "128",
+        "--threads",
+        "2",
+        "--head-vocab",
+        "1024",  # a head-pruned draft (draft_vocab.py), as shipped
+        # A random target's top-k is nearly flat: nothing a 3000-token run can learn from.
+        # Its greedy tokens are, so this run checks learning on those (the top-k are still
+        # generated and checked below; the soft loss has its own test above).
+        "--soft-weight",
+        "0",
+    ]
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
-    first = subprocess.run([*exe, "--token-budget", "3000", "--max-minutes", "0.002"], env=env,
-                           capture_output=True, text=True, timeout=600)
+    first = subprocess.run(
+        [*exe, "--token-budget", "3000", "--max-minutes", "0.002"], env=env, capture_output=True, text=True, timeout=600
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     rows = [json.loads(x) for x in (work / "answers.jsonl").read_text().splitlines()]
     assert len(rows) == 24 and all(r["answer_ids"] for r in rows)
@@ -177,8 +229,9 @@ def test_train_draft_end_to_end_on_a_tiny_target(tiny_models, tmp_path):
         assert all(lp == sorted(lp, reverse=True) for lp in r["topk_logprobs"])
     assert (work / "ckpt.pt").exists()
     meta1 = json.loads((work / "draft" / "training.json").read_text())
-    second = subprocess.run([*exe, "--token-budget", "3000", "--max-minutes", "5"], env=env,
-                            capture_output=True, text=True, timeout=600)
+    second = subprocess.run(
+        [*exe, "--token-budget", "3000", "--max-minutes", "5"], env=env, capture_output=True, text=True, timeout=600
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming at step" in second.stdout
     meta2 = json.loads((work / "draft" / "training.json").read_text())
@@ -191,8 +244,9 @@ def test_train_draft_end_to_end_on_a_tiny_target(tiny_models, tmp_path):
     from parse_vllm.train_draft import assemble_draft
 
     draft = assemble_draft(work / "draft", tiny_models["target"], tmp_path / "assembled")
-    from parse_vllm.draft_vocab import ARCHITECTURE, HEAD_IDS_KEY, HEAD_VOCAB_KEY
     from safetensors import safe_open
+
+    from parse_vllm.draft_vocab import ARCHITECTURE, HEAD_IDS_KEY, HEAD_VOCAB_KEY
 
     dcfg = json.loads((draft / "config.json").read_text())
     assert dcfg["architectures"] == [ARCHITECTURE] and dcfg[HEAD_VOCAB_KEY] == 1024
@@ -206,8 +260,12 @@ def test_train_draft_end_to_end_on_a_tiny_target(tiny_models, tmp_path):
     from conftest import close_llm, engine_kwargs, make_llm
     from vllm import SamplingParams
 
-    llm = make_llm(**engine_kwargs(tiny_models["target"], speculative_config={
-        "method": "draft_model", "model": str(draft), "num_speculative_tokens": 4}))
+    llm = make_llm(
+        **engine_kwargs(
+            tiny_models["target"],
+            speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4},
+        )
+    )
     try:
         out = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
         assert len(out[0].outputs[0].token_ids) == 8
@@ -221,8 +279,7 @@ def test_measure_acceptance_counts_what_vllm_accepts(tiny_models):
     figures are consistent with the counters they come from."""
     from parse_vllm.train_draft import measure_acceptance
 
-    got = measure_acceptance(tiny_models["target"], tiny_models["target"], k=4, max_tokens=16, limit=6,
-                             dtype="float32")
+    got = measure_acceptance(tiny_models["target"], tiny_models["target"], k=4, max_tokens=16, limit=6, dtype="float32")
     assert got["prompts"] == 6 and 0 < got["output_tokens"] <= 6 * 16
     assert got["draft_tokens"] == 4 * got["drafts"] > 0
     assert got["acceptance_rate"] > 0.95

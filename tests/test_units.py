@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # -- options -----------------------------------------------------------------
 
+
 def test_defaults_are_valid_and_documented():
     cfg = ParseConfig.from_dict({})
     assert cfg.threshold == 0.5 and cfg.boundaries == "sentence" and cfg.on_reject == "continue"
@@ -88,8 +89,12 @@ def test_request_options():
 def test_guard_mask_top_k():
     from parse_vllm.acceptance import guard_mask
 
-    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0],   # ranks: 1 -> 0, 3 -> 1, 2 -> 2, 0 -> 3
-                           [5.0, 1.0, 1.0, 0.0]])
+    logits = torch.tensor(
+        [
+            [0.0, 3.0, 1.0, 2.0],  # ranks: 1 -> 0, 3 -> 1, 2 -> 2, 0 -> 3
+            [5.0, 1.0, 1.0, 0.0],
+        ]
+    )
     draft = torch.tensor([3, 2])
     assert guard_mask(logits, draft, 1).tolist() == [False, False]
     assert guard_mask(logits, draft, 2).tolist() == [True, True]  # row 1: a tie at the 2nd value passes
@@ -101,8 +106,9 @@ def test_guard_mask_top_k():
 
 # -- boundaries ----------------------------------------------------------------
 
+
 def test_sentence_end_text_rule():
-    for text in [".", " end.", "?", "!\"", ".)", "\n", "x\n", "。"]:
+    for text in [".", " end.", "?", '!"', ".)", "\n", "x\n", "。"]:
         assert is_sentence_end(text), text
     for text in ["the", " ,", "3", " (", ""]:
         assert not is_sentence_end(text), text
@@ -145,6 +151,7 @@ def test_sentence_end_mask_from_tokenizer(smollm2_dir):
 
 # -- acceptance ------------------------------------------------------------------
 
+
 def test_maximal_valid_prefix():
     bounds = np.array([3, 6, 10, 4, 8, 2])
     passed = np.array([True, False, True, True, True, False])
@@ -175,6 +182,7 @@ def test_view_draft_stops_and_limits():
 
 
 # -- phases --------------------------------------------------------------------
+
 
 def test_phases_continue_and_redraft():
     from parse_vllm.config import RequestOptions
@@ -224,6 +232,7 @@ def test_guard_cut_shortens_the_window_and_it_grows_back():
 
 # -- templates -------------------------------------------------------------------
 
+
 def test_verification_suffix_from_chat_template(smollm2_dir):
     from transformers import AutoTokenizer
 
@@ -232,9 +241,7 @@ def test_verification_suffix_from_chat_template(smollm2_dir):
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     cfg = ParseConfig()
     t = build_template(tok, cfg)
-    assert t.suffix_text == (
-        "<|im_end|>\n<|im_start|>user\n" + cfg.question + "<|im_end|>\n<|im_start|>assistant\n"
-    )
+    assert t.suffix_text == ("<|im_end|>\n<|im_start|>user\n" + cfg.question + "<|im_end|>\n<|im_start|>assistant\n")
     assert t.suffix_ids[0] == tok.convert_tokens_to_ids("<|im_end|>")
     chat = t.suffix_ids[: len(t.suffix_ids) - len(t.labels.extension)]
     assert tok.decode(chat) == t.suffix_text
@@ -261,11 +268,14 @@ def test_label_scoring_sums_each_labels_tokens():
     assert torch.allclose(no, lp[:, 0, 1] + lp[:, 1, 4] + lp[:, 2, 2])
 
 
-@pytest.mark.parametrize("labels, match", [
-    (("Correctly", "Correct"), "start with the same token"),
-    (("Incorrect", "Inaccurate"), "start with the same token"),
-    (("Incorrectly wrong", "Absolutely not right"), "at most one label may be more than one token"),
-])
+@pytest.mark.parametrize(
+    "labels, match",
+    [
+        (("Correctly", "Correct"), "start with the same token"),
+        (("Incorrect", "Inaccurate"), "start with the same token"),
+        (("Incorrectly wrong", "Absolutely not right"), "at most one label may be more than one token"),
+    ],
+)
 def test_bad_labels_are_refused(smollm2_dir, labels, match):
     from transformers import AutoTokenizer
 
@@ -288,6 +298,7 @@ def test_no_chat_template_is_refused(smollm2_dir, tmp_path):
 
 
 # -- YAML configs and CLI flags ------------------------------------------------------
+
 
 def test_yaml_configs_turn_into_flags():
     from parse_vllm.cli import expand_parse_config, load_yaml_config
@@ -354,8 +365,9 @@ def test_kv_audit_counts_blocks_held_and_scratch_found_in_request_tables():
     num_reqs, held, scratch = runner.parse_kv_block_use()
     assert (num_reqs, held, scratch.tolist()) == (2, {1, 2, 3, 4, 5}, [98, 99, 100])
     ParseRunnerMixin._parse_audit_kv(runner)
-    assert runner.parse_kv_audit == KvAudit(steps=1, batch_requests_max=2, request_blocks_held_max=5,
-                                           scratch_blocks_in_request_tables_max=0)
+    assert runner.parse_kv_audit == KvAudit(
+        steps=1, batch_requests_max=2, request_blocks_held_max=5, scratch_blocks_in_request_tables_max=0
+    )
     table.num_blocks_per_row[1] = 4  # row 1 now (wrongly) reaches scratch block 98
     ParseRunnerMixin._parse_audit_kv(runner)
     assert runner.parse_kv_audit.scratch_blocks_in_request_tables_max == 1

@@ -11,9 +11,15 @@ from typing import Any
 
 #: Keys of bench/results/summary.json (null where a run did not measure them).
 SUMMARY_KEYS = (
-    "verify_over_floor_N256_K8", "verify_token_bound_N256_K8", "sequential_over_parallel_N256_K8",
-    "accept_all_fraction_of_ideal", "reject_all_over_ideal_overhead",
-    "e2e_speedup_bs1", "e2e_speedup_bs16", "draft_token_acceptance_rate", "draft_mean_acceptance_length",
+    "verify_over_floor_N256_K8",
+    "verify_token_bound_N256_K8",
+    "sequential_over_parallel_N256_K8",
+    "accept_all_fraction_of_ideal",
+    "reject_all_over_ideal_overhead",
+    "e2e_speedup_bs1",
+    "e2e_speedup_bs16",
+    "draft_token_acceptance_rate",
+    "draft_mean_acceptance_length",
 )
 
 
@@ -36,16 +42,27 @@ def resolve_models(target: Path | None, draft: Path | None) -> tuple[Path, Path]
 
 
 def engine_kwargs(target: Path, *, max_model_len: int, max_num_seqs: int = 16, **extra) -> dict:
-    kw = dict(model=str(target), dtype="bfloat16", enforce_eager=True, block_size=32,
-              max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_cache_memory_bytes=2 << 30, seed=0)
+    kw = dict(
+        model=str(target),
+        dtype="bfloat16",
+        enforce_eager=True,
+        block_size=32,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        kv_cache_memory_bytes=2 << 30,
+        seed=0,
+    )
     kw.update(extra)
     return kw
 
 
 def parse_engine(target: Path, draft: Path, window: int, parse: dict, **kw) -> dict:
-    return engine_kwargs(target, speculative_config={"method": "draft_model", "model": str(draft),
-                                                     "num_speculative_tokens": window},
-                         additional_config={"parse": parse}, **kw)
+    return engine_kwargs(
+        target,
+        speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": window},
+        additional_config={"parse": parse},
+        **kw,
+    )
 
 
 def close(llm) -> None:
@@ -63,11 +80,16 @@ def machine() -> dict[str, Any]:
     import torch
     import vllm
 
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(), "torch": torch.__version__, "vllm": vllm.__version__,
-            "torch_threads": torch.get_num_threads(),
-            # vLLM's CPU worker pins its compute threads (one core here unless told otherwise)
-            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")}
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "vllm": vllm.__version__,
+        "torch_threads": torch.get_num_threads(),
+        # vLLM's CPU worker pins its compute threads (one core here unless told otherwise)
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+    }
 
 
 def update_summary(results_dir: Path, values: dict[str, Any]) -> Path:

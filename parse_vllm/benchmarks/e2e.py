@@ -84,13 +84,22 @@ def run_batch(llm, prompts: list[list[int]], params_list: list, batch: int) -> d
     wall = time.perf_counter() - t0
     tokens = sum(len(o) for o in outputs.values())
     lat = sorted(latency.values())
-    return {"wall_s": wall, "tokens": tokens, "tok_s": tokens / wall, "outputs": [outputs[i] for i in range(len(prompts))],
-            "latency_p50_s": statistics.median(lat), "latency_p90_s": lat[min(len(lat) - 1, int(0.9 * len(lat)))]}
+    return {
+        "wall_s": wall,
+        "tokens": tokens,
+        "tok_s": tokens / wall,
+        "outputs": [outputs[i] for i in range(len(prompts))],
+        "latency_p50_s": statistics.median(lat),
+        "latency_p90_s": lat[min(len(lat) - 1, int(0.9 * len(lat)))],
+    }
 
 
 def _spec_counters(llm) -> dict[str, float]:
-    want = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-            "vllm:spec_decode_num_accepted_tokens": "accepted"}
+    want = {
+        "vllm:spec_decode_num_drafts": "drafts",
+        "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens": "accepted",
+    }
     got = {v: 0.0 for v in want.values()}
     for m in llm.get_metrics():
         if m.name in want and hasattr(m, "value"):
@@ -98,11 +107,13 @@ def _spec_counters(llm) -> dict[str, float]:
     return got
 
 
-def run_config(name: str, kw: dict, prompt_sets: dict[int, list[list[int]]], taus: list[float | None],
-               parse: bool, max_tokens: int) -> list[dict]:
+def run_config(
+    name: str, kw: dict, prompt_sets: dict[int, list[list[int]]], taus: list[float | None], parse: bool, max_tokens: int
+) -> list[dict]:
     """One engine; every (batch size, τ) run of this configuration on it."""
-    import parse_vllm
     from vllm import LLM, SamplingParams
+
+    import parse_vllm
 
     from . import probe
 
@@ -116,8 +127,7 @@ def run_config(name: str, kw: dict, prompt_sets: dict[int, list[list[int]]], tau
         for batch, prompts in prompt_sets.items():
             for tau in taus:
                 extra = {"parse_threshold": tau} if tau is not None else None
-                params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args=extra)
-                          for _ in prompts]
+                params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args=extra) for _ in prompts]
                 if parse:
                     parse_vllm.reset_stats(llm)
                 llm.collective_rpc(probe.reset)
@@ -126,18 +136,33 @@ def run_config(name: str, kw: dict, prompt_sets: dict[int, list[list[int]]], tau
                 timers = llm.collective_rpc(probe.read)[0]
                 spec1 = _spec_counters(llm)
                 spec = {k: spec1[k] - spec0[k] for k in spec1}
-                row = {"config": name, "batch": batch, "tau": tau, **{k: v for k, v in res.items() if k != "outputs"},
-                       "outputs": res["outputs"], "forward_s": timers["forward_s"], "logits_s": timers["logits_s"],
-                       "draft_s": timers["draft_s"], "verify_s": timers["verify_s"], "spec": spec}
+                row = {
+                    "config": name,
+                    "batch": batch,
+                    "tau": tau,
+                    **{k: v for k, v in res.items() if k != "outputs"},
+                    "outputs": res["outputs"],
+                    "forward_s": timers["forward_s"],
+                    "logits_s": timers["logits_s"],
+                    "draft_s": timers["draft_s"],
+                    "verify_s": timers["verify_s"],
+                    "spec": spec,
+                }
                 if parse:
                     st = parse_vllm.get_stats(llm)
-                    row.update(semantic_tokens=st["tokens_accepted_semantic"],
-                               token_level_tokens=st["tokens_accepted_token_level"],
-                               passes=st["verification_passes"], parse_draft_tokens=st["draft_tokens"])
+                    row.update(
+                        semantic_tokens=st["tokens_accepted_semantic"],
+                        token_level_tokens=st["tokens_accepted_token_level"],
+                        passes=st["verification_passes"],
+                        parse_draft_tokens=st["draft_tokens"],
+                    )
                 elif spec["drafts"]:
                     row.update(token_level_tokens=int(spec["accepted"]))
-                print(f"[bench_e2e] {name:18s} bs={batch:<3d} τ={tau!s:5s} {res['tok_s']:7.1f} tok/s "
-                      f"p50 {res['latency_p50_s']:.2f}s", flush=True)
+                print(
+                    f"[bench_e2e] {name:18s} bs={batch:<3d} τ={tau!s:5s} {res['tok_s']:7.1f} tok/s "
+                    f"p50 {res['latency_p50_s']:.2f}s",
+                    flush=True,
+                )
                 rows.append(row)
     finally:
         common.close(llm)
@@ -162,10 +187,20 @@ def plot(rows: list[dict], path: Path) -> None:
     common.save_panels(fig, axes, path)
 
 
-COLS = [("config", "config", ""), ("batch", "bs", ""), ("tau", "τ", ""), ("tok_s", "tok/s", ".1f"),
-        ("speedup", "speedup", ".2f"), ("latency_p50_s", "p50 s", ".2f"), ("latency_p90_s", "p90 s", ".2f"),
-        ("semantic_tokens", "accepted semantic", ""), ("token_level_tokens", "accepted token-level", ""),
-        ("passes", "verify passes", ""), ("rouge_l", "ROUGE-L", ".3f"), ("exact", "exact match", ".2f")]
+COLS = [
+    ("config", "config", ""),
+    ("batch", "bs", ""),
+    ("tau", "τ", ""),
+    ("tok_s", "tok/s", ".1f"),
+    ("speedup", "speedup", ".2f"),
+    ("latency_p50_s", "p50 s", ".2f"),
+    ("latency_p90_s", "p90 s", ".2f"),
+    ("semantic_tokens", "accepted semantic", ""),
+    ("token_level_tokens", "accepted token-level", ""),
+    ("passes", "verify passes", ""),
+    ("rouge_l", "ROUGE-L", ".3f"),
+    ("exact", "exact match", ".2f"),
+]
 
 
 def score(rows: list[dict]) -> list[dict]:
@@ -180,12 +215,16 @@ def score(rows: list[dict]) -> list[dict]:
         first = next(r for r in rows if r["config"] == "target" and r["batch"] == b)
         again = next((r for r in rows if r["config"] == "target-again" and r["batch"] == b), None)
         timed = [first] + ([again] if again else [])
-        base = {"batch": b, "tok_s": statistics.mean(r["tok_s"] for r in timed),
-                "wall_s": statistics.mean(r["wall_s"] for r in timed),
-                "forward_s": statistics.mean(r["forward_s"] for r in timed),
-                "logits_s": statistics.mean(r["logits_s"] for r in timed),
-                "tok_s_first": first["tok_s"], "tok_s_again": again and again["tok_s"],
-                "drift": again and again["tok_s"] / first["tok_s"] - 1.0}
+        base = {
+            "batch": b,
+            "tok_s": statistics.mean(r["tok_s"] for r in timed),
+            "wall_s": statistics.mean(r["wall_s"] for r in timed),
+            "forward_s": statistics.mean(r["forward_s"] for r in timed),
+            "logits_s": statistics.mean(r["logits_s"] for r in timed),
+            "tok_s_first": first["tok_s"],
+            "tok_s_again": again and again["tok_s"],
+            "drift": again and again["tok_s"] / first["tok_s"] - 1.0,
+        }
         base["drift_flagged"] = base["drift"] is not None and abs(base["drift"]) > DRIFT_LIMIT
         for r in (r for r in rows if r["batch"] == b):
             r["speedup"] = r["tok_s"] / base["tok_s"]
@@ -207,14 +246,24 @@ def bracket(rows: list[dict], baselines: list[dict]) -> list[dict]:
             busy = acc["draft_s"] + acc["forward_s"] + acc["logits_s"] + acc["verify_s"]
             ideal = ref["wall_s"] / busy
             measured = ref["wall_s"] / acc["wall_s"]
-            entry.update(accept_all_speedup=measured, accept_all_ideal_speedup=ideal,
-                         accept_all_fraction_of_ideal=measured / ideal)
+            entry.update(
+                accept_all_speedup=measured,
+                accept_all_ideal_speedup=ideal,
+                accept_all_fraction_of_ideal=measured / ideal,
+            )
         if rej:
             measured_over = rej["wall_s"] - ref["wall_s"]
-            ideal_over = (rej["draft_s"] + rej["verify_s"] + (rej["forward_s"] - ref["forward_s"])
-                          + (rej["logits_s"] - ref["logits_s"]))
-            entry.update(reject_all_overhead_s=measured_over, reject_all_ideal_overhead_s=ideal_over,
-                         reject_all_over_ideal_overhead=measured_over / ideal_over if ideal_over > 0 else None)
+            ideal_over = (
+                rej["draft_s"]
+                + rej["verify_s"]
+                + (rej["forward_s"] - ref["forward_s"])
+                + (rej["logits_s"] - ref["logits_s"])
+            )
+            entry.update(
+                reject_all_overhead_s=measured_over,
+                reject_all_ideal_overhead_s=ideal_over,
+                reject_all_over_ideal_overhead=measured_over / ideal_over if ideal_over > 0 else None,
+            )
         brackets.append(entry)
     return brackets
 
@@ -222,10 +271,18 @@ def bracket(rows: list[dict], baselines: list[dict]) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="bench_e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few prompts, 3 τ values (make bench)")
-    ap.add_argument("--bs1-prompts", type=int, default=None,
-                    help="questions run at batch 1, spread over the 8 categories (default: quick 2, full 8)")
-    ap.add_argument("--bs16-prompts", type=int, default=None,
-                    help="questions run at batch 16 (default: quick 16, full 32; 80 = all)")
+    ap.add_argument(
+        "--bs1-prompts",
+        type=int,
+        default=None,
+        help="questions run at batch 1, spread over the 8 categories (default: quick 2, full 8)",
+    )
+    ap.add_argument(
+        "--bs16-prompts",
+        type=int,
+        default=None,
+        help="questions run at batch 16 (default: quick 16, full 32; 80 = all)",
+    )
     ap.add_argument("--max-tokens", type=int, default=None, help="answer cap (default 256; quick 128)")
     ap.add_argument("--window", type=int, default=None, help="PARSE draft window W (default 128; quick 64)")
     ap.add_argument("--taus", type=float, nargs="+", default=None)
@@ -244,6 +301,7 @@ def main(argv=None) -> int:
     n16 = args.bs16_prompts or (16 if args.quick else 32)
     taus = list(args.taus or (TAUS_QUICK if args.quick else TAUS_FULL))
     window = args.window or (64 if args.quick else 128)
+
     # spread the batch-1 subset over the categories (questions come grouped by category)
     def spread(n):
         return [questions[round(i * len(questions) / n)] for i in range(n)] if n < len(questions) else questions
@@ -257,13 +315,29 @@ def main(argv=None) -> int:
     base = dict(max_model_len=mlen, max_num_seqs=16)
     configs = [
         ("target", common.engine_kwargs(target, **base), [None], False),
-        ("token-k4", common.engine_kwargs(target, speculative_config={
-            "method": "draft_model", "model": str(draft), "num_speculative_tokens": 4}, **base), [None], False),
+        (
+            "token-k4",
+            common.engine_kwargs(
+                target,
+                speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4},
+                **base,
+            ),
+            [None],
+            False,
+        ),
         ("parse-continue", common.parse_engine(target, draft, window, {"on_reject": "continue"}, **base), taus, True),
-        ("parse-continue-k4", common.parse_engine(target, draft, window, {"on_reject": "continue", "spec_tokens": 4},
-                                                  **base), [0.5], True),
-        ("parse-redraft", common.parse_engine(target, draft, 32, {"on_reject": "redraft", "redraft_tokens": 32},
-                                              **base), [0.5, 0.9] if not args.quick else [0.5], True),
+        (
+            "parse-continue-k4",
+            common.parse_engine(target, draft, window, {"on_reject": "continue", "spec_tokens": 4}, **base),
+            [0.5],
+            True,
+        ),
+        (
+            "parse-redraft",
+            common.parse_engine(target, draft, 32, {"on_reject": "redraft", "redraft_tokens": 32}, **base),
+            [0.5, 0.9] if not args.quick else [0.5],
+            True,
+        ),
     ]
     rows: list[dict] = []
     for name, kw, tau_list, is_parse in configs:
@@ -271,8 +345,10 @@ def main(argv=None) -> int:
     # the baseline again, last, on a fresh engine: drift between the two is the run's noise
     # (full mode only: the quick pass keeps make bench under 15 minutes and feeds no report)
     if not args.quick:
-        rows += [dict(r, config="target-again") for r in run_config("target", configs[0][1], ids, [None], False,
-                                                                    args.max_tokens)]
+        rows += [
+            dict(r, config="target-again")
+            for r in run_config("target", configs[0][1], ids, [None], False, args.max_tokens)
+        ]
     baselines = score(rows)
     brackets = bracket(rows, baselines)
     k4 = [r for r in rows if r["config"] == "token-k4"]
@@ -287,38 +363,70 @@ def main(argv=None) -> int:
     print(text)
     print("brackets:", brackets)
     for base in (b for b in baselines if b["drift"] is not None):
-        print(f"baseline bs={base['batch']}: target {base['tok_s_first']:.1f} tok/s first, "
-              f"{base['tok_s_again']:.1f} last (drift {base['drift']:+.1%})"
-              + (f"  ** over {DRIFT_LIMIT:.0%}: the machine was not quiet, ratios suspect **"
-                 if base["drift_flagged"] else ""))
+        print(
+            f"baseline bs={base['batch']}: target {base['tok_s_first']:.1f} tok/s first, "
+            f"{base['tok_s_again']:.1f} last (drift {base['drift']:+.1%})"
+            + (
+                f"  ** over {DRIFT_LIMIT:.0%}: the machine was not quiet, ratios suspect **"
+                if base["drift_flagged"]
+                else ""
+            )
+        )
     print(f"token-level (vLLM draft_model, k=4): acceptance rate {accept_rate}, mean acceptance length {mean_len}")
 
     def best(b):
         cands = [r for r in rows if r["batch"] == b and r["config"].startswith("parse")]
         r = max(cands, key=lambda r: r["speedup"]) if cands else None
-        return r and {"speedup": r["speedup"], "config": r["config"], "tau": r["tau"], "rouge_l": r["rouge_l"],
-                      "exact": r["exact"]}
+        return r and {
+            "speedup": r["speedup"],
+            "config": r["config"],
+            "tau": r["tau"],
+            "rouge_l": r["rouge_l"],
+            "exact": r["exact"],
+        }
 
     b1, b16 = best(1), best(16)
     meta = draft / "training.json"  # a draft made by parse-vllm train-draft says how it was made
     draft_acc = json.loads(meta.read_text()).get("acceptance_mtbench") if meta.is_file() else None
-    common.write_json(args.results / "e2e.json", {
-        "mode": "quick" if args.quick else "full", "machine": common.machine(), "target": str(target),
-        "draft": str(draft), "draft_acceptance_mtbench": draft_acc, "window": window, "max_tokens": args.max_tokens,
-        "prompts": {str(b): [q["question_id"] for q in qs] for b, qs in sets.items()},
-        "rows": printable, "brackets": brackets, "baselines": baselines,
-        "token_level_k4": {"acceptance_rate": accept_rate, "mean_acceptance_length": mean_len,
-                           "drafts": drafts, "draft_tokens": dtoks, "accepted": acc_toks}})
+    common.write_json(
+        args.results / "e2e.json",
+        {
+            "mode": "quick" if args.quick else "full",
+            "machine": common.machine(),
+            "target": str(target),
+            "draft": str(draft),
+            "draft_acceptance_mtbench": draft_acc,
+            "window": window,
+            "max_tokens": args.max_tokens,
+            "prompts": {str(b): [q["question_id"] for q in qs] for b, qs in sets.items()},
+            "rows": printable,
+            "brackets": brackets,
+            "baselines": baselines,
+            "token_level_k4": {
+                "acceptance_rate": accept_rate,
+                "mean_acceptance_length": mean_len,
+                "drafts": drafts,
+                "draft_tokens": dtoks,
+                "accepted": acc_toks,
+            },
+        },
+    )
     (args.results / "e2e.md").write_text(text + "\n")
     plot(rows, args.results / "e2e.png")
     br = {e["batch"]: e for e in brackets}
-    common.update_summary(args.results, {
-        "e2e_speedup_bs1": b1 and b1["speedup"], "e2e_speedup_bs1_best": b1,
-        "e2e_speedup_bs16": b16 and b16["speedup"], "e2e_speedup_bs16_best": b16,
-        "accept_all_fraction_of_ideal": br.get(1, {}).get("accept_all_fraction_of_ideal"),
-        "reject_all_over_ideal_overhead": br.get(1, {}).get("reject_all_over_ideal_overhead"),
-        "brackets": brackets,
-        "target_baseline_drift": {str(b["batch"]): b["drift"] for b in baselines},
-        "draft_token_acceptance_rate": accept_rate, "draft_mean_acceptance_length": mean_len,
-    })
+    common.update_summary(
+        args.results,
+        {
+            "e2e_speedup_bs1": b1 and b1["speedup"],
+            "e2e_speedup_bs1_best": b1,
+            "e2e_speedup_bs16": b16 and b16["speedup"],
+            "e2e_speedup_bs16_best": b16,
+            "accept_all_fraction_of_ideal": br.get(1, {}).get("accept_all_fraction_of_ideal"),
+            "reject_all_over_ideal_overhead": br.get(1, {}).get("reject_all_over_ideal_overhead"),
+            "brackets": brackets,
+            "target_baseline_drift": {str(b["batch"]): b["drift"] for b in baselines},
+            "draft_token_acceptance_rate": accept_rate,
+            "draft_mean_acceptance_length": mean_len,
+        },
+    )
     return 0

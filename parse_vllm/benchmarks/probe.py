@@ -52,10 +52,21 @@ def _median_time(runner, reps: int, fn, *args) -> float:
 
 
 def _fresh_totals() -> dict[str, Any]:
-    return {"forward_s": 0.0, "forward_calls": 0, "forward_tokens": 0, "logits_s": 0.0, "logits_rows": 0,
-            "draft_s": 0.0, "draft_calls": 0,
-            "verify_s": 0.0, "verify_calls": 0, "verify_copies": 0, "verify_logit_rows": 0,
-            "verify_max_logit_rows": 0, "studies": []}
+    return {
+        "forward_s": 0.0,
+        "forward_calls": 0,
+        "forward_tokens": 0,
+        "logits_s": 0.0,
+        "logits_rows": 0,
+        "draft_s": 0.0,
+        "draft_calls": 0,
+        "verify_s": 0.0,
+        "verify_calls": 0,
+        "verify_copies": 0,
+        "verify_logit_rows": 0,
+        "verify_max_logit_rows": 0,
+        "studies": [],
+    }
 
 
 def install(worker, verify_study: dict | None = None) -> bool:
@@ -166,9 +177,17 @@ def _study(runner, judge, copies, cfg: dict, last_forward: dict, totals: dict) -
         floor = _median_time(runner, reps, again)
     seq_len = int(copies.prefix_len[mine].max())
     tokens = runner.input_batch.token_ids_cpu[row, :seq_len].tolist()  # prompt + output + draft
-    result = {"copies": total, "prefix_len": [int(x) for x in copies.prefix_len[mine]], "tokens": tokens,
-              "suffix_ids": [int(x) for x in runner._parse.template.suffix_ids], "picks": {},
-              "floor_s": floor, "floor_tokens": last_forward.get("tokens"), "parallel_s": {}, "sequential_s": {}}
+    result = {
+        "copies": total,
+        "prefix_len": [int(x) for x in copies.prefix_len[mine]],
+        "tokens": tokens,
+        "suffix_ids": [int(x) for x in runner._parse.template.suffix_ids],
+        "picks": {},
+        "floor_s": floor,
+        "floor_tokens": last_forward.get("tokens"),
+        "parallel_s": {},
+        "sequential_s": {},
+    }
     for k in cfg.get("ks", (1, 4, 8, 16)):
         if k > total:
             continue
@@ -178,7 +197,7 @@ def _study(runner, judge, copies, cfg: dict, last_forward: dict, totals: dict) -
         sub = CopyBatch(req_row=copies.req_row[pick], prefix_len=copies.prefix_len[pick])
         result["parallel_s"][k] = _median_time(runner, reps, judge, sub)
         singles = [CopyBatch(req_row=copies.req_row[[c]], prefix_len=copies.prefix_len[[c]]) for c in pick]
-        result["sequential_s"][k] = _median_time(runner, reps, lambda: [judge(s) for s in singles])
+        result["sequential_s"][k] = _median_time(runner, reps, lambda: [judge(s) for s in singles])  # noqa: B023 (called in this iteration)
     totals["studies"].append(result)
 
 

@@ -31,31 +31,43 @@ def _faithful(rows: list[dict], batch: int) -> str:
     if not ok:
         return f"- bs {batch}: none (token-k4 ROUGE-L {bar:.3f})"
     r = max(ok, key=lambda r: r["speedup"])
-    return (f"- bs {batch}: `{r['config']}` τ = {r['tau']}: {r['speedup']:.2f}× the target alone, "
-            f"ROUGE-L {r['rouge_l']:.3f} (token-k4: {bar:.3f})")
+    return (
+        f"- bs {batch}: `{r['config']}` τ = {r['tau']}: {r['speedup']:.2f}× the target alone, "
+        f"ROUGE-L {r['rouge_l']:.3f} (token-k4: {bar:.3f})"
+    )
 
 
 def _all_questions(acc: dict | None) -> list[str]:
     """The draft's own figure on all 80 questions, if its trainer measured it (training.json)."""
     if not acc:
         return []
-    return ["", f"On all {acc['prompts']} questions (`parse-vllm train-draft --eval-acceptance`, k = {acc['k']}, "
-            f"max_tokens {acc['max_tokens']}, batch 16): acceptance rate {_fmt(acc['acceptance_rate'])}, mean "
-            f"acceptance length {_fmt(acc['mean_acceptance_length'], '.2f')}."]
+    return [
+        "",
+        f"On all {acc['prompts']} questions (`parse-vllm train-draft --eval-acceptance`, k = {acc['k']}, "
+        f"max_tokens {acc['max_tokens']}, batch 16): acceptance rate {_fmt(acc['acceptance_rate'])}, mean "
+        f"acceptance length {_fmt(acc['mean_acceptance_length'], '.2f')}.",
+    ]
 
 
 def _baselines(bases: list[dict] | None) -> list[str]:
     """The target-alone baseline timed first and last in the run (older runs timed it once)."""
     if not bases:
         return ["The target-alone baseline was timed once, first in the run (no drift check)."]
-    parts = [f"bs {b['batch']}: {b['tok_s_first']:.1f} tok/s first, {b['tok_s_again']:.1f} last "
-             f"(drift {b['drift']:+.1%})" for b in bases]
-    out = ["Target-alone baseline, timed first and again last in the run (speedups are against the mean of "
-           "the two): " + "; ".join(parts) + "."]
+    parts = [
+        f"bs {b['batch']}: {b['tok_s_first']:.1f} tok/s first, {b['tok_s_again']:.1f} last (drift {b['drift']:+.1%})"
+        for b in bases
+    ]
+    out = [
+        "Target-alone baseline, timed first and again last in the run (speedups are against the mean of "
+        "the two): " + "; ".join(parts) + "."
+    ]
     bad = [str(b["batch"]) for b in bases if b["drift_flagged"]]
     if bad:
-        out += ["", f"**Warning: the baseline drifted by more than {e2e.DRIFT_LIMIT:.0%} at batch size "
-                f"{', '.join(bad)}: the machine was not quiet during this run, and its ratios are suspect.**"]
+        out += [
+            "",
+            f"**Warning: the baseline drifted by more than {e2e.DRIFT_LIMIT:.0%} at batch size "
+            f"{', '.join(bad)}: the machine was not quiet during this run, and its ratios are suspect.**",
+        ]
     return out
 
 
@@ -64,8 +76,11 @@ def _drift_warning(bases: list[dict] | None) -> list[str]:
     if not bad:
         return []
     drift = ", ".join(f"{b['drift']:+.0%} at bs {b['batch']}" for b in bad)
-    return ["", f"**The end-to-end run's target-alone baseline drifted ({drift}; section 2): the bracket and "
-            f"speedup figures from it are suspect.**"]
+    return [
+        "",
+        f"**The end-to-end run's target-alone baseline drifted ({drift}; section 2): the bracket and "
+        f"speedup figures from it are suspect.**",
+    ]
 
 
 def render(results: Path, figures: str) -> str:
@@ -99,9 +114,11 @@ def render(results: Path, figures: str) -> str:
     if every:
         # The goal is defined on the 80 evaluation questions; this run's own
         # figure comes from its 8 + 32 and is shown beside it.
-        measured = (f"{_fmt(every['acceptance_rate'], '.3f')} on all {every['prompts']} questions (mean length "
-                    f"{_fmt(every['mean_acceptance_length'], '.2f')}); {measured} on this run's "
-                    f"{sum(len(q) for q in e['prompts'].values())}")
+        measured = (
+            f"{_fmt(every['acceptance_rate'], '.3f')} on all {every['prompts']} questions (mean length "
+            f"{_fmt(every['mean_acceptance_length'], '.2f')}); {measured} on this run's "
+            f"{sum(len(q) for q in e['prompts'].values())}"
+        )
         rate = every["acceptance_rate"]
     out += [
         f"| verification (b)/(a) within 10% of (N+K·S)/N, N=256 K=8 | {_fmt(vb)} vs bound {_fmt(tb)} | "
@@ -126,10 +143,16 @@ def render(results: Path, figures: str) -> str:
         "",
         "Logits materialized by the verification pass (the K label rows only, never N×vocab):",
         "",
-        common.table(v["memory"], [("N", "N", ""), ("copies_in_pass", "copies", ""),
-                                   ("verify_logit_rows_max", "logit rows", ""),
-                                   ("verify_logits_bytes", "logits bytes", ","),
-                                   ("all_rows_logits_bytes", "(N+K·S)×vocab bytes", ",")]),
+        common.table(
+            v["memory"],
+            [
+                ("N", "N", ""),
+                ("copies_in_pass", "copies", ""),
+                ("verify_logit_rows_max", "logit rows", ""),
+                ("verify_logits_bytes", "logits bytes", ","),
+                ("all_rows_logits_bytes", "(N+K·S)×vocab bytes", ","),
+            ],
+        ),
         "",
         f"![verification]({figures}/verify.png)",
         "",
@@ -148,18 +171,24 @@ def render(results: Path, figures: str) -> str:
         "",
         "Greedy decoding in bf16 is not batch-invariant: vLLM's own (lossless) token-level speculation "
         "already departs from the target-alone text (the `token-k4` rows), so its ROUGE-L is the bar for "
-        "\"no visible loss\" here. Fastest PARSE run at that bar (ROUGE-L ≥ token-k4's − 0.05), per batch size:",
+        '"no visible loss" here. Fastest PARSE run at that bar (ROUGE-L ≥ token-k4\'s − 0.05), per batch size:',
         "",
         *[_faithful(e["rows"], b) for b in (1, 16)],
         "",
         "### Brackets",
         "",
-        common.table(e["brackets"], [("batch", "bs", ""), ("accept_all_speedup", "τ=0 speedup", ".2f"),
-                                     ("accept_all_ideal_speedup", "ideal", ".2f"),
-                                     ("accept_all_fraction_of_ideal", "fraction", ".2f"),
-                                     ("reject_all_overhead_s", "τ>1 overhead s", ".2f"),
-                                     ("reject_all_ideal_overhead_s", "ideal s", ".2f"),
-                                     ("reject_all_over_ideal_overhead", "ratio", ".2f")]),
+        common.table(
+            e["brackets"],
+            [
+                ("batch", "bs", ""),
+                ("accept_all_speedup", "τ=0 speedup", ".2f"),
+                ("accept_all_ideal_speedup", "ideal", ".2f"),
+                ("accept_all_fraction_of_ideal", "fraction", ".2f"),
+                ("reject_all_overhead_s", "τ>1 overhead s", ".2f"),
+                ("reject_all_ideal_overhead_s", "ideal s", ".2f"),
+                ("reject_all_over_ideal_overhead", "ratio", ".2f"),
+            ],
+        ),
         "",
         "### The draft, token level",
         "",

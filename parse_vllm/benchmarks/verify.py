@@ -38,10 +38,18 @@ def run_one_n(target: Path, draft: Path, n: int, ks: list[int], reps: int, promp
     from . import probe
 
     k_max = max(ks)
-    parse = {"threshold": 1.5, "boundaries": "tokens", "every": max(1, n // k_max), "max_boundaries": k_max,
-             "on_reject": "continue"}
-    llm = LLM(**common.parse_engine(target, draft, n, parse, max_model_len=n + 640, max_num_seqs=16,
-                                    enable_prefix_caching=True))
+    parse = {
+        "threshold": 1.5,
+        "boundaries": "tokens",
+        "every": max(1, n // k_max),
+        "max_boundaries": k_max,
+        "on_reject": "continue",
+    }
+    llm = LLM(
+        **common.parse_engine(
+            target, draft, n, parse, max_model_len=n + 640, max_num_seqs=16, enable_prefix_caching=True
+        )
+    )
     try:
         prompt_ids = chat_prompt_ids(llm.get_tokenizer(), prompt)
         llm.collective_rpc(probe.install, kwargs={"verify_study": {"ks": ks, "reps": reps}})
@@ -75,20 +83,33 @@ def run_one_n(target: Path, draft: Path, n: int, ks: list[int], reps: int, promp
             floor = study["floor_s"]
             par, seq = study["parallel_s"][k], study["sequential_s"][k]
             S = len(suffix)
-            rows.append({
-                "N": n, "K": k, "S": S, "floor_ms": floor * 1e3, "parse_ms": (floor + par) * 1e3,
-                "sequential_ms": (floor + seq) * 1e3, "independent_ms": statistics.median(indep) * 1e3,
-                "verify_only_parallel_ms": par * 1e3, "verify_only_sequential_ms": seq * 1e3,
-                "parse_over_floor": (floor + par) / floor, "token_bound": (n + k * S) / n,
-                "sequential_over_parse": (floor + seq) / (floor + par),
-                "independent_over_parse": statistics.median(indep) / (floor + par),
-                "sequential_over_parallel_verify_only": seq / par,
-            })
+            rows.append(
+                {
+                    "N": n,
+                    "K": k,
+                    "S": S,
+                    "floor_ms": floor * 1e3,
+                    "parse_ms": (floor + par) * 1e3,
+                    "sequential_ms": (floor + seq) * 1e3,
+                    "independent_ms": statistics.median(indep) * 1e3,
+                    "verify_only_parallel_ms": par * 1e3,
+                    "verify_only_sequential_ms": seq * 1e3,
+                    "parse_over_floor": (floor + par) / floor,
+                    "token_bound": (n + k * S) / n,
+                    "sequential_over_parse": (floor + seq) / (floor + par),
+                    "independent_over_parse": statistics.median(indep) / (floor + par),
+                    "sequential_over_parallel_verify_only": seq / par,
+                }
+            )
         row_bytes = llm.llm_engine.model_config.get_vocab_size() * 4  # one fp32 logits row
-        mem = {"N": n, "verify_logit_rows_max": got["verify_max_logit_rows"],
-               "verify_logits_bytes": got["verify_max_logit_rows"] * row_bytes,
-               "all_rows_logits_bytes": (n + k_max * len(suffix)) * row_bytes,
-               "copies_in_pass": study["copies"], "wall_s": wall}
+        mem = {
+            "N": n,
+            "verify_logit_rows_max": got["verify_max_logit_rows"],
+            "verify_logits_bytes": got["verify_max_logit_rows"] * row_bytes,
+            "all_rows_logits_bytes": (n + k_max * len(suffix)) * row_bytes,
+            "copies_in_pass": study["copies"],
+            "wall_s": wall,
+        }
         return {"rows": rows, "memory": mem}
     finally:
         common.close(llm)
@@ -111,12 +132,20 @@ def plot(rows: list[dict], path: Path) -> None:
     common.save_panels(fig, axes, path)
 
 
-COLS = [("N", "N", ""), ("K", "K", ""), ("S", "S", ""), ("floor_ms", "(a) floor ms", ".1f"),
-        ("parse_ms", "(b) PARSE ms", ".1f"), ("sequential_ms", "(c) sequential ms", ".1f"),
-        ("independent_ms", "(d) independent ms", ".1f"), ("parse_over_floor", "(b)/(a)", ".3f"),
-        ("token_bound", "(N+KS)/N", ".3f"), ("sequential_over_parse", "(c)/(b)", ".2f"),
-        ("independent_over_parse", "(d)/(b)", ".2f"),
-        ("sequential_over_parallel_verify_only", "seq/par verify-only", ".2f")]
+COLS = [
+    ("N", "N", ""),
+    ("K", "K", ""),
+    ("S", "S", ""),
+    ("floor_ms", "(a) floor ms", ".1f"),
+    ("parse_ms", "(b) PARSE ms", ".1f"),
+    ("sequential_ms", "(c) sequential ms", ".1f"),
+    ("independent_ms", "(d) independent ms", ".1f"),
+    ("parse_over_floor", "(b)/(a)", ".3f"),
+    ("token_bound", "(N+KS)/N", ".3f"),
+    ("sequential_over_parse", "(c)/(b)", ".2f"),
+    ("independent_over_parse", "(d)/(b)", ".2f"),
+    ("sequential_over_parallel_verify_only", "seq/par verify-only", ".2f"),
+]
 
 
 def main(argv=None) -> int:
@@ -144,15 +173,25 @@ def main(argv=None) -> int:
         mem.append(out["memory"])
     print(common.table(rows, COLS))
     print(f"({SUFFIX_NOTE}; times are medians of {reps}; memory: {mem})")
-    data = {"mode": "quick" if args.quick else "full", "machine": common.machine(), "target": str(target),
-            "draft": str(draft), "reps": reps, "rows": rows, "memory": mem}
+    data = {
+        "mode": "quick" if args.quick else "full",
+        "machine": common.machine(),
+        "target": str(target),
+        "draft": str(draft),
+        "reps": reps,
+        "rows": rows,
+        "memory": mem,
+    }
     common.write_json(args.results / "verify.json", data)
     plot(rows, args.results / "verify.png")
     pick = next((r for r in rows if r["N"] == 256 and r["K"] == 8), None)
-    common.update_summary(args.results, {
-        "verify_over_floor_N256_K8": pick and pick["parse_over_floor"],
-        "verify_token_bound_N256_K8": pick and pick["token_bound"],
-        "sequential_over_parallel_N256_K8": pick and pick["sequential_over_parse"],
-    })
+    common.update_summary(
+        args.results,
+        {
+            "verify_over_floor_N256_K8": pick and pick["parse_over_floor"],
+            "verify_token_bound_N256_K8": pick and pick["token_bound"],
+            "sequential_over_parallel_N256_K8": pick and pick["sequential_over_parse"],
+        },
+    )
     (args.results / "verify.md").write_text(common.table(rows, COLS) + "\n")
     return 0

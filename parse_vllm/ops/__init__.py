@@ -91,9 +91,17 @@ def check_inputs(
     are checked when `check_values` is True, or when it is None and the index
     tensors are on the CPU (free there; on a GPU it would synchronise).
     """
-    tensors = dict(q=q, k_new=k_new, v_new=v_new, key_cache=key_cache, value_cache=value_cache,
-                   block_table=block_table, copy_req=copy_req, copy_prefix_len=copy_prefix_len,
-                   cu_copy_lens=cu_copy_lens)
+    tensors = dict(
+        q=q,
+        k_new=k_new,
+        v_new=v_new,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_table=block_table,
+        copy_req=copy_req,
+        copy_prefix_len=copy_prefix_len,
+        cu_copy_lens=cu_copy_lens,
+    )
     if out is not None:
         tensors["out"] = out
     for name, t in tensors.items():
@@ -118,9 +126,11 @@ def check_inputs(
     for name in ("key_cache", "value_cache"):
         t = tensors[name]
         if t.dim() != 4 or t.shape[2] != Hkv or t.shape[3] != D:
-            _fail(f"{name} must be a [num_blocks, block_size, Hkv={Hkv}, D={D}] view, got shape "
-                  f"{tuple(t.shape)} (HND caches: pass cache.transpose(1, 2); FlashInfer's "
-                  f"[num_blocks, 2, block_size, Hkv, D]: pass kv[:, 0] and kv[:, 1])")
+            _fail(
+                f"{name} must be a [num_blocks, block_size, Hkv={Hkv}, D={D}] view, got shape "
+                f"{tuple(t.shape)} (HND caches: pass cache.transpose(1, 2); FlashInfer's "
+                f"[num_blocks, 2, block_size, Hkv, D]: pass kv[:, 0] and kv[:, 1])"
+            )
     if key_cache.shape != value_cache.shape:
         _fail(f"key_cache {tuple(key_cache.shape)} and value_cache {tuple(value_cache.shape)} differ")
     if block_table.dim() != 2:
@@ -177,16 +187,19 @@ def check_inputs(
         if p < 0:
             _fail(f"copy_prefix_len[{c}]={p} is negative")
         if p > max_blocks * block_size:
-            _fail(f"copy_prefix_len[{c}]={p} is longer than the block table holds "
-                  f"({max_blocks} blocks x {block_size} tokens = {max_blocks * block_size})")
+            _fail(
+                f"copy_prefix_len[{c}]={p} is longer than the block table holds "
+                f"({max_blocks} blocks x {block_size} tokens = {max_blocks * block_size})"
+            )
     longest: dict[int, int] = {}
     for r, p in zip(reqs, plens):
         longest[r] = max(longest.get(r, 0), p)
     for r, p in longest.items():
         used = block_table[r, : -(-p // block_size)]
         if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_blocks):
-            _fail(f"block_table row {r} names blocks outside the cache (0..{num_blocks - 1}) "
-                  f"within its first {p} tokens")
+            _fail(
+                f"block_table row {r} names blocks outside the cache (0..{num_blocks - 1}) within its first {p} tokens"
+            )
 
 
 def prefix_verify_attention(
@@ -266,9 +279,22 @@ def prefix_verify_attention(
     `check_values`: see `check_inputs` (default: check index values when they
     are on the CPU; never synchronises a GPU unless asked).
     """
-    check_inputs(out, q, k_new, v_new, key_cache, value_cache, block_table, copy_req,
-                 copy_prefix_len, cu_copy_lens, scale, softcap, sliding_window,
-                 check_values=check_values)
+    check_inputs(
+        out,
+        q,
+        k_new,
+        v_new,
+        key_cache,
+        value_cache,
+        block_table,
+        copy_req,
+        copy_prefix_len,
+        cu_copy_lens,
+        scale,
+        softcap,
+        sliding_window,
+        check_values=check_values,
+    )
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if _load_error is not None:
@@ -277,8 +303,21 @@ def prefix_verify_attention(
     if not torch._C._dispatch_has_kernel_for_dispatch_key(_OP_NAME, key):
         raise RuntimeError(
             f"parse_vllm: prefix_verify_attention has no {key} kernel in this build "
-            f"(CPU kernel: {has_compiled_op()}, CUDA kernel: {has_cuda_op()}); {_REBUILD_HINT}")
+            f"(CPU kernel: {has_compiled_op()}, CUDA kernel: {has_cuda_op()}); {_REBUILD_HINT}"
+        )
     torch.ops.parse_vllm.prefix_verify_attention(
-        out, q, k_new, v_new, key_cache, value_cache, block_table, copy_req, copy_prefix_len,
-        cu_copy_lens, float(scale), float(softcap), int(sliding_window or 0))
+        out,
+        q,
+        k_new,
+        v_new,
+        key_cache,
+        value_cache,
+        block_table,
+        copy_req,
+        copy_prefix_len,
+        cu_copy_lens,
+        float(scale),
+        float(softcap),
+        int(sliding_window or 0),
+    )
     return out

@@ -39,8 +39,9 @@ def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Ten
     return vis
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, vis: torch.Tensor, scale: float,
-            softcap: float) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, vis: torch.Tensor, scale: float, softcap: float
+) -> torch.Tensor:
     """q [Lq, Hq, D], k/v [Lk, Hkv, D] (fp32), vis [Lq, Lk] -> [Lq, Hq, D] fp32."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)  # query head h uses kv head h // group
@@ -134,8 +135,8 @@ def prefix_verify_attention_dense_ref(
     key_pos = torch.empty(n_keys, dtype=torch.long, device=q.device)
     key_copy = torch.full((n_keys,), -1, dtype=torch.long, device=q.device)
     for r, p in longest.items():
-        key_req[base[r]:base[r] + p] = r
-        key_pos[base[r]:base[r] + p] = torch.arange(p, device=q.device)
+        key_req[base[r] : base[r] + p] = r
+        key_pos[base[r] : base[r] + p] = torch.arange(p, device=q.device)
     q_req = torch.empty(T, dtype=torch.long, device=q.device)
     q_pos = torch.empty(T, dtype=torch.long, device=q.device)
     q_copy = torch.empty(T, dtype=torch.long, device=q.device)
@@ -146,8 +147,8 @@ def prefix_verify_attention_dense_ref(
         q_plen[t0:t1] = p
         q_pos[t0:t1] = p + torch.arange(t1 - t0, device=q.device)
         q_copy[t0:t1] = c
-        key_pos[suffix_base + t0:suffix_base + t1] = p + torch.arange(t1 - t0, device=q.device)
-        key_copy[suffix_base + t0:suffix_base + t1] = c
+        key_pos[suffix_base + t0 : suffix_base + t1] = p + torch.arange(t1 - t0, device=q.device)
+        key_copy[suffix_base + t0 : suffix_base + t1] = c
     prefix_ok = (key_req[None, :] == q_req[:, None]) & (key_pos[None, :] < q_plen[:, None])
     suffix_ok = (key_copy[None, :] == q_copy[:, None]) & (key_pos[None, :] <= q_pos[:, None])
     mask = prefix_ok | suffix_ok
@@ -158,8 +159,13 @@ def prefix_verify_attention_dense_ref(
         # 4-D inputs and an additive float mask: SDPA's fast (flash) CPU path
         bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
         o = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], k_all.transpose(0, 1)[None], v_all.transpose(0, 1)[None],
-            attn_mask=bias, scale=scale, enable_gqa=group > 1)
+            q.transpose(0, 1)[None],
+            k_all.transpose(0, 1)[None],
+            v_all.transpose(0, 1)[None],
+            attn_mask=bias,
+            scale=scale,
+            enable_gqa=group > 1,
+        )
         return o[0].transpose(0, 1).to(q.dtype)
     return _attend(q.float(), k_all.float(), v_all.float(), mask, scale, softcap).to(q.dtype)
 

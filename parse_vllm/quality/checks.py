@@ -74,9 +74,14 @@ def last_list(text: str) -> list | None:
 
 def check_list(text: str, answer: list) -> bool:
     got = last_list(text)
-    return got is not None and len(got) == len(answer) and all(
-        g == a or (isinstance(g, (int, float)) and isinstance(a, (int, float)) and float(g) == float(a))
-        for g, a in zip(got, answer))
+    return (
+        got is not None
+        and len(got) == len(answer)
+        and all(
+            g == a or (isinstance(g, (int, float)) and isinstance(a, (int, float)) and float(g) == float(a))
+            for g, a in zip(got, answer)
+        )
+    )
 
 
 def extract_code(text: str) -> str:
@@ -94,12 +99,17 @@ def _limits(timeout: float):
         import resource
 
         cpu = int(timeout) + 1
-        for res, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (1 << 30, 1 << 30)),
-                           (resource.RLIMIT_FSIZE, (1 << 20, 1 << 20)), (resource.RLIMIT_CORE, (0, 0))):
+        for res, value in (
+            (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+            (resource.RLIMIT_AS, (1 << 30, 1 << 30)),
+            (resource.RLIMIT_FSIZE, (1 << 20, 1 << 20)),
+            (resource.RLIMIT_CORE, (0, 0)),
+        ):
             try:
                 resource.setrlimit(res, value)
             except (ValueError, OSError):
                 pass
+
     return apply
 
 
@@ -111,9 +121,16 @@ def run_code(code: str, test: str, timeout: float = CODE_TIMEOUT_S) -> tuple[boo
         with open(path, "w", encoding="utf-8") as f:
             f.write(code.rstrip() + "\n\n# -- test --\n" + test.rstrip() + "\n")
         env = {"PATH": os.defpath, "HOME": tmp, "TMPDIR": tmp, "LC_ALL": "C.UTF-8"}
-        proc = subprocess.Popen([sys.executable, "-I", "-B", path], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                                preexec_fn=_limits(timeout) if os.name == "posix" else None)
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-B", path],
+            cwd=tmp,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_limits(timeout) if os.name == "posix" else None,
+        )
         try:
             _, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

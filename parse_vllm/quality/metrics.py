@@ -24,7 +24,7 @@ def repeated_3grams(ids: Sequence[int]) -> tuple[int, int]:
     seen: set[tuple[int, ...]] = set()
     repeats = total = 0
     for i in range(len(ids) - 2):
-        g = tuple(ids[i:i + 3])
+        g = tuple(ids[i : i + 3])
         total += 1
         if g in seen:
             repeats += 1

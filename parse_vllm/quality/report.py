@@ -26,9 +26,29 @@ from parse_vllm.benchmarks.e2e import DRIFT_LIMIT  # |last / first - 1| of the t
 from . import metrics
 
 NO_SETTING = "no setting is faster than the target within this budget"
-ROW_KEYS = ("set", "config", "tau", "guard", "batch", "n_prompts", "tokens", "wall_s", "tok_s", "speedup",
-            "accuracy", "accuracy_drop", "n_checkable", "nll_per_token", "nll_vs_target", "repeat_3gram",
-            "rouge_l", "exact", "latency_p50_s", "latency_p90_s", "acceptance")
+ROW_KEYS = (
+    "set",
+    "config",
+    "tau",
+    "guard",
+    "batch",
+    "n_prompts",
+    "tokens",
+    "wall_s",
+    "tok_s",
+    "speedup",
+    "accuracy",
+    "accuracy_drop",
+    "n_checkable",
+    "nll_per_token",
+    "nll_vs_target",
+    "repeat_3gram",
+    "rouge_l",
+    "exact",
+    "latency_p50_s",
+    "latency_p90_s",
+    "acceptance",
+)
 
 
 def setting(row: dict) -> tuple:
@@ -67,8 +87,9 @@ def score(rows: list[dict]) -> None:
     for r in rows:  # second pass: the target's own figures are all in now
         ref = _target(rows, r["set"], r["batch"])
         r["nll_vs_target"] = 1.0 if r is ref else _ratio(r["nll_per_token"], ref["nll_per_token"])
-        r["accuracy_drop"] = (None if r["accuracy"] is None or ref["accuracy"] is None
-                              else ref["accuracy"] - r["accuracy"])
+        r["accuracy_drop"] = (
+            None if r["accuracy"] is None or ref["accuracy"] is None else ref["accuracy"] - r["accuracy"]
+        )
 
 
 def _within(r: dict, max_accuracy_drop: float, max_nll_increase: float) -> bool:
@@ -96,10 +117,20 @@ def candidates(rows: list[dict], batch: int, max_accuracy_drop: float, max_nll_i
         if set(per_set) != set(sets) or any(r["speedup"] is None for r in per_set.values()):
             continue
         speed = _geomean([per_set[s]["speedup"] for s in sets])
-        out.append({"config": key[0], "tau": key[1], "guard": key[2], "batch": batch, "speedup": speed,
-                    "within_budget": all(_within(per_set[s], max_accuracy_drop, max_nll_increase) for s in sets),
-                    "per_set": {s: {k: per_set[s][k] for k in ("speedup", "accuracy", "accuracy_drop",
-                                                               "nll_vs_target", "rouge_l")} for s in sets}})
+        out.append(
+            {
+                "config": key[0],
+                "tau": key[1],
+                "guard": key[2],
+                "batch": batch,
+                "speedup": speed,
+                "within_budget": all(_within(per_set[s], max_accuracy_drop, max_nll_increase) for s in sets),
+                "per_set": {
+                    s: {k: per_set[s][k] for k in ("speedup", "accuracy", "accuracy_drop", "nll_vs_target", "rouge_l")}
+                    for s in sets
+                },
+            }
+        )
     return sorted(out, key=lambda c: -c["speedup"])
 
 
@@ -108,16 +139,23 @@ def recommend(rows: list[dict], max_accuracy_drop: float, max_nll_increase: floa
     by_batch: dict[str, dict | None] = {}
     sentences: dict[str, str] = {}
     for b in sorted({r["batch"] for r in rows}):
-        cands = [c for c in candidates(rows, b, max_accuracy_drop, max_nll_increase)
-                 if c["within_budget"] and c["speedup"] > 1.0]
+        cands = [
+            c
+            for c in candidates(rows, b, max_accuracy_drop, max_nll_increase)
+            if c["within_budget"] and c["speedup"] > 1.0
+        ]
         best = cands[0] if cands else None
         by_batch[str(b)] = best
         sentences[str(b)] = describe(best, max_accuracy_drop, max_nll_increase) if best else NO_SETTING
     first = "1" if "1" in by_batch else (min(by_batch, key=int) if by_batch else None)
-    return {"recommended": by_batch.get(first) if first else None,
-            "recommendation": sentences.get(first, NO_SETTING), "recommendation_batch": first and int(first),
-            "by_batch": by_batch, "recommendation_by_batch": sentences,
-            "budget": {"max_accuracy_drop": max_accuracy_drop, "max_nll_increase": max_nll_increase}}
+    return {
+        "recommended": by_batch.get(first) if first else None,
+        "recommendation": sentences.get(first, NO_SETTING),
+        "recommendation_batch": first and int(first),
+        "by_batch": by_batch,
+        "recommendation_by_batch": sentences,
+        "budget": {"max_accuracy_drop": max_accuracy_drop, "max_nll_increase": max_nll_increase},
+    }
 
 
 def label(entry: dict) -> str:
@@ -132,33 +170,55 @@ def label(entry: dict) -> str:
 def describe(entry: dict, max_accuracy_drop: float, max_nll_increase: float) -> str:
     parts = []
     for name, f in entry["per_set"].items():
-        bit = f"{name}: {f['speedup']:.2f}x, NLL ×{f['nll_vs_target']:.3f}" if f["nll_vs_target"] is not None \
+        bit = (
+            f"{name}: {f['speedup']:.2f}x, NLL ×{f['nll_vs_target']:.3f}"
+            if f["nll_vs_target"] is not None
             else f"{name}: {f['speedup']:.2f}x"
+        )
         if f["accuracy_drop"] is not None:
             bit += f", accuracy {f['accuracy']:.2f} ({-f['accuracy_drop']:+.2f})"
         parts.append(bit)
-    return (f"{label(entry)} at batch {entry['batch']}: {entry['speedup']:.2f}x the target alone "
-            f"(geometric mean over the prompt sets; {'; '.join(parts)}), the fastest setting whose accuracy "
-            f"drop stays within {max_accuracy_drop:g} and NLL increase within {max_nll_increase:.0%}")
+    return (
+        f"{label(entry)} at batch {entry['batch']}: {entry['speedup']:.2f}x the target alone "
+        f"(geometric mean over the prompt sets; {'; '.join(parts)}), the fastest setting whose accuracy "
+        f"drop stays within {max_accuracy_drop:g} and NLL increase within {max_nll_increase:.0%}"
+    )
 
 
 # -- files ---------------------------------------------------------------------------------
 
-COLS = [("set", "prompts", ""), ("config", "config", ""), ("tau", "τ", ""), ("guard", "guard", ""),
-        ("batch", "bs", ""), ("tok_s", "tok/s", ".1f"), ("speedup", "speedup", ".2f"),
-        ("accuracy", "accuracy", ".2f"), ("nll_per_token", "NLL/token", ".3f"), ("nll_vs_target", "NLL ratio", ".3f"),
-        ("repeat_3gram", "rep. 3-grams", ".3f"), ("rouge_l", "ROUGE-L", ".3f"), ("exact", "same text", ".2f"),
-        ("sem_accepted", "accepted semantic", ""), ("tok_accepted", "accepted token-level", ""),
-        ("acceptance_rate", "draft tokens accepted", ".2f")]
+COLS = [
+    ("set", "prompts", ""),
+    ("config", "config", ""),
+    ("tau", "τ", ""),
+    ("guard", "guard", ""),
+    ("batch", "bs", ""),
+    ("tok_s", "tok/s", ".1f"),
+    ("speedup", "speedup", ".2f"),
+    ("accuracy", "accuracy", ".2f"),
+    ("nll_per_token", "NLL/token", ".3f"),
+    ("nll_vs_target", "NLL ratio", ".3f"),
+    ("repeat_3gram", "rep. 3-grams", ".3f"),
+    ("rouge_l", "ROUGE-L", ".3f"),
+    ("exact", "same text", ".2f"),
+    ("sem_accepted", "accepted semantic", ""),
+    ("tok_accepted", "accepted token-level", ""),
+    ("acceptance_rate", "draft tokens accepted", ".2f"),
+]
 
 
 def _table_rows(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         acc = r.get("acceptance") or {}
-        out.append(dict(r, sem_accepted=acc.get("tokens_accepted_semantic"),
-                        tok_accepted=acc.get("tokens_accepted_token_level"),
-                        acceptance_rate=acc.get("acceptance_rate")))
+        out.append(
+            dict(
+                r,
+                sem_accepted=acc.get("tokens_accepted_semantic"),
+                tok_accepted=acc.get("tokens_accepted_token_level"),
+                acceptance_rate=acc.get("acceptance_rate"),
+            )
+        )
     return out
 
 
@@ -167,14 +227,18 @@ def markdown(summary: dict) -> str:
     models = summary["models"]
     budget = summary["budget"]
     lines = [
-        "# parse-vllm eval: speed against quality", "",
+        "# parse-vllm eval: speed against quality",
+        "",
         f"Target `{models['target']}`, draft `{models['draft']}`, W = {models['window']}, "
         f"token-level k = {models['spec_k']}; greedy, max_tokens {summary['args']['max_tokens']}. "
         f"Machine: {summary['machine'].get('cores')} cores, vLLM {summary['machine'].get('vllm')}, "
-        f"{summary['machine'].get('date')}.", "",
+        f"{summary['machine'].get('date')}.",
+        "",
         f"Budget: accuracy drop ≤ {budget['max_accuracy_drop']:g}, NLL increase ≤ {budget['max_nll_increase']:.0%} "
-        "(the target's own negative log-likelihood of the text per output token, against the target alone's).", "",
-        "## Recommendation", "",
+        "(the target's own negative log-likelihood of the text per output token, against the target alone's).",
+        "",
+        "## Recommendation",
+        "",
     ]
     for b, sentence in rec.items():
         lines.append(f"- batch {b}: {sentence}")
@@ -182,13 +246,19 @@ def markdown(summary: dict) -> str:
     for name in summary["sets"]:
         rows = [r for r in summary["rows"] if r["set"] == name]
         n = {r["batch"]: r["n_prompts"] for r in rows}
-        lines += [f"### {name} ({', '.join(f'{v} prompts at batch {k}' for k, v in sorted(n.items()))})", "",
-                  common.table(_table_rows(rows), COLS[1:]), ""]
+        lines += [
+            f"### {name} ({', '.join(f'{v} prompts at batch {k}' for k, v in sorted(n.items()))})",
+            "",
+            common.table(_table_rows(rows), COLS[1:]),
+            "",
+        ]
     lines += ["Target-alone timing, first and last engine of the run (its rows use the mean):", ""]
     for b in summary["baselines"]:
         flag = f" **over {DRIFT_LIMIT:.0%}: the machine was not quiet, ratios suspect**" if b["drift_flagged"] else ""
-        lines.append(f"- {b['set']} bs {b['batch']}: {b['tok_s_first']:.1f} tok/s first, {b['tok_s_last']:.1f} last "
-                     f"(drift {b['drift']:+.1%}; same text {b['same_text']:.2f}){flag}")
+        lines.append(
+            f"- {b['set']} bs {b['batch']}: {b['tok_s_first']:.1f} tok/s first, {b['tok_s_last']:.1f} last "
+            f"(drift {b['drift']:+.1%}; same text {b['same_text']:.2f}){flag}"
+        )
     lines += ["", "![speed against quality](eval.png)", ""]
     return "\n".join(lines)
 
@@ -199,8 +269,9 @@ def pareto(points: list[tuple[float, float]], x_lower_is_better: bool) -> list[i
     front = []
     for i, (x, y) in enumerate(points):
         xi = sign * x
-        dominated = any((sign * a >= xi and b >= y) and (sign * a > xi or b > y) for j, (a, b) in enumerate(points)
-                        if j != i)
+        dominated = any(
+            (sign * a >= xi and b >= y) and (sign * a > xi or b > y) for j, (a, b) in enumerate(points) if j != i
+        )
         if not dominated:
             front.append(i)
     return sorted(front, key=lambda i: points[i][0])
@@ -218,27 +289,52 @@ def plot(summary: dict, path: Path) -> None:
         rows = [r for r in summary["rows"] if r["set"] == name]
         checkable = any(r["accuracy"] is not None for r in rows)
         qkey, qlabel = ("accuracy", "accuracy") if checkable else ("rouge_l", "ROUGE-L vs target alone")
-        for ax, xkey, xlabel, lower in ((ax_nll, "nll_vs_target", "NLL per token / target alone's (lower: better)", True),
-                                        (ax_q, qkey, qlabel, False)):
+        for ax, xkey, xlabel, lower in (
+            (ax_nll, "nll_vs_target", "NLL per token / target alone's (lower: better)", True),
+            (ax_q, qkey, qlabel, False),
+        ):
             for bi, b in enumerate(sorted({r["batch"] for r in rows})):
                 rs = [r for r in rows if r["batch"] == b and r[xkey] is not None and r["speedup"] is not None]
                 color = f"C{bi}"
                 for r in rs:
                     mk = "s" if r["config"] == "target" else "D" if r["config"].startswith("token") else "o"
                     ax.scatter(r[xkey], r["speedup"], marker=mk, color=color, s=36, zorder=3)
-                    ax.annotate(label(r).replace("parse ", ""), (r[xkey], r["speedup"]), fontsize=6,
-                                xytext=(3, 3), textcoords="offset points")
+                    ax.annotate(
+                        label(r).replace("parse ", ""),
+                        (r[xkey], r["speedup"]),
+                        fontsize=6,
+                        xytext=(3, 3),
+                        textcoords="offset points",
+                    )
                 pts = [(r[xkey], r["speedup"]) for r in rs]
                 front = pareto(pts, x_lower_is_better=lower)
                 if front:
-                    ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "-", color=color, alpha=0.6,
-                            label=f"bs {b}: Pareto front")
-                    ax.scatter([pts[i][0] for i in front], [pts[i][1] for i in front], s=140, facecolors="none",
-                               edgecolors=color, zorder=2)
+                    ax.plot(
+                        [pts[i][0] for i in front],
+                        [pts[i][1] for i in front],
+                        "-",
+                        color=color,
+                        alpha=0.6,
+                        label=f"bs {b}: Pareto front",
+                    )
+                    ax.scatter(
+                        [pts[i][0] for i in front],
+                        [pts[i][1] for i in front],
+                        s=140,
+                        facecolors="none",
+                        edgecolors=color,
+                        zorder=2,
+                    )
             ax.axhline(1.0, color="k", alpha=0.3, lw=0.8)
             if ax is ax_nll:  # the NLL budget
-                ax.axvline(1.0 + summary["budget"]["max_nll_increase"], color="r", ls="--", alpha=0.5, lw=0.8,
-                           label="NLL budget")
+                ax.axvline(
+                    1.0 + summary["budget"]["max_nll_increase"],
+                    color="r",
+                    ls="--",
+                    alpha=0.5,
+                    lw=0.8,
+                    label="NLL budget",
+                )
             ax.set(xlabel=xlabel, ylabel="speedup over target alone", title=f"{name}: speed vs {xlabel.split(' (')[0]}")
     for ax in grid.flat:
         ax.scatter([], [], marker="s", color="gray", label="target")

@@ -42,37 +42,78 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="parse-vllm eval",
         description="Speed against quality: the target alone, token-level speculation and PARSE over a τ sweep, "
-                    "on MT-Bench, a checkable task set and/or your own JSONL, with a recommendation.")
+        "on MT-Bench, a checkable task set and/or your own JSONL, with a recommendation.",
+    )
     m = ap.add_argument_group("models (default: the bundled CPU pair, SmolLM2-135M-Instruct and its draft)")
-    m.add_argument("--config", "--parse-config", dest="config", metavar="PRESET.yaml",
-                   help="a preset (configs/): model, speculative_config (draft, W), parse and engine sections")
+    m.add_argument(
+        "--config",
+        "--parse-config",
+        dest="config",
+        metavar="PRESET.yaml",
+        help="a preset (configs/): model, speculative_config (draft, W), parse and engine sections",
+    )
     m.add_argument("--target", help="target model (HF name or folder); overrides the preset's")
     m.add_argument("--draft", help="draft model; overrides the preset's")
     m.add_argument("--window", type=int, help=f"PARSE draft window W (default: the preset's, else {DEFAULT_WINDOW})")
     m.add_argument("--parse", metavar="JSON", help="PARSE options (additional_config['parse']), over the preset's")
-    m.add_argument("--engine", metavar="JSON", help="more vllm.LLM arguments for every engine, e.g. "
-                                                    "'{\"dtype\": \"float32\"}' (over the preset's engine section)")
+    m.add_argument(
+        "--engine",
+        metavar="JSON",
+        help="more vllm.LLM arguments for every engine, e.g. "
+        '\'{"dtype": "float32"}\' (over the preset\'s engine section)',
+    )
     m.add_argument("--spec-k", type=int, default=4, help="draft tokens of the token-level configuration (default 4)")
     s = ap.add_argument_group("sweep")
-    s.add_argument("--taus", type=float, nargs="+", default=list(DEFAULT_TAUS), metavar="τ",
-                   help="τ values of the PARSE rows (default: 0 0.5 0.9 1.5)")
-    s.add_argument("--guards", type=int, nargs="+", default=None, metavar="K",
-                   help="token-guard values (parse_guard: top-k, 0 = off) of the PARSE rows (default: the engine's, 0)")
+    s.add_argument(
+        "--taus",
+        type=float,
+        nargs="+",
+        default=list(DEFAULT_TAUS),
+        metavar="τ",
+        help="τ values of the PARSE rows (default: 0 0.5 0.9 1.5)",
+    )
+    s.add_argument(
+        "--guards",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="K",
+        help="token-guard values (parse_guard: top-k, 0 = off) of the PARSE rows (default: the engine's, 0)",
+    )
     p = ap.add_argument_group("prompts")
-    p.add_argument("--prompts", nargs="+", default=["mtbench", "checkable"], metavar="SET",
-                   help="mtbench, checkable, and/or JSONL files (prompt or messages; optional id, reference, test)")
+    p.add_argument(
+        "--prompts",
+        nargs="+",
+        default=["mtbench", "checkable"],
+        metavar="SET",
+        help="mtbench, checkable, and/or JSONL files (prompt or messages; optional id, reference, test)",
+    )
     p.add_argument("--num-prompts", type=int, default=16, help="prompts per set at --batch (default 16)")
-    p.add_argument("--bs1-prompts", type=int, default=4, help="prompts per set at batch 1 (default 4; 0: no batch-1 run)")
+    p.add_argument(
+        "--bs1-prompts", type=int, default=4, help="prompts per set at batch 1 (default 4; 0: no batch-1 run)"
+    )
     p.add_argument("--batch", type=int, default=16, help="the big batch size (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of the checkable task set (default 0)")
     p.add_argument("--max-tokens", type=int, default=256, help="answer cap (default 256)")
-    p.add_argument("--code-timeout", type=float, default=checks.CODE_TIMEOUT_S,
-                   help=f"seconds a code answer may run with its asserts (default {checks.CODE_TIMEOUT_S:g})")
+    p.add_argument(
+        "--code-timeout",
+        type=float,
+        default=checks.CODE_TIMEOUT_S,
+        help=f"seconds a code answer may run with its asserts (default {checks.CODE_TIMEOUT_S:g})",
+    )
     b = ap.add_argument_group("budget and output")
-    b.add_argument("--max-accuracy-drop", type=float, default=0.0,
-                   help="accuracy loss allowed against the target, absolute fraction (default 0)")
-    b.add_argument("--max-nll-increase", type=float, default=0.10,
-                   help="NLL-per-token increase allowed against the target (default 0.10: ratio ≤ 1.10)")
+    b.add_argument(
+        "--max-accuracy-drop",
+        type=float,
+        default=0.0,
+        help="accuracy loss allowed against the target, absolute fraction (default 0)",
+    )
+    b.add_argument(
+        "--max-nll-increase",
+        type=float,
+        default=0.10,
+        help="NLL-per-token increase allowed against the target (default 0.10: ratio ≤ 1.10)",
+    )
     b.add_argument("--out", type=Path, default=Path("bench/results/eval"), help="results folder")
     b.add_argument("--save-outputs", action="store_true", help="also write every answer to outputs.jsonl")
     return ap
@@ -127,9 +168,15 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     engine = {k.replace("-", "_"): v for k, v in (preset.engine if preset else {}).items()}
     engine.update(_json_arg(args.engine, "--engine"))
     window = args.window or spec.get("num_speculative_tokens") or DEFAULT_WINDOW
-    return {"preset": preset, "target": args.target or (preset and preset.model),
-            "draft": args.draft or spec.get("model"), "spec": spec, "window": window, "parse": parse,
-            "engine": engine}
+    return {
+        "preset": preset,
+        "target": args.target or (preset and preset.model),
+        "draft": args.draft or spec.get("model"),
+        "spec": spec,
+        "window": window,
+        "parse": parse,
+        "engine": engine,
+    }
 
 
 def engine_kwargs(res: dict, target: str, max_model_len: int, max_num_seqs: int) -> dict:
@@ -152,6 +199,7 @@ def spec_config(res: dict, draft: str, k: int) -> dict:
 
 
 # -- running -----------------------------------------------------------------------------
+
 
 class _Tracked:
     """``llm`` for :func:`benchmarks.e2e.run_batch`, ticking a progress bar per finished request."""
@@ -192,8 +240,16 @@ def _acceptance(config: str, spec: dict, stats: dict | None) -> dict | None:
     return acc
 
 
-def run_engine(config: str, kw: dict, jobs: list[dict], *, max_tokens: int, is_parse: bool, progress,
-               nll_sequences: list[list[int]] | None = None) -> tuple[list[dict], list | None]:
+def run_engine(
+    config: str,
+    kw: dict,
+    jobs: list[dict],
+    *,
+    max_tokens: int,
+    is_parse: bool,
+    progress,
+    nll_sequences: list[list[int]] | None = None,
+) -> tuple[list[dict], list | None]:
     """One engine: every job (prompt set, batch, τ, guard) on it; with ``nll_sequences``,
     then the target's prompt log-probabilities of each of them."""
     from tqdm.auto import tqdm
@@ -210,7 +266,9 @@ def run_engine(config: str, kw: dict, jobs: list[dict], *, max_tokens: int, is_p
         first = jobs[0]["prompts"][0]
         llm.generate([{"prompt_token_ids": first}], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
         for job in jobs:
-            name = report.label({"config": config, "tau": job["tau"], "guard": job["guard"] if job["pass_guard"] else 0})
+            name = report.label(
+                {"config": config, "tau": job["tau"], "guard": job["guard"] if job["pass_guard"] else 0}
+            )
             progress.set_description(f"{name} {job['set']} bs={job['batch']}")
             extra = None
             if is_parse:
@@ -221,23 +279,40 @@ def run_engine(config: str, kw: dict, jobs: list[dict], *, max_tokens: int, is_p
             if is_parse:
                 parse_vllm.reset_stats(llm)
             spec0 = _spec_counters(llm)
-            with tqdm(total=len(job["prompts"]), desc=f"  {name} {job['set']} bs={job['batch']}", unit="req",
-                      leave=False, file=sys.stderr) as bar:
+            with tqdm(
+                total=len(job["prompts"]),
+                desc=f"  {name} {job['set']} bs={job['batch']}",
+                unit="req",
+                leave=False,
+                file=sys.stderr,
+            ) as bar:
                 res = run_batch(_Tracked(llm, bar), job["prompts"], params, job["batch"])
             spec1 = _spec_counters(llm)
             stats = parse_vllm.get_stats(llm) if is_parse else None
-            row = {"set": job["set"], "config": config, "tau": job["tau"], "guard": job["guard"],
-                   "batch": job["batch"], "n_prompts": len(job["prompts"]), "item_ids": job["item_ids"],
-                   **{k: res[k] for k in ("wall_s", "tokens", "tok_s", "latency_p50_s", "latency_p90_s", "outputs")},
-                   "acceptance": _acceptance(config, {k: spec1[k] - spec0[k] for k in spec1}, stats)}
-            progress.write(f"[eval] {name:22s} {job['set']:>10s} bs={job['batch']:<3d} {res['tok_s']:7.1f} tok/s "
-                           f"({res['tokens']} tokens in {res['wall_s']:.1f} s)")
+            row = {
+                "set": job["set"],
+                "config": config,
+                "tau": job["tau"],
+                "guard": job["guard"],
+                "batch": job["batch"],
+                "n_prompts": len(job["prompts"]),
+                "item_ids": job["item_ids"],
+                **{k: res[k] for k in ("wall_s", "tokens", "tok_s", "latency_p50_s", "latency_p90_s", "outputs")},
+                "acceptance": _acceptance(config, {k: spec1[k] - spec0[k] for k in spec1}, stats),
+            }
+            progress.write(
+                f"[eval] {name:22s} {job['set']:>10s} bs={job['batch']:<3d} {res['tok_s']:7.1f} tok/s "
+                f"({res['tokens']} tokens in {res['wall_s']:.1f} s)"
+            )
             progress.update(1)
             rows.append(row)
         if nll_sequences is not None:
             progress.set_description(f"NLL of {len(nll_sequences)} texts")
-            outs = llm.generate([{"prompt_token_ids": s} for s in nll_sequences],
-                                SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0), use_tqdm=True)
+            outs = llm.generate(
+                [{"prompt_token_ids": s} for s in nll_sequences],
+                SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0),
+                use_tqdm=True,
+            )
             logprobs = [o.prompt_logprobs for o in outs]
             progress.update(1)
     finally:
@@ -277,8 +352,9 @@ def _main(args: argparse.Namespace) -> int:
     # one model runner for every engine (PARSE needs V1; vLLM >= 0.33 may pick V2 for the others)
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     if res["target"] is None or res["draft"] is None:
-        target, draft = common.resolve_models(res["target"] and Path(res["target"]),
-                                              res["draft"] and Path(res["draft"]))
+        target, draft = common.resolve_models(
+            res["target"] and Path(res["target"]), res["draft"] and Path(res["draft"])
+        )
         res["target"], res["draft"] = res["target"] or str(target), res["draft"] or str(draft)
     target, draft = str(res["target"]), str(res["draft"])
     from transformers import AutoTokenizer
@@ -292,17 +368,37 @@ def _main(args: argparse.Namespace) -> int:
     pass_guard = args.guards is not None and args.guards != [int(res["parse"].get("guard", 0))]
 
     def jobs(taus, gs):
-        return [{"set": s.name, "batch": b, "tau": t, "guard": g, "pass_guard": pass_guard, "prompts": ids[(s.name, b)],
-                 "item_ids": [it["id"] for it in chosen[(s.name, b)]]}
-                for s in sets for b in batches for t in taus for g in gs]
+        return [
+            {
+                "set": s.name,
+                "batch": b,
+                "tau": t,
+                "guard": g,
+                "pass_guard": pass_guard,
+                "prompts": ids[(s.name, b)],
+                "item_ids": [it["id"] for it in chosen[(s.name, b)]],
+            }
+            for s in sets
+            for b in batches
+            for t in taus
+            for g in gs
+        ]
 
     target_jobs = jobs([None], [None])
     token_name = f"token-k{args.spec_k}"
     engines = [
         ("target", base, target_jobs, False),
         (token_name, dict(base, speculative_config=spec_config(res, draft, args.spec_k)), jobs([None], [None]), False),
-        ("parse", dict(base, speculative_config=spec_config(res, draft, res["window"]),
-                       additional_config={"parse": res["parse"]}), jobs(args.taus, guards), True),
+        (
+            "parse",
+            dict(
+                base,
+                speculative_config=spec_config(res, draft, res["window"]),
+                additional_config={"parse": res["parse"]},
+            ),
+            jobs(args.taus, guards),
+            True,
+        ),
     ]
     from tqdm.auto import tqdm
 
@@ -317,18 +413,37 @@ def _main(args: argparse.Namespace) -> int:
         for r in rows:
             for p, o in zip(ids[(r["set"], r["batch"])], r["outputs"]):
                 seqs.setdefault(tuple(p) + tuple(o), len(seqs))
-        again, logprobs = run_engine("target", base, target_jobs, max_tokens=args.max_tokens, is_parse=False,
-                                     progress=progress, nll_sequences=[list(s) for s in seqs])
+        again, logprobs = run_engine(
+            "target",
+            base,
+            target_jobs,
+            max_tokens=args.max_tokens,
+            is_parse=False,
+            progress=progress,
+            nll_sequences=[list(s) for s in seqs],
+        )
     from . import metrics
 
     baselines = []
     for r, a in zip((r for r in rows if r["config"] == "target"), again):
         drift = a["tok_s"] / r["tok_s"] - 1.0
-        baselines.append({"set": r["set"], "batch": r["batch"], "tok_s_first": r["tok_s"], "tok_s_last": a["tok_s"],
-                          "drift": drift, "drift_flagged": abs(drift) > report.DRIFT_LIMIT,
-                          "same_text": statistics.mean(float(x == y) for x, y in zip(r["outputs"], a["outputs"]))})
-        r.update(tok_s=(r["tok_s"] + a["tok_s"]) / 2, tok_s_first=r["tok_s"], tok_s_last=a["tok_s"],
-                 wall_s=(r["wall_s"] + a["wall_s"]) / 2)
+        baselines.append(
+            {
+                "set": r["set"],
+                "batch": r["batch"],
+                "tok_s_first": r["tok_s"],
+                "tok_s_last": a["tok_s"],
+                "drift": drift,
+                "drift_flagged": abs(drift) > report.DRIFT_LIMIT,
+                "same_text": statistics.mean(float(x == y) for x, y in zip(r["outputs"], a["outputs"])),
+            }
+        )
+        r.update(
+            tok_s=(r["tok_s"] + a["tok_s"]) / 2,
+            tok_s_first=r["tok_s"],
+            tok_s_last=a["tok_s"],
+            wall_s=(r["wall_s"] + a["wall_s"]) / 2,
+        )
     # answers checked and NLL read now that no engine is running
     items = {(s.name, b): {it["id"]: it for it in chosen[(s.name, b)]} for s in sets for b in batches}
     cache: dict[tuple, bool | None] = {}
@@ -344,14 +459,21 @@ def _main(args: argparse.Namespace) -> int:
             r["correct"].append(cache[key])
         r["nll_logprobs"] = [
             metrics.output_logprobs(logprobs[seqs[tuple(p) + tuple(o)]], list(p) + list(o), len(p))
-            for p, o in zip(ids[(r["set"], r["batch"])], r["outputs"])]
+            for p, o in zip(ids[(r["set"], r["batch"])], r["outputs"])
+        ]
     report.score(rows)
     rec = report.recommend(rows, args.max_accuracy_drop, args.max_nll_increase)
     summary = {
         "machine": common.machine(),
-        "models": {"target": target, "draft": draft, "window": res["window"], "spec_k": args.spec_k,
-                   "parse": res["parse"], "preset": args.config,
-                   "engine": {k: v for k, v in base.items() if k != "model"}},
+        "models": {
+            "target": target,
+            "draft": draft,
+            "window": res["window"],
+            "spec_k": args.spec_k,
+            "parse": res["parse"],
+            "preset": args.config,
+            "engine": {k: v for k, v in base.items() if k != "model"},
+        },
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "sets": [s.name for s in sets],
         "prompts": {s.name: {str(b): [it["id"] for it in chosen[(s.name, b)]] for b in batches} for s in sets},
@@ -365,13 +487,29 @@ def _main(args: argparse.Namespace) -> int:
         with open(args.out / "outputs.jsonl", "w") as f:
             for r in rows:
                 for item_id, text, ok in zip(r["item_ids"], r["texts"], r["correct"]):
-                    f.write(json.dumps({"set": r["set"], "config": r["config"], "tau": r["tau"], "guard": r["guard"],
-                                        "batch": r["batch"], "id": item_id, "correct": ok, "text": text}) + "\n")
+                    f.write(
+                        json.dumps(
+                            {
+                                "set": r["set"],
+                                "config": r["config"],
+                                "tau": r["tau"],
+                                "guard": r["guard"],
+                                "batch": r["batch"],
+                                "id": item_id,
+                                "correct": ok,
+                                "text": text,
+                            }
+                        )
+                        + "\n"
+                    )
     print(report.markdown(summary))
     for b in baselines:
         if b["drift_flagged"]:
-            print(f"** target-alone timing drifted {b['drift']:+.1%} ({b['set']} bs {b['batch']}): "
-                  "the machine was not quiet, ratios suspect **", file=sys.stderr)
+            print(
+                f"** target-alone timing drifted {b['drift']:+.1%} ({b['set']} bs {b['batch']}): "
+                "the machine was not quiet, ratios suspect **",
+                file=sys.stderr,
+            )
     print(f"recommendation: {rec['recommendation']}")
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

@@ -64,40 +64,124 @@ class PromptSet:
 
 # -- MT-Bench ----------------------------------------------------------------------------
 
+
 def mtbench_set() -> PromptSet:
     from parse_vllm.train_prompts import mtbench_questions
 
-    return PromptSet("mtbench", [{"id": f"mtbench-{q['question_id']}", "kind": q["category"], "prompt": q["prompt"],
-                                  "messages": None, "check": None} for q in mtbench_questions()])
+    return PromptSet(
+        "mtbench",
+        [
+            {
+                "id": f"mtbench-{q['question_id']}",
+                "kind": q["category"],
+                "prompt": q["prompt"],
+                "messages": None,
+                "check": None,
+            }
+            for q in mtbench_questions()
+        ],
+    )
 
 
 # -- the checkable set -----------------------------------------------------------------
 
-_COMPANY_A = ("Brightwater", "Northfield", "Silverline", "Redstone", "Bluehill", "Greenway", "Oakridge",
-              "Sunvale", "Ironwood", "Clearbrook", "Maplewood", "Stonebridge")
+_COMPANY_A = (
+    "Brightwater",
+    "Northfield",
+    "Silverline",
+    "Redstone",
+    "Bluehill",
+    "Greenway",
+    "Oakridge",
+    "Sunvale",
+    "Ironwood",
+    "Clearbrook",
+    "Maplewood",
+    "Stonebridge",
+)
 _COMPANY_B = ("Foods", "Tools", "Books", "Bikes", "Textiles", "Games", "Paints", "Toys", "Glass", "Pianos")
 _FIRST = ("Anna", "Tom", "Maria", "David", "Sofia", "Peter", "Laura", "James", "Elena", "Omar", "Grace", "Lucas")
-_LAST = ("Lindqvist", "Berg", "Keller", "Novak", "Moreau", "Okafor", "Tanaka", "Silva", "Murphy", "Costa",
-         "Fischer", "Jensen")
-_CITIES = ("Lisbon", "Porto", "Oslo", "Bergen", "Vienna", "Dublin", "Madrid", "Prague", "Warsaw", "Helsinki",
-           "Zurich", "Lyon", "Munich", "Krakow")
+_LAST = (
+    "Lindqvist",
+    "Berg",
+    "Keller",
+    "Novak",
+    "Moreau",
+    "Okafor",
+    "Tanaka",
+    "Silva",
+    "Murphy",
+    "Costa",
+    "Fischer",
+    "Jensen",
+)
+_CITIES = (
+    "Lisbon",
+    "Porto",
+    "Oslo",
+    "Bergen",
+    "Vienna",
+    "Dublin",
+    "Madrid",
+    "Prague",
+    "Warsaw",
+    "Helsinki",
+    "Zurich",
+    "Lyon",
+    "Munich",
+    "Krakow",
+)
 
 # (name, signature, what it does, cases: rng -> list of (args, expected))
 _FUNCTIONS = (
-    ("add", "add(a, b)", "returns the sum of a and b",
-     lambda r: [((x, y), x + y) for x, y in ((r.randint(1, 50), r.randint(1, 50)), (-r.randint(1, 9), r.randint(1, 9)))]),
-    ("subtract", "subtract(a, b)", "returns a minus b",
-     lambda r: [((x, y), x - y) for x, y in ((r.randint(20, 60), r.randint(1, 19)), (r.randint(1, 9), r.randint(10, 20)))]),
-    ("multiply", "multiply(a, b)", "returns the product of a and b",
-     lambda r: [((x, y), x * y) for x, y in ((r.randint(2, 12), r.randint(2, 12)), (r.randint(2, 9), 0))]),
-    ("square", "square(x)", "returns x squared",
-     lambda r: [((x,), x * x) for x in (r.randint(2, 30), -r.randint(2, 9))]),
-    ("is_even", "is_even(n)", "returns True if the integer n is even and False otherwise",
-     lambda r: [((x,), x % 2 == 0) for x in (2 * r.randint(1, 40), 2 * r.randint(1, 40) + 1)]),
-    ("largest", "largest(numbers)", "returns the largest number in the list numbers",
-     lambda r: [((xs,), max(xs)) for xs in (r.sample(range(1, 90), 4), r.sample(range(-50, -1), 3))]),
-    ("reverse_string", "reverse_string(s)", "returns the string s reversed",
-     lambda r: [((s,), s[::-1]) for s in (r.choice(("hello", "python", "garden", "rocket")), r.choice(("abc", "xyz")))]),
+    (
+        "add",
+        "add(a, b)",
+        "returns the sum of a and b",
+        lambda r: [
+            ((x, y), x + y) for x, y in ((r.randint(1, 50), r.randint(1, 50)), (-r.randint(1, 9), r.randint(1, 9)))
+        ],
+    ),
+    (
+        "subtract",
+        "subtract(a, b)",
+        "returns a minus b",
+        lambda r: [
+            ((x, y), x - y) for x, y in ((r.randint(20, 60), r.randint(1, 19)), (r.randint(1, 9), r.randint(10, 20)))
+        ],
+    ),
+    (
+        "multiply",
+        "multiply(a, b)",
+        "returns the product of a and b",
+        lambda r: [((x, y), x * y) for x, y in ((r.randint(2, 12), r.randint(2, 12)), (r.randint(2, 9), 0))],
+    ),
+    (
+        "square",
+        "square(x)",
+        "returns x squared",
+        lambda r: [((x,), x * x) for x in (r.randint(2, 30), -r.randint(2, 9))],
+    ),
+    (
+        "is_even",
+        "is_even(n)",
+        "returns True if the integer n is even and False otherwise",
+        lambda r: [((x,), x % 2 == 0) for x in (2 * r.randint(1, 40), 2 * r.randint(1, 40) + 1)],
+    ),
+    (
+        "largest",
+        "largest(numbers)",
+        "returns the largest number in the list numbers",
+        lambda r: [((xs,), max(xs)) for xs in (r.sample(range(1, 90), 4), r.sample(range(-50, -1), 3))],
+    ),
+    (
+        "reverse_string",
+        "reverse_string(s)",
+        "returns the string s reversed",
+        lambda r: [
+            ((s,), s[::-1]) for s in (r.choice(("hello", "python", "garden", "rocket")), r.choice(("abc", "xyz")))
+        ],
+    ),
 )
 
 
@@ -108,16 +192,21 @@ def _extract(r: random.Random) -> tuple[str, dict]:
     year = r.randint(1950, 1999)
     year2 = r.randint(year + 3, 2018)
     staff = r.choice((40, 75, 120, 240, 310, 560))
-    passage = (f"{company} was founded in {year} by {founder} in {city}. In {year2} the company moved its "
-               f"offices to {city2}, and today it has {staff} employees. Its current director is {director}.")
-    question, answer, distractors = r.choice((
-        (f"In which year was {company} founded?", str(year), [str(year2), str(staff)]),
-        (f"Who founded {company}?", founder, [director]),
-        (f"In which city was {company} founded?", city, [city2]),
-        (f"How many employees does {company} have today?", str(staff), [str(year), str(year2)]),
-    ))
-    prompt = (f"Read the passage and answer the question with the answer only.\n\nPassage: {passage}\n\n"
-              f"Question: {question}")
+    passage = (
+        f"{company} was founded in {year} by {founder} in {city}. In {year2} the company moved its "
+        f"offices to {city2}, and today it has {staff} employees. Its current director is {director}."
+    )
+    question, answer, distractors = r.choice(
+        (
+            (f"In which year was {company} founded?", str(year), [str(year2), str(staff)]),
+            (f"Who founded {company}?", founder, [director]),
+            (f"In which city was {company} founded?", city, [city2]),
+            (f"How many employees does {company} have today?", str(staff), [str(year), str(year2)]),
+        )
+    )
+    prompt = (
+        f"Read the passage and answer the question with the answer only.\n\nPassage: {passage}\n\nQuestion: {question}"
+    )
     return prompt, {"type": "answer", "answer": answer, "distractors": distractors}
 
 
@@ -175,14 +264,19 @@ def checkable_set(n: int, seed: int = 0) -> PromptSet:
 
 # -- the user's JSONL --------------------------------------------------------------------
 
+
 def _bad(path: Path, lineno: int, msg: str) -> PromptSetError:
     return PromptSetError(f"{path}:{lineno}: {msg}")
 
 
 def _messages_ok(msgs: Any) -> bool:
-    return (isinstance(msgs, list) and bool(msgs)
-            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                    for m in msgs))
+    return (
+        isinstance(msgs, list)
+        and bool(msgs)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs
+        )
+    )
 
 
 def load_jsonl(path: str | Path) -> PromptSet:
@@ -202,36 +296,39 @@ def load_jsonl(path: str | Path) -> PromptSet:
         except json.JSONDecodeError as e:
             raise _bad(path, lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(obj, dict):
-            raise _bad(path, lineno, f"expected a JSON object with \"prompt\" or \"messages\", got {type(obj).__name__}")
+            raise _bad(path, lineno, f'expected a JSON object with "prompt" or "messages", got {type(obj).__name__}')
         unknown = sorted(set(obj) - set(JSONL_KEYS))
         if unknown:
             raise _bad(path, lineno, f"unknown keys {unknown}; known: {list(JSONL_KEYS)}")
         prompt, messages = obj.get("prompt"), obj.get("messages")
         if (prompt is None) == (messages is None):
-            raise _bad(path, lineno, "give exactly one of \"prompt\" (text) or \"messages\" (a chat)")
+            raise _bad(path, lineno, 'give exactly one of "prompt" (text) or "messages" (a chat)')
         if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
-            raise _bad(path, lineno, "\"prompt\" must be non-empty text")
+            raise _bad(path, lineno, '"prompt" must be non-empty text')
         if messages is not None and not _messages_ok(messages):
-            raise _bad(path, lineno, "\"messages\" must be a non-empty list of {\"role\": str, \"content\": str}")
+            raise _bad(path, lineno, '"messages" must be a non-empty list of {"role": str, "content": str}')
         checks = []
         ref = obj.get("reference")
         if ref is not None:
             if isinstance(ref, bool) or not isinstance(ref, (str, int, float)) or not str(ref).strip():
-                raise _bad(path, lineno, "\"reference\" must be the expected answer: non-empty text or a number")
-            checks.append({"type": "number", "answer": ref} if isinstance(ref, (int, float))
-                          else {"type": "answer", "answer": ref, "distractors": []})
+                raise _bad(path, lineno, '"reference" must be the expected answer: non-empty text or a number')
+            checks.append(
+                {"type": "number", "answer": ref}
+                if isinstance(ref, (int, float))
+                else {"type": "answer", "answer": ref, "distractors": []}
+            )
         test = obj.get("test")
         if test is not None:
             if not isinstance(test, str) or not test.strip():
-                raise _bad(path, lineno, "\"test\" must be Python code (asserts run after the answer's code)")
+                raise _bad(path, lineno, '"test" must be Python code (asserts run after the answer\'s code)')
             try:
                 compile(test, f"{path}:{lineno}:test", "exec")
             except SyntaxError as e:
-                raise _bad(path, lineno, f"\"test\" is not valid Python: {e.msg} (its line {e.lineno})") from None
+                raise _bad(path, lineno, f'"test" is not valid Python: {e.msg} (its line {e.lineno})') from None
             checks.append({"type": "code", "test": test})
         item_id = obj.get("id", f"{path.stem}-{lineno}")
         if not isinstance(item_id, (str, int)) or isinstance(item_id, bool):
-            raise _bad(path, lineno, "\"id\" must be text or an integer")
+            raise _bad(path, lineno, '"id" must be text or an integer')
         item_id = str(item_id)
         if item_id in seen:
             raise _bad(path, lineno, f"id {item_id!r} is used twice")
