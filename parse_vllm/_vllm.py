@@ -313,18 +313,31 @@ def spec_decode_metadata(
     )
 
 
-def sample_rows(sampler, logits: torch.Tensor, sampling_metadata) -> torch.Tensor:
-    """Sample one token per request row from `logits [num_reqs, vocab]` with
-    each request's own sampling parameters, exactly as the rejection sampler
-    samples its bonus tokens (v1/sample/rejection_sampler.py:148-162; 0.33: :167-181)."""
+def sample_after_prefixes(
+    sampler,
+    logits: torch.Tensor,  # [num_reqs, vocab]: row i is the position after request i's prefix
+    sampling_metadata,
+    prefixes: dict[int, list[int]],  # input-batch row -> the draft tokens it accepted
+) -> torch.Tensor:
+    """One token per row, sampled with each request's own parameters as the
+    rejection sampler samples its bonus tokens (vllm.v1.sample.sampler.Sampler
+    with predict_bonus_token=True), for the rows in `prefixes`: penalties and
+    bad words count the request's output plus its accepted prefix (passed as
+    SamplingMetadata.spec_token_ids, which the sampler appends to the output
+    for bonus tokens), and only those rows' seeded generators are used, so a
+    seeded request's sampling does not depend on its neighbours. The other
+    rows' samples mean nothing (their rows keep the batch's shape for the
+    batch-indexed min-tokens processor). Returns [num_reqs]."""
     from dataclasses import replace
 
-    out = sampler(
-        logits=logits,
-        sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1),
-        predict_bonus_token=True,
+    md = replace(
+        sampling_metadata,
+        max_num_logprobs=None,
+        logprob_token_ids=None,
+        spec_token_ids=[prefixes.get(i, []) for i in range(logits.shape[0])],
+        generators={i: g for i, g in sampling_metadata.generators.items() if i in prefixes},
     )
-    return out.sampled_token_ids  # [num_reqs, 1]
+    return sampler(logits=logits, sampling_metadata=md, predict_bonus_token=True).sampled_token_ids.view(-1)
 
 
 def copy_kv_blocks(
@@ -407,14 +420,16 @@ def request_output_len(runner, req_id: str) -> int:
 
 
 def request_limits(runner, req_id: str) -> tuple[int, int, frozenset[int]]:
-    """(max_tokens, min_tokens, the token ids that end the request), from the
-    request's SamplingParams (sampling_params.py:772-796: EOS and the
-    generation config's extra EOS ids are folded into all_stop_token_ids;
-    0.33: :775-799)."""
+    """(max_tokens, min_tokens, the token ids that end the request), as
+    vllm.v1.core.sched.utils.check_stop reads them: SamplingParams.eos_token_id
+    (None under ignore_eos) and SamplingParams.stop_token_ids (which
+    update_from_generation_config extends with the generation config's extra
+    EOS ids, unless ignore_eos). Not all_stop_token_ids: it holds EOS even
+    under ignore_eos, for the min-tokens processor."""
     sp = runner.requests[req_id].sampling_params
-    stops = set(sp.all_stop_token_ids)
-    if sp.ignore_eos and sp.eos_token_id is not None:
-        stops.discard(sp.eos_token_id)
+    stops = set(sp.stop_token_ids or ())
+    if sp.eos_token_id is not None:
+        stops.add(sp.eos_token_id)
     return sp.max_tokens or 0, sp.min_tokens or 0, frozenset(stops)
 
 

@@ -14,20 +14,20 @@ from parse_vllm import _vllm
 
 
 class _StatsRPC:
+    @property
+    def _parse(self):
+        """The runner's ParseController; None without PARSE."""
+        return getattr(self.model_runner, "parse", None)
+
     def parse_stats(self) -> dict:
-        runner = self.model_runner
-        stats = getattr(runner, "parse_stats", None)
-        return {} if stats is None else stats.as_dict()
+        return {} if self._parse is None else self._parse.stats.as_dict()
 
     def parse_judgments(self) -> list[dict]:
-        return list(getattr(self.model_runner, "parse_judgments", ()))
+        return [] if self._parse is None else list(self._parse.judgments)
 
     def parse_reset_stats(self) -> None:
-        from parse_vllm.metrics import ParseStats
-
-        if hasattr(self.model_runner, "parse_stats"):
-            self.model_runner.parse_stats = ParseStats()
-            self.model_runner._parse_last_exported = ParseStats()
+        if self._parse is not None:
+            self._parse.reset_stats()
 
     def parse_kv_blocks(self) -> dict:
         """The worker's side of KV-block accounting, for leak checks
@@ -39,10 +39,10 @@ class _StatsRPC:
         import dataclasses
 
         runner = self.model_runner
-        verifier = getattr(getattr(runner, "_parse", None), "verifier", None)
+        verifier = getattr(self._parse, "verifier", None)
         num_blocks = int(getattr(verifier, "num_blocks", 0)) or None
         batch_requests, held, scratch = runner.parse_kv_block_use()
-        audit = getattr(runner, "parse_kv_audit", None)
+        audit = getattr(self._parse, "kv_audit", None)
         return {
             "pid": os.getpid(),
             "num_blocks": num_blocks,
@@ -50,7 +50,7 @@ class _StatsRPC:
             "scheduler_blocks": None if num_blocks is None else num_blocks - int(scratch.shape[0]),
             "batch_requests": batch_requests,
             "runner_requests": len(runner.requests),
-            "parse_request_states": len(getattr(runner, "_parse_states", ())),
+            "parse_request_states": 0 if self._parse is None else len(self._parse.states),
             "request_blocks_held": len(held),
             "scratch_blocks_in_request_tables": len(held.intersection(scratch.tolist())),
             # High-water marks since the last parse_reset_kv_audit (parse
@@ -61,8 +61,8 @@ class _StatsRPC:
     def parse_reset_kv_audit(self) -> None:
         from parse_vllm.metrics import KvAudit
 
-        if getattr(self.model_runner, "parse_kv_audit", None) is not None:
-            self.model_runner.parse_kv_audit = KvAudit()
+        if self._parse is not None and self._parse.kv_audit is not None:
+            self._parse.kv_audit = KvAudit()
 
 
 class ParseCPUWorker(_StatsRPC, _vllm.cpu_worker_cls()):

@@ -236,6 +236,19 @@ def test_random_sampling_and_logprobs(ref, parse):
         assert all(t in lp for t, lp in zip(c.token_ids, c.logprobs))
 
 
+def test_seeded_request_does_not_depend_on_its_batch(parse):
+    """A seeded sampling request gives the same tokens alone and beside requests
+    whose drafts are semantically accepted (each such acceptance samples one
+    token after the prefix: only that request's generator may advance), with
+    PARSE off, lossless, or accepting everything itself."""
+    neighbours = [sp(24, extra_args={"parse_threshold": 0.0}) for _ in range(3)]
+    for extra in ({"parse": False}, {"parse_threshold": 1.5}, {"parse_threshold": 0.0}):
+        q = sp(24, temperature=0.9, seed=11, extra_args=extra)
+        alone = ids(parse.generate([PROMPTS[0]], [q]))[0]
+        together = ids(parse.generate(PROMPTS[:4], [q, *neighbours]))[0]
+        assert together == alone, extra
+
+
 def test_bad_request_options_are_refused_and_engine_survives(parse):
     from vllm import SamplingParams
     from vllm.exceptions import VLLMValidationError

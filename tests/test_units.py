@@ -350,25 +350,45 @@ def test_kv_audit_counts_blocks_held_and_scratch_found_in_request_tables():
     # to num_blocks_per_row[row]; stale ids past that count must be ignored.
     from types import SimpleNamespace
 
+    from parse_vllm.controller import ParseController
     from parse_vllm.metrics import KvAudit
     from parse_vllm.runner import ParseRunnerMixin
 
     ids = np.array([[1, 2, 3, 99], [4, 5, 0, 98], [97, 96, 95, 94]])
     table = SimpleNamespace(get_numpy_array=lambda: ids, num_blocks_per_row=np.array([3, 2, 4]))
     batch = SimpleNamespace(num_reqs=2, block_table=SimpleNamespace(block_tables=[table]))
-    runner = SimpleNamespace(
-        input_batch=batch,
-        _parse=SimpleNamespace(verifier=SimpleNamespace(scratch_ids=np.array([98, 99, 100]))),
-        parse_kv_audit=KvAudit(),
-    )
+    parse = SimpleNamespace(verifier=SimpleNamespace(scratch_ids=np.array([98, 99, 100])), kv_audit=KvAudit())
+    parse.scratch_ids = lambda: ParseController.scratch_ids(parse)
+    parse.audit = lambda n, held: ParseController.audit(parse, n, held)
+    runner = SimpleNamespace(input_batch=batch, parse=parse)
     runner.parse_kv_block_use = lambda: ParseRunnerMixin.parse_kv_block_use(runner)
     num_reqs, held, scratch = runner.parse_kv_block_use()
     assert (num_reqs, held, scratch.tolist()) == (2, {1, 2, 3, 4, 5}, [98, 99, 100])
     ParseRunnerMixin._parse_audit_kv(runner)
-    assert runner.parse_kv_audit == KvAudit(
+    assert parse.kv_audit == KvAudit(
         steps=1, batch_requests_max=2, request_blocks_held_max=5, scratch_blocks_in_request_tables_max=0
     )
     table.num_blocks_per_row[1] = 4  # row 1 now (wrongly) reaches scratch block 98
     ParseRunnerMixin._parse_audit_kv(runner)
-    assert runner.parse_kv_audit.scratch_blocks_in_request_tables_max == 1
-    assert runner.parse_kv_audit.request_blocks_held_max == 7 and runner.parse_kv_audit.steps == 2
+    assert parse.kv_audit.scratch_blocks_in_request_tables_max == 1
+    assert parse.kv_audit.request_blocks_held_max == 7 and parse.kv_audit.steps == 2
+
+
+def test_request_stop_ids_follow_ignore_eos():
+    """The tokens that end a request, as vLLM's check_stop reads them: EOS (and
+    the generation config's extra EOS ids) only without ignore_eos; stop_token_ids
+    always. A draft is cut at the first of them."""
+    from types import SimpleNamespace
+
+    from vllm import SamplingParams
+
+    from parse_vllm import _vllm
+
+    def limits(**kw):
+        sp = SamplingParams(max_tokens=9, stop_token_ids=[7], **kw)
+        sp.update_from_generation_config({"eos_token_id": [2, 3]}, eos_token_id=2)
+        runner = SimpleNamespace(requests={"r": SimpleNamespace(sampling_params=sp)})
+        return _vllm.request_limits(runner, "r")
+
+    assert limits() == (9, 0, frozenset({2, 3, 7}))
+    assert limits(ignore_eos=True) == (9, 0, frozenset({7}))

@@ -121,7 +121,7 @@ def install(worker, verify_study: dict | None = None) -> bool:
 
     model.compute_logits = timed_logits
 
-    parse = getattr(runner, "_parse", None)
+    parse = getattr(runner, "parse", None)
     verifier = getattr(parse, "verifier", None)
     if verifier is None:
         return True
@@ -181,7 +181,7 @@ def _study(runner, judge, copies, cfg: dict, last_forward: dict, totals: dict) -
         "copies": total,
         "prefix_len": [int(x) for x in copies.prefix_len[mine]],
         "tokens": tokens,
-        "suffix_ids": [int(x) for x in runner._parse.template.suffix_ids],
+        "suffix_ids": [int(x) for x in runner.parse.template.suffix_ids],
         "picks": {},
         "floor_s": floor,
         "floor_tokens": last_forward.get("tokens"),

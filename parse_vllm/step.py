@@ -1,0 +1,312 @@
+"""The PARSE step: how many draft tokens each judged request takes.
+
+Terms, as in vLLM's RejectionSampler:
+  draft      the d tokens the draft model proposed for a request this step.
+  L_tok      draft tokens vLLM's rejection sampler accepted (token-level, lossless).
+  text       the draft before its first stop token and within max_tokens
+             (`acceptance.view_draft`); only text is judged.
+  boundary   b: the judge reads draft[:b]; b_1 < ... < b_K = len(text).
+  L_sem      the maximal valid prefix: the largest b_k with b_1..b_k all
+             passing (P(yes) >= τ), 0 if b_1 fails.
+  cut        a limit that is not the judge's: the token guard (the first draft
+             token outside the target's top-k), the request's constraints
+             (grammar bitmask, allowed token ids), or the context (a copy of
+             the suffix must fit in max_model_len).
+  accepted   max(L_sem within the cuts, L_tok) draft tokens (+1 for the stop
+             token when the whole text passed); a request that takes more than
+             L_tok is *resampled*: draft[:accepted], then one token sampled
+             from the target at that position.
+  rejected   the judge failed a boundary before the end of the text (or a
+             constraint cut it): the request leaves the DRAFT phase.
+
+The step, in order (`parse_step`):
+  1. view each draft: text length, stop token             -> text_len [R]
+  2. the guard and the constraints over the whole batch   -> guard_len, allowed_len [R]
+  3. boundaries, none past the guard's or the context's cut
+  4. one verification pass over the copies whose outcome τ leaves open
+     (0 < τ <= 1; τ <= 0 passes and τ > 1 fails every boundary unjudged);
+     two-stage: the holistic boundary first, earlier ones only where it failed
+  5. L_sem, the cuts, accepted lengths, who resamples, who is rejected
+
+Pure: no vLLM object. The runner builds a `DraftBatch` from vLLM's batch and
+applies the `StepResult`; the judge is any callable over a `CopyBatch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from parse_vllm.acceptance import (
+    DraftView,
+    constrained_view,
+    final_accept_len,
+    maximal_valid_prefix,
+    view_draft,
+)
+from parse_vllm.boundaries import BoundaryRule
+from parse_vllm.verifier import CopyBatch
+
+
+@dataclass
+class DraftBatch:
+    """The drafts PARSE judges this step, packed flat (R requests).
+
+    Worked example: a batch of 3 requests with 3, 4 and 2 draft tokens, where
+    request 1 has PARSE off. vLLM's logits hold each request's last token and
+    draft: rows 0..3 for request 0, 4..8 for request 1, 9..11 for request 2.
+        row           [0, 2]
+        draft         [a0 a1 a2 c0 c1]   # [Σd]
+        cu_draft      [0, 3, 5]          # [R + 1]: request k's draft is draft[cu_draft[k]:cu_draft[k+1]]
+        logits_start  [0, 9]             # logits[logits_start[k] + j] predicts draft token j
+    """
+
+    row: np.ndarray  # [R] input-batch row of each request
+    draft: np.ndarray  # [Σd] int64, the drafts as scheduled (-1 placeholders possible)
+    cu_draft: np.ndarray  # [R + 1]
+    logits_start: np.ndarray  # [R] row of `logits` whose distribution draft token 0 was drawn against
+    cached_len: np.ndarray  # [R] tokens in the KV cache before the draft (prompt + output so far)
+    output_len: np.ndarray  # [R] output tokens before this step's draft
+    max_tokens: np.ndarray  # [R] 0: no limit
+    min_tokens: np.ndarray  # [R]
+    stop_ids: list[frozenset[int]]  # [R] tokens that end each request
+    l_tok: np.ndarray  # [R] draft tokens the rejection sampler accepted
+    threshold: np.ndarray  # [R] τ
+    guard: np.ndarray  # [R] top-k of the token guard, 0 = off
+    greedy: np.ndarray  # [R] bool: the request samples greedily
+    bad_words: np.ndarray  # [R] bool: the request has bad_words (no draft token beyond L_tok)
+    logits: torch.Tensor  # [N, vocab] the target's logits, constraints (grammar bitmask) applied
+    forbidden: torch.Tensor | None = None  # [R, vocab] bool, allowed_token_ids as a mask (True = forbidden)
+
+    @property
+    def num_reqs(self) -> int:
+        return int(self.row.shape[0])
+
+    def draft_of(self, k: int) -> np.ndarray:
+        return self.draft[self.cu_draft[k] : self.cu_draft[k + 1]]
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What the step needs from the engine's PARSE configuration."""
+
+    rule: BoundaryRule
+    two_stage: bool
+    vocab_size: int
+    suffix_len: int  # tokens of the verification suffix (a copy's length)
+    max_model_len: int  # a copy's last position must stay below it
+
+
+@dataclass
+class StepResult:
+    """Per request of the DraftBatch, [R] each."""
+
+    text_len: np.ndarray  # draft tokens that could be judged (0: nothing to judge)
+    accepted: np.ndarray  # draft tokens taken, >= l_tok
+    resample: np.ndarray  # bool: accepted > l_tok (sample one target token after draft[:accepted])
+    rejected: np.ndarray  # bool: leaves the DRAFT phase
+    cut: np.ndarray  # bool: the guard or the context stopped a draft the judge passed
+    guard_cut: np.ndarray  # bool: the cut was the guard's
+    first_fail: np.ndarray  # index of the first failed boundary, -1 if none
+    judged: np.ndarray  # bool: the request's draft went to the judge (not taken whole token-level)
+    copies: list[CopyBatch] = field(default_factory=list)  # the verification passes' copies
+
+
+Judge = Callable[[CopyBatch], np.ndarray]  # copies -> P(yes) [C]
+
+
+def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
+    """One PARSE step over a DraftBatch (module docstring)."""
+    R = batch.num_reqs
+    l_tok = batch.l_tok.astype(np.int64)
+
+    # 1. What each draft offers.
+    views = [
+        view_draft(
+            batch.draft_of(k),
+            batch.stop_ids[k],
+            int(batch.output_len[k]),
+            int(batch.max_tokens[k]),
+            int(batch.min_tokens[k]),
+            vocab_size=s.vocab_size,
+        )
+        for k in range(R)
+    ]
+    text_len = np.array([v.text_len for v in views], dtype=np.int64)
+    # Taken whole token-level, or nothing to judge: the judge is not asked.
+    judged = (text_len > 0) & (l_tok < text_len)
+
+    # 2. The guard and the constraints, for the whole batch at once.
+    guard_len, allowed_len = draft_token_checks(batch, views, judged)
+
+    # 3. Boundaries. The guard first: no boundary past the first one at or
+    #    beyond the guard's cut can add accepted tokens. Then the context: a
+    #    copy of the suffix after draft[:b] must fit in max_model_len.
+    tau = batch.threshold
+    asked = judged & (tau > 0) & (tau <= 1)
+    context_len = s.max_model_len - s.suffix_len - batch.cached_len  # [R] longest judgeable prefix
+    bounds: list[np.ndarray] = []
+    for k in range(R):
+        b = s.rule.select(batch.draft_of(k)[: text_len[k]]) if judged[k] else np.zeros(0, dtype=np.int64)
+        if batch.guard[k]:
+            b = b[:0] if guard_len[k] <= l_tok[k] else b[: np.searchsorted(b, guard_len[k]) + 1]
+        if asked[k]:
+            b = b[b <= context_len[k]]
+        if s.two_stage and b.shape[0] > 1 and asked[k]:
+            b = b[-1:]  # holistic check first; earlier boundaries only if it fails
+        bounds.append(b)
+
+    # 4. Judge: P(yes) is in [0, 1], so τ <= 0 passes and τ > 1 fails every
+    #    copy without a pass; only the requests in between are asked.
+    copies: list[CopyBatch] = []
+
+    def ask(ks: list[int], bs: list[np.ndarray]) -> list[np.ndarray]:
+        c = CopyBatch(
+            req_row=np.repeat(batch.row[ks], [b.shape[0] for b in bs]),
+            prefix_len=np.concatenate([batch.cached_len[k] + b for k, b in zip(ks, bs)]),
+        )
+        copies.append(c)
+        p = np.asarray(judge(c))
+        return np.split(p, np.cumsum([b.shape[0] for b in bs])[:-1])
+
+    passed = [np.full(b.shape[0], tau[k] <= 0) for k, b in enumerate(bounds)]
+    ks = [k for k in range(R) if asked[k] and bounds[k].shape[0]]
+    if ks:
+        for k, p_yes in zip(ks, ask(ks, [bounds[k] for k in ks])):
+            passed[k] = p_yes >= tau[k]
+    if s.two_stage:
+        failed = [k for k in ks if not passed[k][0]]
+        earlier = {k: _earlier_bounds(s, batch, k, text_len[k], bounds[k][0], context_len[k]) for k in failed}
+        earlier = {k: b for k, b in earlier.items() if b.shape[0]}
+        if earlier:
+            for k, p_yes in zip(earlier, ask(list(earlier), list(earlier.values()))):
+                bounds[k] = np.concatenate([earlier[k], bounds[k]])
+                passed[k] = np.concatenate([p_yes >= tau[k], passed[k]])
+
+    cu_bounds = np.concatenate([[0], np.cumsum([b.shape[0] for b in bounds])]).astype(np.int64)
+    l_sem, first_fail = maximal_valid_prefix(
+        np.concatenate(bounds) if R else np.zeros(0, dtype=np.int64),
+        np.concatenate(passed) if R else np.zeros(0, dtype=bool),
+        cu_bounds,
+    )
+
+    # 5. Accepted lengths within the cuts.
+    accepted = l_tok.copy()
+    rejected = np.zeros(R, dtype=bool)
+    cut = np.zeros(R, dtype=bool)
+    guard_cut = np.zeros(R, dtype=bool)
+    for k in np.flatnonzero(judged):
+        view, lt = views[k], int(l_tok[k])
+        judge_passed = first_fail[k] < 0
+        ls = l_c = int(l_sem[k])
+        view_c = view
+        if ls > lt:
+            # Semantic acceptance takes tokens the rejection sampler did not:
+            # they must obey the request's constraints and pass its guard.
+            view_c, l_c = constrained_view(view, ls, int(allowed_len[k]))
+            view, ls = constrained_view(view, ls, min(int(allowed_len[k]), int(guard_len[k])))
+        accepted[k] = final_accept_len(ls, lt, view)
+        # The guard cut the draft: it took fewer tokens than the judge and the
+        # constraints gave, or it bounded what was judged and the judge passed
+        # all of that. A draft the judge passed but a cut stopped (guard or
+        # context) is not a rejection: the request keeps drafting.
+        reduced = accepted[k] < final_accept_len(l_c, lt, view_c)
+        bounded = bool(batch.guard[k]) and guard_len[k] < min(text_len[k], allowed_len[k] + 1)
+        guard_cut[k] = reduced or (bounded and judge_passed)
+        context_cut = bool(asked[k]) and context_len[k] < text_len[k]
+        cut[k] = (guard_cut[k] or context_cut) and judge_passed
+        rejected[k] = accepted[k] < text_len[k] and not cut[k]
+    return StepResult(
+        text_len=text_len,
+        accepted=accepted,
+        resample=accepted > l_tok,
+        rejected=rejected,
+        cut=cut,
+        guard_cut=guard_cut,
+        first_fail=first_fail,
+        judged=judged,
+        copies=copies,
+    )
+
+
+def _earlier_bounds(s: StepSettings, batch: DraftBatch, k: int, text_len: int, holistic: int, context_len: int):
+    b = s.rule.select(batch.draft_of(k)[:text_len])
+    return b[(b < holistic) & (b <= context_len)]
+
+
+def draft_token_checks(batch: DraftBatch, views: list[DraftView], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For the requests `rows` [R] bool: how many leading draft tokens (text
+    and the stop token after it) the token guard lets through, and how many
+    the request's constraints allow. One pass on the logits' device, one
+    transfer back.
+
+    guard_len: every token within the target's top-`guard` at its position
+    (`guard` 1 = the greedy choice exactly, argmax; the strictest guard on a
+    sampling request lets none through: token-level acceptance only); no
+    guard = no limit. allowed_len: a token whose logit is -inf (the grammar
+    bitmask, applied to the logits before sampling) or that allowed_token_ids
+    forbid ends it; bad_words depend on the tokens before each position, which
+    the sampler does not hold for draft tokens: such requests take none.
+
+    Worked example: two requests checked, n = [3, 2] positions, guard [2, 0]:
+        pos      [s0, s0+1, s0+2, s1, s1+1]   # logits rows, flat [Σn]
+        in_guard [T,  F,    T,    T,  T   ]   # request 1 has no guard: all True
+        padded   [[T, F, T], [T, T, F]]       # [R, max n], False past n
+        guard_len = cumprod(padded).sum(1) = [1, 2]
+    """
+    R = batch.num_reqs
+    big = np.iinfo(np.int64).max
+    guard_len = np.full(R, big, dtype=np.int64)
+    allowed_len = np.full(R, big, dtype=np.int64)
+    ks = np.flatnonzero(rows)
+    if ks.shape[0] == 0:
+        return guard_len, allowed_len
+    n = np.array([views[k].text_len + (views[k].stop_index == views[k].text_len) for k in ks], dtype=np.int64)
+    cu_n = np.concatenate([[0], np.cumsum(n)])
+    j = np.arange(cu_n[-1]) - np.repeat(cu_n[:-1], n)  # position within its draft
+    req = np.repeat(np.arange(ks.shape[0]), n)  # index into ks
+    pos = batch.logits_start[ks][req] + j
+    tok = batch.draft[batch.cu_draft[ks][req] + j]
+    dev = batch.logits.device
+    logits = batch.logits[torch.from_numpy(pos).to(dev)]  # [Σn, vocab]
+    tok_t = torch.from_numpy(tok).to(dev)
+    tok_logit = logits.gather(1, tok_t[:, None])[:, 0]
+
+    allowed = torch.isfinite(tok_logit)
+    if batch.forbidden is not None:
+        allowed &= ~batch.forbidden[torch.from_numpy(ks[req]).to(dev), tok_t]
+    no_words = torch.from_numpy(batch.bad_words[ks][req]).to(dev)
+    allowed &= ~no_words
+
+    top_k = batch.guard[ks][req]  # [Σn]
+    in_guard = torch.ones_like(allowed)
+    if top_k.any():
+        kmax = int(min(top_k.max(), logits.shape[-1]))
+        k_t = torch.from_numpy(np.clip(top_k, 1, kmax) - 1).to(dev)
+        kth = torch.topk(logits, kmax, dim=-1).values.gather(1, k_t[:, None])[:, 0]
+        greedy_ok = logits.argmax(dim=-1) == tok_t
+        top_ok = tok_logit >= kth
+        guard_t = torch.from_numpy(top_k).to(dev)
+        sampling_strict = torch.from_numpy((top_k == 1) & ~batch.greedy[ks][req]).to(dev)
+        in_guard = torch.where(guard_t == 0, in_guard, torch.where(guard_t == 1, greedy_ok, top_ok))
+        in_guard &= ~sampling_strict
+
+    lens = _leading_true_lengths(torch.stack([in_guard, allowed]), cu_n, dev).cpu().numpy()  # [2, len(ks)]
+    guard_len[ks] = np.where(batch.guard[ks] > 0, lens[0], big)
+    allowed_len[ks] = lens[1]
+    return guard_len, allowed_len
+
+
+def _leading_true_lengths(masks: torch.Tensor, cu_n: np.ndarray, dev) -> torch.Tensor:
+    """masks [M, Σn] bool, packed per request by cu_n [R + 1] -> [M, R]: the
+    length of each request's all-True head."""
+    n = np.diff(cu_n)
+    R, width = n.shape[0], int(n.max()) if n.shape[0] else 0
+    req = np.repeat(np.arange(R), n)
+    j = np.arange(cu_n[-1]) - np.repeat(cu_n[:-1], n)
+    padded = torch.zeros((masks.shape[0], R, max(width, 1)), dtype=torch.int64, device=dev)
+    padded[:, torch.from_numpy(req).to(dev), torch.from_numpy(j).to(dev)] = masks.long()
+    return padded.cumprod(dim=2).sum(dim=2)
