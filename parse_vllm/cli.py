@@ -258,7 +258,7 @@ def _check_parallel_fits(preset: Preset) -> None:
 
 
 def _expand_path(path: str) -> str:
-    from parse_vllm.models import default_cache_dir
+    from parse_vllm.cache import default_cache_dir
 
     path = path.replace("$PARSE_VLLM_CACHE", str(default_cache_dir()))
     return os.path.expandvars(os.path.expanduser(path))

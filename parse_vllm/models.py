@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from parse_vllm.cache import model_dir
+
 __all__ = [
     "DEFAULT_MODEL_NAMES",
     "DEMO_DRAFT_NAME",
@@ -51,11 +53,9 @@ __all__ = [
     "MODEL_NAMES",
     "ModelPackageMissingError",
     "ModelPreparationError",
-    "default_cache_dir",
     "main",
     "make_layer_skip_draft",
     "make_tiny_model",
-    "model_dir",
     "prepare_demo_draft",
     "prepare_models",
 ]
@@ -270,23 +270,6 @@ DEFAULT_MODEL_NAMES: tuple[str, ...] = ("smollm2-135m-instruct", "gemma3-270m")
 # --------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------
-
-
-def default_cache_dir() -> Path:
-    """Return the cache folder: ``$PARSE_VLLM_CACHE`` if set, else ``~/.cache/parse-vllm``.
-
-    Prepared models live in ``<cache>/models/<name>``.
-    """
-    env = os.environ.get("PARSE_VLLM_CACHE")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "parse-vllm"
-
-
-def model_dir(name: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Return the folder a model called ``name`` is (or would be) prepared in."""
-    base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    return base / "models" / name
 
 
 def _log(progress: bool, msg: str) -> None:
@@ -600,7 +583,7 @@ def prepare_models(
     too.  Concurrent callers are serialised with a file lock.
 
     Args:
-        cache_dir: cache root; defaults to :func:`default_cache_dir`.
+        cache_dir: cache root; defaults to :func:`parse_vllm.cache.default_cache_dir`.
         names: model names to prepare.
         progress: print progress lines (``[prepare-models] ...``) to stderr.
 

@@ -672,7 +672,8 @@ def assemble_draft(delta_dir: Path, target_dir: Path, out: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``parse-vllm train-draft``: answers, then distill, then (``--ship``) install the delta."""
-    from .models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME, SHIPPED_DRAFTS, default_cache_dir, prepare_models
+    from .cache import default_cache_dir
+    from .models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME, SHIPPED_DRAFTS, prepare_models
     from .train_prompts import mtbench_questions
 
     d = TrainConfig()

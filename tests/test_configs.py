@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from parse_vllm import _vllm, cli
+from parse_vllm.cache import default_cache_dir
 from parse_vllm.cli import PresetError, check_with_vllm, load_preset
-from parse_vllm.models import default_cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))

@@ -328,8 +328,9 @@ def test_yaml_config_errors(tmp_path):
 
 
 def test_demo_yaml_names_the_demo_models():
+    from parse_vllm.cache import model_dir
     from parse_vllm.cli import load_yaml_config
-    from parse_vllm.models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME, model_dir
+    from parse_vllm.models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME
 
     raw = load_yaml_config(ROOT / "configs" / "smollm2-135m-demo.yaml")
     assert raw["model"] == str(model_dir(DEMO_TARGET_NAME))
