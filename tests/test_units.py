@@ -301,7 +301,8 @@ def test_no_chat_template_is_refused(smollm2_dir, tmp_path):
 
 
 def test_yaml_configs_turn_into_flags():
-    from parse_vllm.cli import expand_parse_config, load_yaml_config
+    from parse_vllm.cli import expand_parse_config
+    from parse_vllm.presets import load_yaml_config
 
     configs = sorted((ROOT / "configs").glob("*.yaml"))
     assert configs
@@ -329,8 +330,8 @@ def test_yaml_config_errors(tmp_path):
 
 def test_demo_yaml_names_the_demo_models():
     from parse_vllm.cache import model_dir
-    from parse_vllm.cli import load_yaml_config
     from parse_vllm.models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME
+    from parse_vllm.presets import load_yaml_config
 
     raw = load_yaml_config(ROOT / "configs" / "smollm2-135m-demo.yaml")
     assert raw["model"] == str(model_dir(DEMO_TARGET_NAME))
@@ -338,7 +339,7 @@ def test_demo_yaml_names_the_demo_models():
 
 
 def test_defaults_yaml_is_the_defaults():
-    from parse_vllm.cli import load_yaml_config
+    from parse_vllm.presets import load_yaml_config
 
     raw = load_yaml_config(ROOT / "configs" / "parse-defaults.yaml")
     assert ParseConfig.from_dict(raw["parse"]) == ParseConfig()

@@ -152,7 +152,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 
     preset = None
     if args.config:
-        from parse_vllm.cli import load_preset
+        from parse_vllm.presets import load_preset
 
         try:
             preset = load_preset(args.config)
