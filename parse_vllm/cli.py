@@ -119,11 +119,6 @@ def expand_config_flag(argv: list[str]) -> tuple[list[str], Preset | None]:
     return head + preset.flags() + rest, preset
 
 
-def expand_parse_config(argv: list[str]) -> list[str]:
-    """`expand_config_flag` without the preset."""
-    return expand_config_flag(argv)[0]
-
-
 def serve(argv: list[str]) -> None:
     from parse_vllm.config import ParseConfigError
 

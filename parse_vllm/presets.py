@@ -234,10 +234,3 @@ def _expand_path(path: str) -> str:
 
     path = path.replace("$PARSE_VLLM_CACHE", str(default_cache_dir()))
     return os.path.expandvars(os.path.expanduser(path))
-
-
-def load_yaml_config(path: str | os.PathLike) -> dict:
-    """A preset as a plain mapping of its (checked) sections."""
-    preset = load_preset(path)
-    raw = {f.name: getattr(preset, f.name) for f in dataclasses.fields(Preset) if f.name != "path"}
-    return {k: v for k, v in raw.items() if v not in (None, {})} | {"parse": preset.parse}
