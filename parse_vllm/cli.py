@@ -169,15 +169,16 @@ def demo(argv: list[str]) -> int:
     ap.add_argument("--draft", help="another draft model folder (default: the bundled trained draft)")
     args = ap.parse_args(argv)
 
-    from parse_vllm import draft_vocab, models
+    from parse_vllm import draft_vocab
+    from parse_vllm.tools.prepare_models import prepare_demo_draft, prepare_models
 
     if args.target:
         target = Path(args.target)
         print(f"target: {target}")
     else:
-        target = models.prepare_models(names=("smollm2-135m-instruct",))["smollm2-135m-instruct"]
+        target = prepare_models(names=("smollm2-135m-instruct",))["smollm2-135m-instruct"]
         print(f"target: SmolLM2-135M-Instruct ({target})")
-    draft = Path(args.draft) if args.draft else models.prepare_demo_draft()
+    draft = Path(args.draft) if args.draft else prepare_demo_draft()
     meta_path = draft / "training.json"
     if not meta_path.is_file():
         print(f"draft:  {draft}")
@@ -235,8 +236,8 @@ def demo(argv: list[str]) -> int:
     for key, value in stats.items():
         print(f"  {key}: {value}")
     if args.compare:
-        from parse_vllm.benchmarks.common import close
-        from parse_vllm.quality import metrics
+        from parse_vllm.tools.benchmarks.common import close
+        from parse_vllm.tools.eval import metrics
 
         close(llm)
         base = LLM(**common)
@@ -278,7 +279,7 @@ def demo(argv: list[str]) -> int:
                 '(README, "Quality").'
             )
     else:
-        from parse_vllm.benchmarks.common import close
+        from parse_vllm.tools.benchmarks.common import close
 
         close(llm)
     return 0
@@ -311,19 +312,19 @@ def main(argv: list[str] | None = None) -> int:
         serve(rest)
         return 0
     if cmd == "prepare-models":
-        from parse_vllm import models
+        from parse_vllm.tools import prepare_models
 
-        return models.main(rest)
+        return prepare_models.main(rest)
     if cmd == "demo":
         return demo(rest)
     if cmd == "flags":
         return flags_command(rest)
     if cmd == "eval":
-        from parse_vllm.quality import run as quality_run
+        from parse_vllm.tools.eval import run as eval_run
 
-        return quality_run.main(rest)
+        return eval_run.main(rest)
     if cmd == "train-draft":
-        from parse_vllm import train_draft
+        from parse_vllm.tools import train_draft
 
         return train_draft.main(rest)
     if cmd in ("--version", "version"):

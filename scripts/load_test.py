@@ -412,7 +412,7 @@ def tiny_models(root: Path) -> tuple[Path, Path]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from fixtures.tiny_models import make_tiny_model
 
-    from parse_vllm.models import prepare_models
+    from parse_vllm.tools.prepare_models import prepare_models
 
     tok = prepare_models(names=("smollm2-135m-instruct",), progress=False)["smollm2-135m-instruct"]
     shape = dict(hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2)

@@ -23,7 +23,7 @@ BLOCK = 32
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    from parse_vllm.models import prepare_models
+    from parse_vllm.tools.prepare_models import prepare_models
 
     return prepare_models(names=("smollm2-135m-instruct",), progress=False)["smollm2-135m-instruct"]
 

@@ -1,4 +1,4 @@
-"""Tests for parse_vllm.models (GGUF -> HF preparation, the demo draft) and for the tests' own
+"""Tests for parse_vllm.tools.prepare_models (GGUF -> HF preparation, the demo draft) and for the tests' own
 tiny random models and layer-skip drafts (tests/fixtures/tiny_models.py).
 
 The tests that need the real models call ``prepare_models()`` on the default cache dir; the
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from fixtures.tiny_models import make_layer_skip_draft, make_tiny_model
 
-from parse_vllm import models
 from parse_vllm.cache import default_cache_dir, model_dir
-from parse_vllm.models import MARKER_FILE, ModelPackageMissingError, prepare_models
+from parse_vllm.tools import prepare_models as models
+from parse_vllm.tools.prepare_models import MARKER_FILE, ModelPackageMissingError, prepare_models
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -330,8 +330,8 @@ def test_yaml_config_errors(tmp_path):
 
 def test_demo_yaml_names_the_demo_models():
     from parse_vllm.cache import model_dir
-    from parse_vllm.models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME
     from parse_vllm.presets import load_preset
+    from parse_vllm.tools.prepare_models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME
 
     preset = load_preset(ROOT / "configs" / "smollm2-135m-demo.yaml")
     assert preset.model == str(model_dir(DEMO_TARGET_NAME))

@@ -87,14 +87,14 @@ DEMO_TARGET_NAME = "smollm2-135m-instruct"
 #: No cut is a useful draft -- hence the trained one below.
 
 #: The demo's draft: a small model distilled from SmolLM2-135M-Instruct's own answers
-#: (``parse-vllm train-draft``, :mod:`parse_vllm.train_draft`).  Shipped as a *delta* in
+#: (``parse-vllm train-draft``, :mod:`parse_vllm.tools.train_draft`).  Shipped as a *delta* in
 #: ``parse_vllm/drafts/<name>/`` (its layers, final norm and head token ids, ~42 MB); the token
 #: embedding is the target's (tied, frozen in training) and is added back by
 #: :func:`prepare_demo_draft`.  ``training.json`` there records how it was made.
 DEMO_DRAFT_NAME = f"{DEMO_TARGET_NAME}-draft"
 
 #: Where the shipped delta lives.
-SHIPPED_DRAFTS = Path(__file__).parent / "drafts"
+SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "drafts"
 
 # Gemma 3's chat template (text-only part of the template google/gemma-3-*-it ship), used
 # when the GGUF carries none -- the base-model GGUF of Gemma 3 270M has no template.  It
@@ -584,7 +584,7 @@ def prepare_demo_draft(
 
     Prepares SmolLM2-135M-Instruct first if needed (see :func:`prepare_models`), then joins
     the shipped trained delta (``parse_vllm/drafts/``) with the target's token embedding and
-    tokenizer (:func:`parse_vllm.train_draft.assemble_draft`).  Built in a temp dir, renamed
+    tokenizer (:func:`parse_vllm.tools.train_draft.assemble_draft`).  Built in a temp dir, renamed
     into place and marked complete; a re-run with the same target and delta is a no-op.
 
     Returns:
@@ -592,7 +592,7 @@ def prepare_demo_draft(
     """
     import hashlib
 
-    from .train_draft import DELTA_WEIGHTS, assemble_draft
+    from parse_vllm.tools.train_draft import DELTA_WEIGHTS, assemble_draft
 
     delta = SHIPPED_DRAFTS / DEMO_DRAFT_NAME
     if not (delta / DELTA_WEIGHTS).is_file():

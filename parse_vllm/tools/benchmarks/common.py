@@ -32,12 +32,12 @@ def setup_env() -> None:
 
 def resolve_models(target: Path | None, draft: Path | None) -> tuple[Path, Path]:
     """The given pair, else the CPU pair: SmolLM2-135M-Instruct and its shipped trained draft."""
-    from parse_vllm import models
+    from parse_vllm.tools.prepare_models import DEMO_TARGET_NAME, prepare_demo_draft, prepare_models
 
     if target is None:
-        target = models.prepare_models(names=(models.DEMO_TARGET_NAME,), progress=False)[models.DEMO_TARGET_NAME]
+        target = prepare_models(names=(DEMO_TARGET_NAME,), progress=False)[DEMO_TARGET_NAME]
     if draft is None:
-        draft = models.prepare_demo_draft(progress=False)
+        draft = prepare_demo_draft(progress=False)
     return target, draft
 
 

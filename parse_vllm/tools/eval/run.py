@@ -180,7 +180,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def engine_kwargs(res: dict, target: str, max_model_len: int, max_num_seqs: int) -> dict:
-    from parse_vllm.benchmarks import common
+    from parse_vllm.tools.benchmarks import common
 
     if res["preset"] is not None:
         # a preset says how its engines are built (GPU ones especially): only fill the gaps
@@ -256,8 +256,8 @@ def run_engine(
     from vllm import LLM, SamplingParams
 
     import parse_vllm
-    from parse_vllm.benchmarks import common
-    from parse_vllm.benchmarks.e2e import _spec_counters, run_batch
+    from parse_vllm.tools.benchmarks import common
+    from parse_vllm.tools.benchmarks.e2e import _spec_counters, run_batch
 
     progress.set_description(f"starting {config}")
     llm = LLM(**kw, disable_log_stats=False)
@@ -321,7 +321,7 @@ def run_engine(
 
 
 def _render(tok, item: dict) -> list[int]:
-    from parse_vllm.train_draft import chat_prompt_ids
+    from parse_vllm.tools.train_draft import chat_prompt_ids
 
     if item.get("messages"):
         text = tok.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=False)
@@ -346,7 +346,7 @@ def _main(args: argparse.Namespace) -> int:
     counts = {1: args.bs1_prompts, args.batch: args.num_prompts} if args.batch != 1 else {1: args.num_prompts}
     sets = tasks.load_sets(args.prompts, checkable_n=max(counts.values()), seed=args.seed)
 
-    from parse_vllm.benchmarks import common
+    from parse_vllm.tools.benchmarks import common
 
     common.setup_env()
     # one model runner for every engine (PARSE needs V1; vLLM >= 0.33 may pick V2 for the others)

@@ -3,7 +3,7 @@
 ``parse-vllm train-draft`` (also ``scripts/train_draft.py``) runs two resumable stages in a
 work folder (default ``<cache>/train/<target name>``):
 
-1. **answers** -- :mod:`parse_vllm.train_prompts` makes topic-driven prompts (never the
+1. **answers** -- :mod:`parse_vllm.tools.prompts` makes topic-driven prompts (never the
    evaluation questions); the target answers them greedily with vLLM (chat template
    applied, ``max_tokens`` each).  Written in chunks to ``answers.jsonl``; a re-run
    continues after the last finished chunk.
@@ -38,7 +38,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .draft_vocab import ARCHITECTURE, HEAD_IDS_KEY, HEAD_VOCAB_KEY, choose_head_tokens, head_coverage, to_head_index
+from parse_vllm.draft_vocab import (
+    ARCHITECTURE,
+    HEAD_IDS_KEY,
+    HEAD_VOCAB_KEY,
+    choose_head_tokens,
+    head_coverage,
+    to_head_index,
+)
 
 #: Weights that belong to the target and are shared, never trained or shipped.
 SHARED_WEIGHTS = ("model.embed_tokens.weight",)
@@ -59,7 +66,7 @@ class DraftShape:
 @dataclass
 class TrainConfig:
     num_prompts: int = 2000
-    #: more prompts, written by the target itself (train_prompts.py, self-instruct family)
+    #: more prompts, written by the target itself (tools/prompts.py, self-instruct family)
     self_instruct: int = 0
     max_tokens: int = 256  # answer length cap when generating data
     token_budget: int = 700_000  # answer tokens seen in training (epochs as needed)
@@ -97,7 +104,7 @@ def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequenc
     from tqdm import tqdm
     from vllm import LLM, SamplingParams
 
-    from .train_prompts import make_prompts
+    from parse_vllm.tools.prompts import make_prompts
 
     out = work / "answers.jsonl"
     prompts = make_prompts(cfg.num_prompts, seed=cfg.seed, exclude=exclude)
@@ -152,14 +159,14 @@ def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequenc
 
 def write_prompts(llm: Any, path: Path, count: int, seed: int, exclude: Sequence[str]) -> list[dict]:
     """``count`` requests written by the target (``path``, JSONL, kept and extended across
-    runs): it continues a numbered list of example requests (train_prompts.py), sampled at
+    runs): it continues a numbered list of example requests (tools/prompts.py), sampled at
     temperature 1; lines that are too short or long, repeats, and lines sharing a long word
     n-gram with ``exclude`` (the evaluation questions) are dropped. Sampled with the engine's
     seed, not per-request seeds: vLLM 0.32's CPU runner fails on seeded requests whose prompt
     is prefilled in chunks (torch CPU generators have no offset to rewind)."""
     from vllm import SamplingParams
 
-    from .train_prompts import accept_written_request, banned_ngrams, self_instruct_text
+    from parse_vllm.tools.prompts import accept_written_request, banned_ngrams, self_instruct_text
 
     rows: list[dict] = []
     if path.exists():
@@ -577,9 +584,9 @@ def measure_acceptance(
     """
     from vllm import LLM, SamplingParams
 
-    from .benchmarks.common import close
-    from .benchmarks.e2e import _spec_counters
-    from .train_prompts import mtbench_questions
+    from parse_vllm.tools.benchmarks.common import close
+    from parse_vllm.tools.benchmarks.e2e import _spec_counters
+    from parse_vllm.tools.prompts import mtbench_questions
 
     llm = LLM(
         model=str(target),
@@ -672,9 +679,9 @@ def assemble_draft(delta_dir: Path, target_dir: Path, out: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``parse-vllm train-draft``: answers, then distill, then (``--ship``) install the delta."""
-    from .cache import default_cache_dir
-    from .models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME, SHIPPED_DRAFTS, prepare_models
-    from .train_prompts import mtbench_questions
+    from parse_vllm.cache import default_cache_dir
+    from parse_vllm.tools.prepare_models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME, SHIPPED_DRAFTS, prepare_models
+    from parse_vllm.tools.prompts import mtbench_questions
 
     d = TrainConfig()
     ap = argparse.ArgumentParser(prog="parse-vllm train-draft", description=__doc__.split("\n\n")[0])

@@ -20,8 +20,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from parse_vllm.benchmarks import common
-from parse_vllm.benchmarks.e2e import DRIFT_LIMIT  # |last / first - 1| of the target's timing: flagged above
+from parse_vllm.tools.benchmarks import common
+from parse_vllm.tools.benchmarks.e2e import DRIFT_LIMIT  # |last / first - 1| of the target's timing: flagged above
 
 from . import metrics
 
