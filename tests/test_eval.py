@@ -223,7 +223,7 @@ def _target_says(target: Path, prompt: str, n: int) -> str:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from parse_vllm.tools.train_draft import chat_prompt_ids
+    from parse_vllm.tools.prompts import chat_prompt_ids
 
     tok = AutoTokenizer.from_pretrained(target)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()

@@ -46,6 +46,7 @@ from parse_vllm.draft_vocab import (
     head_coverage,
     to_head_index,
 )
+from parse_vllm.tools.prompts import chat_prompt_ids
 
 #: Weights that belong to the target and are shared, never trained or shipped.
 SHARED_WEIGHTS = ("model.embed_tokens.weight",)
@@ -189,12 +190,6 @@ def write_prompts(llm: Any, path: Path, count: int, seed: int, exclude: Sequence
     if len(rows) < count:
         raise RuntimeError(f"the target wrote only {len(rows)} usable requests of {count} asked for")
     return rows[:count]
-
-
-def chat_prompt_ids(tok: Any, prompt: str) -> list[int]:
-    """Token ids of a one-turn chat prompt, the way vLLM's chat entry points render it."""
-    text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-    return tok.encode(text, add_special_tokens=False)
 
 
 #: one training example: prompt ids, answer ids, and per answer token the target's top-k

@@ -293,8 +293,7 @@ def main(argv=None) -> int:
     common.setup_env()
     args.max_tokens = args.max_tokens or (128 if args.quick else 256)
     target, draft = common.resolve_models(args.target, args.draft)
-    from parse_vllm.tools.prompts import mtbench_questions
-    from parse_vllm.tools.train_draft import chat_prompt_ids
+    from parse_vllm.tools.prompts import chat_prompt_ids, mtbench_questions
 
     questions = mtbench_questions()
     n1 = args.bs1_prompts or (2 if args.quick else 8)

@@ -321,7 +321,7 @@ def run_engine(
 
 
 def _render(tok, item: dict) -> list[int]:
-    from parse_vllm.tools.train_draft import chat_prompt_ids
+    from parse_vllm.tools.prompts import chat_prompt_ids
 
     if item.get("messages"):
         text = tok.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=False)
