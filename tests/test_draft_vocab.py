@@ -162,13 +162,12 @@ def _pruned_copy(target, out, head_ids):
     a trained draft is (export_delta -> assemble_draft)."""
     from transformers import LlamaForCausalLM
 
-    from parse_vllm.tools.train_draft import DraftHead, assemble_draft, export_delta
+    from parse_vllm.tools.draft_delta import assemble_draft, export_delta
 
     dcfg = json.loads((target / "config.json").read_text())
     dcfg.update(architectures=[ARCHITECTURE], tie_word_embeddings=False, **{HEAD_VOCAB_KEY: int(head_ids.numel())})
     model = LlamaForCausalLM.from_pretrained(str(target), dtype=torch.float32)
-    vocab = dcfg["vocab_size"]
-    export_delta(model, dcfg, out / "delta", meta={}, head=DraftHead.of(head_ids, vocab))
+    export_delta(model, dcfg, out / "delta", meta={}, head_ids=head_ids.long())
     return assemble_draft(out / "delta", target, out / "draft")
 
 

@@ -241,7 +241,7 @@ def test_train_draft_end_to_end_on_a_tiny_target(tiny_models, tmp_path):
     hist = meta2["history"]
     assert hist[-1]["eval_agreement"] > hist[0]["eval_agreement"]
 
-    from parse_vllm.tools.train_draft import assemble_draft
+    from parse_vllm.tools.draft_delta import assemble_draft
 
     draft = assemble_draft(work / "draft", tiny_models["target"], tmp_path / "assembled")
     from safetensors import safe_open

@@ -584,7 +584,7 @@ def prepare_demo_draft(
 
     Prepares SmolLM2-135M-Instruct first if needed (see :func:`prepare_models`), then joins
     the shipped trained delta (``parse_vllm/drafts/``) with the target's token embedding and
-    tokenizer (:func:`parse_vllm.tools.train_draft.assemble_draft`).  Built in a temp dir, renamed
+    tokenizer (:func:`parse_vllm.tools.draft_delta.assemble_draft`).  Built in a temp dir, renamed
     into place and marked complete; a re-run with the same target and delta is a no-op.
 
     Returns:
@@ -592,7 +592,7 @@ def prepare_demo_draft(
     """
     import hashlib
 
-    from parse_vllm.tools.train_draft import DELTA_WEIGHTS, assemble_draft
+    from parse_vllm.tools.draft_delta import DELTA_WEIGHTS, assemble_draft
 
     delta = SHIPPED_DRAFTS / DEMO_DRAFT_NAME
     if not (delta / DELTA_WEIGHTS).is_file():

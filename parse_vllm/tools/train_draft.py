@@ -17,9 +17,9 @@ work folder (default ``<cache>/train/<target name>``):
    order and initialisation.
 
 The result is a *delta*: only the draft's own weights (its layers and final norm, and its
-head's token ids) plus its config, tens of MB -- :func:`assemble_draft` rebuilds a normal HF folder from it and the
-target's embedding, which is how the shipped draft (``parse_vllm/drafts/``) is installed
-by ``parse-vllm prepare-models``.
+head's token ids) plus its config, tens of MB (:mod:`parse_vllm.tools.draft_delta`, which also
+rebuilds a normal HF folder from it and the target's embedding: that is how the shipped draft,
+``parse_vllm/drafts/``, is installed by ``parse-vllm prepare-models``).
 """
 
 from __future__ import annotations
@@ -46,10 +46,15 @@ from parse_vllm.draft_vocab import (
     head_coverage,
     to_head_index,
 )
+from parse_vllm.tools.draft_delta import (
+    DELTA_CONFIG,
+    DELTA_META,
+    DELTA_WEIGHTS,
+    SHARED_WEIGHTS,
+    assemble_draft,
+    export_delta,
+)
 from parse_vllm.tools.prompts import chat_prompt_ids
-
-#: Weights that belong to the target and are shared, never trained or shipped.
-SHARED_WEIGHTS = ("model.embed_tokens.weight",)
 
 
 @dataclass
@@ -537,7 +542,7 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
         model,
         dcfg,
         out,
-        head=head,
+        head_ids=None if head is None else head.token_ids,
         meta={
             "target": target_dir.name,
             "train": asdict(cfg),
@@ -612,64 +617,6 @@ def measure_acceptance(
         "acceptance_rate": c["accepted"] / c["draft_tokens"] if c["draft_tokens"] else None,
         "mean_acceptance_length": 1 + c["accepted"] / c["drafts"] if c["drafts"] else None,
     }
-
-
-DELTA_WEIGHTS = "draft_delta.safetensors"
-DELTA_CONFIG = "config.json"
-DELTA_META = "training.json"
-
-
-def export_delta(model, dcfg: dict, out: Path, meta: dict, head: DraftHead | None = None) -> None:
-    """The draft minus the shared embedding, in bf16: what gets shipped (a head-pruned
-    draft also ships its head's token ids, int64)."""
-    import torch
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    sd = {
-        k: v.detach().to(torch.bfloat16).contiguous()
-        for k, v in model.state_dict().items()
-        if k not in SHARED_WEIGHTS and k != "lm_head.weight"
-    }
-    if head is not None:
-        sd[HEAD_IDS_KEY] = head.token_ids.contiguous()
-    save_file(sd, str(out / DELTA_WEIGHTS), metadata={"shared_from_target": ",".join(SHARED_WEIGHTS)})
-    (out / DELTA_CONFIG).write_text(json.dumps(dcfg, indent=2) + "\n")
-    (out / DELTA_META).write_text(json.dumps(meta, indent=2) + "\n")
-
-
-def assemble_draft(delta_dir: Path, target_dir: Path, out: Path) -> Path:
-    """A normal HF folder: the delta's weights + the target's embedding and tokenizer files."""
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
-
-    sd = load_file(str(delta_dir / DELTA_WEIGHTS))
-    dcfg = json.loads((delta_dir / DELTA_CONFIG).read_text())
-    tcfg = json.loads((target_dir / "config.json").read_text())
-    for key in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads"):
-        if dcfg.get(key) != tcfg.get(key):
-            raise ValueError(
-                f"draft {delta_dir} was trained for another target: {key} "
-                f"{dcfg.get(key)} != {tcfg.get(key)} in {target_dir}"
-            )
-    with safe_open(str(target_dir / "model.safetensors"), framework="pt") as f:
-        for name in SHARED_WEIGHTS:
-            sd[name] = f.get_tensor(name).to(torch.bfloat16)
-    if HEAD_IDS_KEY in sd:  # the head's rows are the shared embedding's rows
-        sd["lm_head.weight"] = sd[SHARED_WEIGHTS[0]][sd[HEAD_IDS_KEY]].contiguous()
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(dcfg, indent=2) + "\n")
-    for f in target_dir.iterdir():
-        if f.name.startswith("tokenizer") or f.name in (
-            "chat_template.jinja",
-            "special_tokens_map.json",
-            "generation_config.json",
-        ):
-            shutil.copy2(f, out / f.name)
-    shutil.copy2(delta_dir / DELTA_META, out / DELTA_META)
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -813,8 +760,6 @@ __all__ = [
     "DraftShape",
     "generate_answers",
     "distill",
-    "assemble_draft",
-    "export_delta",
     "flops_per_token",
     "measure_acceptance",
     "main",
