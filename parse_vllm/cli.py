@@ -236,7 +236,7 @@ def demo(argv: list[str]) -> int:
     for key, value in stats.items():
         print(f"  {key}: {value}")
     if args.compare:
-        from parse_vllm.tools.benchmarks.common import close
+        from parse_vllm.tools.engine import close
         from parse_vllm.tools.eval import metrics
 
         close(llm)
@@ -279,7 +279,7 @@ def demo(argv: list[str]) -> int:
                 '(README, "Quality").'
             )
     else:
-        from parse_vllm.tools.benchmarks.common import close
+        from parse_vllm.tools.engine import close
 
         close(llm)
     return 0

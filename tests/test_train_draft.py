@@ -150,7 +150,7 @@ def test_soft_targets_line_up_with_the_answer_positions():
 
 
 def test_rouge_l():
-    from parse_vllm.tools.benchmarks.e2e import rouge_l
+    from parse_vllm.tools.benchmarks.common import rouge_l
 
     assert rouge_l([1, 2, 3], [1, 2, 3]) == 1.0
     assert rouge_l([1, 2, 3], [4, 5]) == 0.0

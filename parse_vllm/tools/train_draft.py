@@ -584,8 +584,7 @@ def measure_acceptance(
     """
     from vllm import LLM, SamplingParams
 
-    from parse_vllm.tools.benchmarks.common import close
-    from parse_vllm.tools.benchmarks.e2e import _spec_counters
+    from parse_vllm.tools.engine import close, spec_counters
     from parse_vllm.tools.prompts import mtbench_questions
 
     llm = LLM(
@@ -603,7 +602,7 @@ def measure_acceptance(
         tok = llm.get_tokenizer()
         prompts = [{"prompt_token_ids": chat_prompt_ids(tok, q["prompt"])} for q in mtbench_questions()[:limit]]
         outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=True)
-        c = _spec_counters(llm)
+        c = spec_counters(llm)
     finally:
         close(llm)
     return {

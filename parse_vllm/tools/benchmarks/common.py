@@ -1,4 +1,5 @@
-"""What the benchmarks share: models, engines, the results folder and summary.json."""
+"""What the benchmarks share, and ``parse-vllm eval`` with them: models, engine arguments, the
+results folder and summary.json, tables and figures, ROUGE-L and the drift limit."""
 
 from __future__ import annotations
 
@@ -21,6 +22,27 @@ SUMMARY_KEYS = (
     "draft_token_acceptance_rate",
     "draft_mean_acceptance_length",
 )
+
+
+#: |target-again / target - 1| above this: the machine was not quiet (the run's ratios are suspect)
+DRIFT_LIMIT = 0.10
+
+
+def rouge_l(a: list[int], b: list[int]) -> float:
+    """ROUGE-L F1 of two token sequences (longest common subsequence)."""
+    if not a or not b:
+        return float(a == b)
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    lcs = prev[-1]
+    if lcs == 0:
+        return 0.0
+    p, r = lcs / len(a), lcs / len(b)
+    return 2 * p * r / (p + r)
 
 
 def setup_env() -> None:
@@ -63,17 +85,6 @@ def parse_engine(target: Path, draft: Path, window: int, parse: dict, **kw) -> d
         additional_config={"parse": parse},
         **kw,
     )
-
-
-def close(llm) -> None:
-    import gc
-
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:  # noqa: BLE001 - best effort at teardown
-        pass
-    del llm
-    gc.collect()
 
 
 def machine() -> dict[str, Any]:

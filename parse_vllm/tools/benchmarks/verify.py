@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import common
+from parse_vllm.tools import engine
+from parse_vllm.tools.benchmarks import common
 
 SUFFIX_NOTE = "S = verification suffix tokens per copy"
 
@@ -113,7 +114,7 @@ def run_one_n(target: Path, draft: Path, n: int, ks: list[int], reps: int, promp
         }
         return {"rows": rows, "memory": mem}
     finally:
-        common.close(llm)
+        engine.close(llm)
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -12,7 +12,7 @@ Engines, one at a time (a GPU preset's target does not fit twice):
    prompt-logprobs pass of the target over prompt + output per distinct text.
 
 Each runs every prompt set at batch 1 and at ``--batch`` (requests kept in flight with
-``benchmarks.e2e.run_batch``), greedy, ``--max-tokens``. Answers are checked after the
+``tools.engine.run_batch``), greedy, ``--max-tokens``. Answers are checked after the
 engines are closed (code runs in subprocesses, which must not share the CPU with a timing).
 Results: ``summary.json``, ``summary.md`` and ``eval.png`` in ``--out``.
 """
@@ -202,7 +202,7 @@ def spec_config(res: dict, draft: str, k: int) -> dict:
 
 
 class _Tracked:
-    """``llm`` for :func:`benchmarks.e2e.run_batch`, ticking a progress bar per finished request."""
+    """``llm`` for :func:`parse_vllm.tools.engine.run_batch`, ticking a progress bar per finished request."""
 
     class _Engine:
         def __init__(self, engine, bar):
@@ -256,8 +256,7 @@ def run_engine(
     from vllm import LLM, SamplingParams
 
     import parse_vllm
-    from parse_vllm.tools.benchmarks import common
-    from parse_vllm.tools.benchmarks.e2e import _spec_counters, run_batch
+    from parse_vllm.tools.engine import close, run_batch, spec_counters
 
     progress.set_description(f"starting {config}")
     llm = LLM(**kw, disable_log_stats=False)
@@ -278,7 +277,7 @@ def run_engine(
             params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args=extra) for _ in job["prompts"]]
             if is_parse:
                 parse_vllm.reset_stats(llm)
-            spec0 = _spec_counters(llm)
+            spec0 = spec_counters(llm)
             with tqdm(
                 total=len(job["prompts"]),
                 desc=f"  {name} {job['set']} bs={job['batch']}",
@@ -287,7 +286,7 @@ def run_engine(
                 file=sys.stderr,
             ) as bar:
                 res = run_batch(_Tracked(llm, bar), job["prompts"], params, job["batch"])
-            spec1 = _spec_counters(llm)
+            spec1 = spec_counters(llm)
             stats = parse_vllm.get_stats(llm) if is_parse else None
             row = {
                 "set": job["set"],
@@ -316,7 +315,7 @@ def run_engine(
             logprobs = [o.prompt_logprobs for o in outs]
             progress.update(1)
     finally:
-        common.close(llm)
+        close(llm)
     return rows, logprobs
 
 
@@ -434,7 +433,7 @@ def _main(args: argparse.Namespace) -> int:
                 "tok_s_first": r["tok_s"],
                 "tok_s_last": a["tok_s"],
                 "drift": drift,
-                "drift_flagged": abs(drift) > report.DRIFT_LIMIT,
+                "drift_flagged": abs(drift) > common.DRIFT_LIMIT,
                 "same_text": statistics.mean(float(x == y) for x, y in zip(r["outputs"], a["outputs"])),
             }
         )
