@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 TOPICS = (
@@ -773,8 +773,3 @@ __all__ = [
     "TOPICS",
     "SHORT_PROMPTS",
 ]
-
-
-def _main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - quick look
-    for p in make_prompts(20, seed=int((argv or ["0"])[0])):
-        print(p["category"], "|", p["prompt"])
