@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml $(wildcard setup.py) scripts/setup_env.sh $(wildcard cs
 	touch $@
 
 models: $(MODELS)
-$(MODELS): $(STAMP) parse_vllm/models.py $(wildcard parse_vllm/drafts/*/*)
+$(MODELS): $(STAMP) parse_vllm/tools/prepare_models.py parse_vllm/tools/train_draft.py $(wildcard parse_vllm/drafts/*/*)
 	$(VENV)/bin/parse-vllm prepare-models
 	touch $@
 

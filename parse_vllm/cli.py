@@ -24,251 +24,20 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import dataclasses
 import difflib
 import io
 import json
 import os
-import re
 import shlex
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-# -- presets (configs/*.yaml) --------------------------------------------------
-#
-# A preset is one YAML mapping with these sections, all optional:
-#   model               the target (HF hub name or folder); $PARSE_VLLM_CACHE,
-#                       $VARS and ~ are expanded in model paths
-#   hardware            what the preset is sized for: device (cuda | cpu),
-#                       gpus, gpu_memory_gib, description; checked against
-#                       the parallel sizes in `engine`, never sent to vLLM
-#   speculative_config  vLLM's, and for PARSE method draft_model with the
-#                       window W as num_speculative_tokens
-#   parse               PARSE options (additional_config["parse"])
-#   engine              any other `vllm serve` arguments, flat, spelled like
-#                       the flags (underscores or dashes), in the format of
-#                       vLLM's own `--config` file: true -> --flag,
-#                       false -> --no-flag, list -> --flag a b, mapping -> JSON
-# `parse-vllm serve --config` takes this format rather than vLLM's flat one:
-# a flat vLLM config file is the `engine` section of a preset.
+from parse_vllm.presets import Preset, PresetError, engine_flag, load_preset
 
-PRESET_SECTIONS = ("model", "hardware", "speculative_config", "parse", "engine")
-HARDWARE_KEYS = ("device", "gpus", "gpu_memory_gib", "description")
-DEVICES = ("cuda", "cpu")
-CONFIG_FLAGS = ("--config", "--parse-config")
-# vLLM flags a preset says through its own sections, never in `engine`.
-_SECTION_OF_FLAG = {
-    "--model": "model",
-    "--speculative-config": "speculative_config",
-    "--additional-config": "parse",
-    "--config": "(a preset does not include another file)",
-}
-
-
-class PresetError(SystemExit):
-    """A preset or the flags it makes are refused. The message names the file
-    and the field. A SystemExit: on the command line it ends the command with
-    that message, before any engine starts."""
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A validated preset (`load_preset`)."""
-
-    path: str
-    model: str | None = None
-    hardware: dict[str, Any] | None = None
-    speculative_config: dict[str, Any] | None = None
-    parse: dict[str, Any] = dataclasses.field(default_factory=dict)
-    engine: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def flags(self) -> list[str]:
-        """The `vllm serve` flags this preset stands for, without the model."""
-        flags: list[str] = []
-        if self.speculative_config:
-            flags += ["--speculative-config", json.dumps(self.speculative_config)]
-        flags += ["--additional-config", json.dumps({"parse": self.parse})]
-        for key, value in self.engine.items():
-            flags += _engine_flag(key, value)
-        return flags
-
-    def argv(self) -> list[str]:
-        """`vllm serve` arguments: the model (if the preset names one), then flags."""
-        return ([self.model] if self.model else []) + self.flags()
-
-    def engine_int(self, key: str, default: int = 1) -> int:
-        value = self.engine.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PresetError(f"{self.path}: engine.{key}={value!r}: must be an integer >= 1")
-        return value
-
-
-def _engine_flag(key: str, value: Any) -> list[str]:
-    flag = "--" + key.replace("_", "-")
-    if isinstance(value, bool):
-        # vLLM's boolean arguments come in --flag / --no-flag pairs.
-        return [flag] if value else ["--no-" + key.replace("_", "-")]
-    if isinstance(value, list):  # an empty list says nothing, as in vLLM's --config
-        return [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)] if value else []
-    if isinstance(value, dict):
-        return [flag, json.dumps(value)]
-    return [flag, str(value)]
-
-
-def load_preset(path: str | os.PathLike) -> Preset:
-    """Read and check a preset without vLLM: its sections and keys, the PARSE
-    options (ParseConfig), the draft-model speculative config, and that the
-    parallel sizes fit the hardware it is for. Raises PresetError, or
-    ParseConfigError for a bad `parse` option (both name the field)."""
-    import yaml
-
-    from parse_vllm.config import ParseConfig, ParseConfigError
-
-    path = str(path)
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f)
-    except OSError as e:
-        raise PresetError(f"{path}: cannot read the preset: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        raise PresetError(f"{path}: not valid YAML: {e}") from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise PresetError(f"{path}: expected a mapping of sections {list(PRESET_SECTIONS)} at the top level")
-    unknown = sorted(map(str, set(raw) - set(PRESET_SECTIONS)))
-    if unknown:
-        raise PresetError(
-            f"{path}: unknown top-level keys {unknown}; a preset has the sections "
-            f"{list(PRESET_SECTIONS)} (other `vllm serve` arguments go under `engine:`)"
-        )
-
-    model = raw.get("model")
-    if model is not None:
-        if not isinstance(model, str) or not model.strip():
-            raise PresetError(f"{path}: model={model!r}: must be a model name or folder")
-        model = _expand_path(model)
-
-    parse = raw.get("parse")
-    if parse is None:
-        parse = {}
-    if not isinstance(parse, dict):
-        raise PresetError(f"{path}: parse: must be a mapping of PARSE options, got {parse!r}")
-    try:
-        ParseConfig.from_dict(parse)
-    except (ParseConfigError, TypeError) as e:
-        raise ParseConfigError(f"{path}: {e}") from None
-
-    spec = _check_speculative_config(path, raw.get("speculative_config"))
-    engine = _check_engine(path, raw.get("engine"))
-    hardware = _check_hardware(path, raw.get("hardware"))
-    preset = Preset(path=path, model=model, hardware=hardware, speculative_config=spec, parse=parse, engine=engine)
-    _check_parallel_fits(preset)
-    return preset
-
-
-def _check_speculative_config(path: str, spec: Any) -> dict[str, Any] | None:
-    if spec is None:
-        return None
-    where = f"{path}: speculative_config"
-    if not isinstance(spec, dict):
-        raise PresetError(f"{where}: must be a mapping, got {spec!r}")
-    spec = dict(spec)
-    if spec.get("method") != "draft_model":
-        raise PresetError(
-            f"{where}.method={spec.get('method')!r}: PARSE drafts with vLLM's draft-model "
-            "speculation; use method: draft_model"
-        )
-    draft = spec.get("model")
-    if not isinstance(draft, str) or not draft.strip():
-        raise PresetError(f"{where}.model={draft!r}: must name the draft model (HF hub name or folder)")
-    spec["model"] = _expand_path(draft)
-    window = spec.get("num_speculative_tokens")
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise PresetError(f"{where}.num_speculative_tokens={window!r}: the draft window W, an integer >= 1")
-    return spec
-
-
-def _check_engine(path: str, engine: Any) -> dict[str, Any]:
-    if engine is None:
-        return {}
-    if not isinstance(engine, dict):
-        raise PresetError(f"{path}: engine: must be a mapping of `vllm serve` arguments, got {engine!r}")
-    for key, value in engine.items():
-        if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_-]*", key):
-            raise PresetError(f"{path}: engine: {key!r} is not a `vllm serve` argument name")
-        flag = "--" + key.replace("_", "-")
-        if flag in _SECTION_OF_FLAG:
-            raise PresetError(f"{path}: engine.{key}: say it in the preset's section {_SECTION_OF_FLAG[flag]}")
-        if value is None:
-            raise PresetError(f"{path}: engine.{key}: no value; give one or leave the key out")
-    return dict(engine)
-
-
-def _check_hardware(path: str, hw: Any) -> dict[str, Any] | None:
-    if hw is None:
-        return None
-    where = f"{path}: hardware"
-    if not isinstance(hw, dict):
-        raise PresetError(f"{where}: must be a mapping with keys {list(HARDWARE_KEYS)}")
-    unknown = sorted(map(str, set(hw) - set(HARDWARE_KEYS)))
-    if unknown:
-        raise PresetError(f"{where}: unknown keys {unknown}; known: {list(HARDWARE_KEYS)}")
-    device = hw.get("device")
-    if device not in DEVICES:
-        raise PresetError(f"{where}.device={device!r}: must be one of {list(DEVICES)}")
-    gpus = hw.get("gpus", 0)
-    if device == "cuda" and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
-        raise PresetError(f"{where}.gpus={gpus!r}: a cuda preset says how many GPUs it is for (integer >= 1)")
-    if device == "cpu" and gpus:
-        raise PresetError(f"{where}.gpus={gpus!r}: a cpu preset uses no GPU")
-    mem = hw.get("gpu_memory_gib")
-    if mem is not None and (device != "cuda" or isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem <= 0):
-        raise PresetError(f"{where}.gpu_memory_gib={mem!r}: memory per GPU in GiB, a number > 0 (cuda presets only)")
-    desc = hw.get("description")
-    if desc is not None and not isinstance(desc, str):
-        raise PresetError(f"{where}.description: must be text")
-    return dict(hw)
-
-
-def _check_parallel_fits(preset: Preset) -> None:
-    """PARSE refuses pipeline parallelism; tensor x data parallel workers must
-    fit the GPUs the preset is for."""
-
-    def size(name: str) -> int:
-        for key in (name, name.replace("_", "-")):
-            if key in preset.engine:
-                return preset.engine_int(key)
-        return 1
-
-    if size("pipeline_parallel_size") != 1:
-        raise PresetError(f"{preset.path}: engine.pipeline_parallel_size: PARSE refuses pipeline parallelism")
-    tp, dp = size("tensor_parallel_size"), size("data_parallel_size")
-    hw = preset.hardware
-    if hw and hw["device"] == "cuda" and tp * dp > hw["gpus"]:
-        raise PresetError(
-            f"{preset.path}: engine.tensor_parallel_size={tp} x data_parallel_size={dp} needs "
-            f"{tp * dp} GPUs; hardware.gpus={hw['gpus']}"
-        )
-
-
-def _expand_path(path: str) -> str:
-    from parse_vllm.models import default_cache_dir
-
-    path = path.replace("$PARSE_VLLM_CACHE", str(default_cache_dir()))
-    return os.path.expandvars(os.path.expanduser(path))
-
-
-def load_yaml_config(path: str | os.PathLike) -> dict:
-    """A preset as a plain mapping of its (checked) sections."""
-    preset = load_preset(path)
-    raw = {f.name: getattr(preset, f.name) for f in dataclasses.fields(Preset) if f.name != "path"}
-    return {k: v for k, v in raw.items() if v not in (None, {})} | {"parse": preset.parse}
+CONFIG_FLAGS = ("--config", "--parse-config")  # `parse-vllm serve` flags that name a preset
 
 
 # -- checking flags with vLLM's own `vllm serve` parser ------------------------
@@ -285,7 +54,7 @@ def check_with_vllm(preset: Preset | None, argv: list[str]) -> argparse.Namespac
     where = preset.path if preset else "arguments"
     if preset is not None:
         for key, value in preset.engine.items():
-            flag = (_engine_flag(key, value) or ["--" + key.replace("_", "-")])[0]
+            flag = (engine_flag(key, value) or ["--" + key.replace("_", "-")])[0]
             if flag not in known:
                 near = difflib.get_close_matches(flag, list(known), n=1)
                 hint = f"; did you mean {near[0][2:].replace('-', '_')}?" if near else ""
@@ -350,11 +119,6 @@ def expand_config_flag(argv: list[str]) -> tuple[list[str], Preset | None]:
     return head + preset.flags() + rest, preset
 
 
-def expand_parse_config(argv: list[str]) -> list[str]:
-    """`expand_config_flag` without the preset."""
-    return expand_config_flag(argv)[0]
-
-
 def serve(argv: list[str]) -> None:
     from parse_vllm.config import ParseConfigError
 
@@ -405,15 +169,16 @@ def demo(argv: list[str]) -> int:
     ap.add_argument("--draft", help="another draft model folder (default: the bundled trained draft)")
     args = ap.parse_args(argv)
 
-    from parse_vllm import draft_vocab, models
+    from parse_vllm import draft_vocab
+    from parse_vllm.tools.prepare_models import prepare_demo_draft, prepare_models
 
     if args.target:
         target = Path(args.target)
         print(f"target: {target}")
     else:
-        target = models.prepare_models(names=("smollm2-135m-instruct",))["smollm2-135m-instruct"]
+        target = prepare_models(names=("smollm2-135m-instruct",))["smollm2-135m-instruct"]
         print(f"target: SmolLM2-135M-Instruct ({target})")
-    draft = Path(args.draft) if args.draft else models.prepare_demo_draft()
+    draft = Path(args.draft) if args.draft else prepare_demo_draft()
     meta_path = draft / "training.json"
     if not meta_path.is_file():
         print(f"draft:  {draft}")
@@ -471,8 +236,8 @@ def demo(argv: list[str]) -> int:
     for key, value in stats.items():
         print(f"  {key}: {value}")
     if args.compare:
-        from parse_vllm.benchmarks.common import close
-        from parse_vllm.quality import metrics
+        from parse_vllm.tools.engine import close
+        from parse_vllm.tools.eval import metrics
 
         close(llm)
         base = LLM(**common)
@@ -514,7 +279,7 @@ def demo(argv: list[str]) -> int:
                 '(README, "Quality").'
             )
     else:
-        from parse_vllm.benchmarks.common import close
+        from parse_vllm.tools.engine import close
 
         close(llm)
     return 0
@@ -547,19 +312,19 @@ def main(argv: list[str] | None = None) -> int:
         serve(rest)
         return 0
     if cmd == "prepare-models":
-        from parse_vllm import models
+        from parse_vllm.tools import prepare_models
 
-        return models.main(rest)
+        return prepare_models.main(rest)
     if cmd == "demo":
         return demo(rest)
     if cmd == "flags":
         return flags_command(rest)
     if cmd == "eval":
-        from parse_vllm.quality import run as quality_run
+        from parse_vllm.tools.eval import run as eval_run
 
-        return quality_run.main(rest)
+        return eval_run.main(rest)
     if cmd == "train-draft":
-        from parse_vllm import train_draft
+        from parse_vllm.tools import train_draft
 
         return train_draft.main(rest)
     if cmd in ("--version", "version"):

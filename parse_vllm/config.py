@@ -231,8 +231,3 @@ def parse_section(additional_config: Any) -> dict[str, Any] | None:
     if not isinstance(section, dict):
         raise ParseConfigError(f'additional_config["parse"] must be an object of PARSE options, got {section!r}')
     return section
-
-
-def field_docs() -> dict[str, Any]:
-    """Option name -> default, for `parse-vllm options` and the README."""
-    return {f.name: f.default for f in dataclasses.fields(ParseConfig)}

@@ -3,7 +3,7 @@
 
 import sys
 
-from parse_vllm.benchmarks.report import main
+from parse_vllm.tools.benchmarks.report import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -409,7 +409,10 @@ def parse_flags(args) -> list[str]:
 
 def tiny_models(root: Path) -> tuple[Path, Path]:
     """The test suite's tiny random target (4 layers) and draft (2 layers)."""
-    from parse_vllm.models import make_tiny_model, prepare_models
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from fixtures.tiny_models import make_tiny_model
+
+    from parse_vllm.tools.prepare_models import prepare_models
 
     tok = prepare_models(names=("smollm2-135m-instruct",), progress=False)["smollm2-135m-instruct"]
     shape = dict(hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prepare parse-vllm's models: thin wrapper around ``parse_vllm.models.main``.
+"""Prepare parse-vllm's models: thin wrapper around ``parse_vllm.tools.prepare_models.main``.
 
 Run from the repository root with the venv active:
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from parse_vllm.models import main  # noqa: E402
+from parse_vllm.tools.prepare_models import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -184,7 +184,7 @@ def engine_kwargs_from(args) -> dict:
     spec: dict = {}
     parse: dict = {}
     if args.preset:
-        from parse_vllm.cli import load_preset
+        from parse_vllm.presets import load_preset
 
         preset = load_preset(args.preset)
         kw.update(preset.engine)

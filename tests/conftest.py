@@ -23,7 +23,7 @@ BLOCK = 32
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    from parse_vllm.models import prepare_models
+    from parse_vllm.tools.prepare_models import prepare_models
 
     return prepare_models(names=("smollm2-135m-instruct",), progress=False)["smollm2-135m-instruct"]
 
@@ -32,7 +32,7 @@ def smollm2_dir() -> Path:
 def tiny_models(tmp_path_factory, smollm2_dir) -> dict[str, Path]:
     """float32 random Llamas with SmolLM2's tokenizer: a 4-layer target and a
     2-layer draft (same head shapes, so they share one KV-cache group)."""
-    from parse_vllm.models import make_tiny_model
+    from fixtures.tiny_models import make_tiny_model
 
     root = tmp_path_factory.mktemp("tiny")
     shape = dict(hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2)

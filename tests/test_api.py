@@ -92,7 +92,7 @@ def _session_processes(sid: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def models(tiny_models, tmp_path_factory):
-    from parse_vllm.models import make_layer_skip_draft
+    from fixtures.tiny_models import make_layer_skip_draft
 
     root = tmp_path_factory.mktemp("api-models")
     return {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from parse_vllm.benchmarks import common, report
+from parse_vllm.tools.benchmarks import common, report
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT / "bench" / "full"
@@ -76,7 +76,7 @@ def _row(config, batch, tok_s, outputs, tau=None, forward_s=1.0, logits_s=0.0, d
 
 
 def test_e2e_scores_against_the_mean_of_both_baselines_and_flags_drift():
-    from parse_vllm.benchmarks import e2e
+    from parse_vllm.tools.benchmarks import e2e
 
     ref = [[1, 2, 3, 4]] * 5  # 20 tokens
     rows = [
@@ -119,7 +119,7 @@ def test_e2e_scores_against_the_mean_of_both_baselines_and_flags_drift():
 
 
 def test_e2e_scores_a_run_that_timed_the_baseline_once():
-    from parse_vllm.benchmarks import e2e
+    from parse_vllm.tools.benchmarks import e2e
 
     ref = [[1, 2, 3]]
     rows = [_row("target", 1, 10.0, ref), _row("token-k4", 1, 15.0, ref)]
@@ -137,7 +137,7 @@ def test_e2e_run_config_times_the_engines_own_calls(tiny_models, monkeypatch):
     from conftest import PROMPTS, parse_kwargs
     from transformers import AutoTokenizer
 
-    from parse_vllm.benchmarks import e2e
+    from parse_vllm.tools.benchmarks import e2e
 
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the probes are sent as callables
     tok = AutoTokenizer.from_pretrained(str(tiny_models["target"]))
@@ -158,7 +158,7 @@ def test_e2e_run_config_times_the_engines_own_calls(tiny_models, monkeypatch):
 def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monkeypatch):
     """bench_e2e's whole flow after the engines (both baselines, scores, brackets, JSON, plot,
     summary) with the engine runs replaced by made-up timings; then BENCHMARKS.md from it."""
-    from parse_vllm.benchmarks import e2e
+    from parse_vllm.tools.benchmarks import e2e
 
     calls = []
 

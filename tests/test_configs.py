@@ -20,8 +20,9 @@ import pytest
 import yaml
 
 from parse_vllm import _vllm, cli
-from parse_vllm.cli import PresetError, check_with_vllm, load_preset
-from parse_vllm.models import default_cache_dir
+from parse_vllm.cache import default_cache_dir
+from parse_vllm.cli import check_with_vllm
+from parse_vllm.presets import Preset, PresetError, load_preset
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -152,7 +153,7 @@ def test_flags_command_prints_the_argv(capsys):
 
 
 def test_yaml_shapes_become_vllm_config_file_flags():
-    preset = cli.Preset(
+    preset = Preset(
         path="x",
         engine={
             "enforce_eager": True,
@@ -176,7 +177,7 @@ def test_yaml_shapes_become_vllm_config_file_flags():
 
 
 def test_false_and_empty_engine_values_reach_vllm(vllm_parser):
-    preset = cli.Preset(
+    preset = Preset(
         path="x", model="t", engine={"enforce_eager": False, "enable_prefix_caching": False, "served_model_name": []}
     )
     assert preset.flags()[2:] == ["--no-enforce-eager", "--no-enable-prefix-caching"]

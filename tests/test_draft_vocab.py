@@ -55,7 +55,7 @@ def test_pruned_head_loss_ignores_tokens_it_cannot_say():
     import torch.nn.functional as F
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from parse_vllm.train_draft import DraftHead, _collate, _loss_and_hits
+    from parse_vllm.tools.train_draft import DraftHead, _collate, _loss_and_hits
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(
@@ -96,7 +96,7 @@ def test_pruned_head_loss_ignores_tokens_it_cannot_say():
 
 
 def test_flops_count_only_the_head_rows():
-    from parse_vllm.train_draft import flops_per_token
+    from parse_vllm.tools.train_draft import flops_per_token
 
     cfg = dict(
         hidden_size=8,
@@ -162,13 +162,12 @@ def _pruned_copy(target, out, head_ids):
     a trained draft is (export_delta -> assemble_draft)."""
     from transformers import LlamaForCausalLM
 
-    from parse_vllm.train_draft import DraftHead, assemble_draft, export_delta
+    from parse_vllm.tools.draft_delta import assemble_draft, export_delta
 
     dcfg = json.loads((target / "config.json").read_text())
     dcfg.update(architectures=[ARCHITECTURE], tie_word_embeddings=False, **{HEAD_VOCAB_KEY: int(head_ids.numel())})
     model = LlamaForCausalLM.from_pretrained(str(target), dtype=torch.float32)
-    vocab = dcfg["vocab_size"]
-    export_delta(model, dcfg, out / "delta", meta={}, head=DraftHead.of(head_ids, vocab))
+    export_delta(model, dcfg, out / "delta", meta={}, head_ids=head_ids.long())
     return assemble_draft(out / "delta", target, out / "draft")
 
 
@@ -214,7 +213,7 @@ def test_a_pruned_copy_of_the_target_is_accepted_as_its_draft(tied_target, tmp_p
     """In vLLM's draft_model speculation the pruned head's rows map back to the target's
     ids: the target's own layers under a head missing a few random tokens are accepted
     (nearly) always (a wrong row -> id map would make nearly every draft token wrong)."""
-    from parse_vllm.train_draft import measure_acceptance
+    from parse_vllm.tools.train_draft import measure_acceptance
 
     target = tied_target
     vocab = json.loads((target / "config.json").read_text())["vocab_size"]

@@ -1,4 +1,4 @@
-"""`parse-vllm eval` (parse_vllm/quality/): the checkers, the prompt sets, the
+"""`parse-vllm eval` (parse_vllm/tools/eval/): the checkers, the prompt sets, the
 recommendation on made-up rows, and one whole run through the command line on the
 tiny random models (4 engines, float32 so texts compare token for token)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from parse_vllm import cli
-from parse_vllm.quality import checks, metrics, report, tasks
+from parse_vllm.tools.eval import checks, metrics, report, tasks
 
 # -- checkers ----------------------------------------------------------------------------
 
@@ -223,7 +223,7 @@ def _target_says(target: Path, prompt: str, n: int) -> str:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from parse_vllm.train_draft import chat_prompt_ids
+    from parse_vllm.tools.prompts import chat_prompt_ids
 
     tok = AutoTokenizer.from_pretrained(target)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()

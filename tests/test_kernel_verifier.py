@@ -135,12 +135,12 @@ class HFDrivenTarget(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, smollm2_dir):
+    from fixtures.tiny_models import make_tiny_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.attention.attention import Attention
 
     from parse_vllm.config import ParseConfig
-    from parse_vllm.models import make_tiny_model
     from parse_vllm.templates import build_template
 
     path = make_tiny_model(

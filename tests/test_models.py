@@ -1,4 +1,5 @@
-"""Tests for parse_vllm.models: GGUF -> HF preparation, tiny random models, layer-skip drafts.
+"""Tests for parse_vllm.tools.prepare_models (GGUF -> HF preparation, the demo draft) and for the tests' own
+tiny random models and layer-skip drafts (tests/fixtures/tiny_models.py).
 
 The tests that need the real models call ``prepare_models()`` on the default cache dir; the
 test suite's set-up has normally run it already, so it is a no-op here.  Without the model
@@ -14,15 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures.tiny_models import make_layer_skip_draft, make_tiny_model
 
-from parse_vllm import models
-from parse_vllm.models import (
-    MARKER_FILE,
-    ModelPackageMissingError,
-    make_layer_skip_draft,
-    make_tiny_model,
-    prepare_models,
-)
+from parse_vllm.cache import default_cache_dir, model_dir
+from parse_vllm.tools import prepare_models as models
+from parse_vllm.tools.prepare_models import MARKER_FILE, ModelPackageMissingError, prepare_models
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -76,10 +73,10 @@ def _layer_count(folder: Path) -> int:
 
 def test_default_cache_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("PARSE_VLLM_CACHE", str(tmp_path / "c"))
-    assert models.default_cache_dir() == tmp_path / "c"
-    assert models.model_dir("x") == tmp_path / "c" / "models" / "x"
+    assert default_cache_dir() == tmp_path / "c"
+    assert model_dir("x") == tmp_path / "c" / "models" / "x"
     monkeypatch.delenv("PARSE_VLLM_CACHE")
-    assert models.default_cache_dir() == Path.home() / ".cache" / "parse-vllm"
+    assert default_cache_dir() == Path.home() / ".cache" / "parse-vllm"
 
 
 def test_import_is_light():
@@ -115,7 +112,7 @@ def test_missing_package_says_what_to_install(monkeypatch, tmp_path, capsys):
 def test_prepared_folders_load_with_transformers(prepared):
     expected_arch = {SMOL: "LlamaForCausalLM", GEMMA: "Gemma3ForCausalLM"}
     for name, folder in prepared.items():
-        assert folder == models.model_dir(name)
+        assert folder == model_dir(name)
         marker = json.loads((folder / MARKER_FILE).read_text())
         assert marker["source_version"]
         cfg = json.loads((folder / "config.json").read_text())
@@ -269,7 +266,7 @@ def test_make_layer_skip_draft_of_tiny_model_keeps_dtype(prepared, tmp_path):
 
 def test_prepare_demo_draft_idempotent(prepared):
     path = models.prepare_demo_draft(progress=False)
-    assert path == models.model_dir(models.DEMO_DRAFT_NAME)
+    assert path == model_dir(models.DEMO_DRAFT_NAME)
     shipped = json.loads((models.SHIPPED_DRAFTS / models.DEMO_DRAFT_NAME / "config.json").read_text())
     cfg = json.loads((path / "config.json").read_text())
     assert cfg == shipped and cfg["num_hidden_layers"] < 30
@@ -278,7 +275,7 @@ def test_prepare_demo_draft_idempotent(prepared):
 
     with (
         safe_open(str(path / "model.safetensors"), framework="pt") as d,
-        safe_open(str(models.model_dir(models.DEMO_TARGET_NAME) / "model.safetensors"), framework="pt") as t,
+        safe_open(str(model_dir(models.DEMO_TARGET_NAME) / "model.safetensors"), framework="pt") as t,
     ):
         assert torch.equal(d.get_tensor("model.embed_tokens.weight"), t.get_tensor("model.embed_tokens.weight"))
     with (

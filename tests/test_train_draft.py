@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from parse_vllm.train_prompts import make_prompts, mtbench_questions
+from parse_vllm.tools.prompts import make_prompts, mtbench_questions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def test_prompts_are_deterministic_and_never_the_evaluation_questions():
 
 
 def test_long_prompts_follow_the_short_ones_unchanged():
-    from parse_vllm.train_prompts import SHORT_PROMPTS
+    from parse_vllm.tools.prompts import SHORT_PROMPTS
 
     questions = [q["prompt"] for q in mtbench_questions()]
     short = make_prompts(SHORT_PROMPTS, seed=0, exclude=questions)
@@ -71,7 +71,7 @@ def test_long_prompts_follow_the_short_ones_unchanged():
 def test_self_instruct_requests_are_filtered_and_never_the_evaluation_questions():
     import random
 
-    from parse_vllm.train_prompts import EXAMPLE_REQUESTS, accept_written_request, banned_ngrams, self_instruct_text
+    from parse_vllm.tools.prompts import EXAMPLE_REQUESTS, accept_written_request, banned_ngrams, self_instruct_text
 
     questions = [q["prompt"] for q in mtbench_questions()]
     banned = banned_ngrams(questions)
@@ -105,7 +105,7 @@ def test_soft_targets_line_up_with_the_answer_positions():
     import torch.nn.functional as F
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from parse_vllm.train_draft import _collate, _loss_and_hits
+    from parse_vllm.tools.train_draft import _collate, _loss_and_hits
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(
@@ -150,7 +150,7 @@ def test_soft_targets_line_up_with_the_answer_positions():
 
 
 def test_rouge_l():
-    from parse_vllm.benchmarks.e2e import rouge_l
+    from parse_vllm.tools.benchmarks.common import rouge_l
 
     assert rouge_l([1, 2, 3], [1, 2, 3]) == 1.0
     assert rouge_l([1, 2, 3], [4, 5]) == 0.0
@@ -160,8 +160,8 @@ def test_rouge_l():
 
 
 def test_flops_ratio_of_the_shipped_draft(smollm2_dir):
-    from parse_vllm import models
-    from parse_vllm.train_draft import flops_per_token
+    from parse_vllm.tools import prepare_models as models
+    from parse_vllm.tools.train_draft import flops_per_token
 
     shipped = models.SHIPPED_DRAFTS / models.DEMO_DRAFT_NAME
     dcfg = json.loads((shipped / "config.json").read_text())
@@ -241,7 +241,7 @@ def test_train_draft_end_to_end_on_a_tiny_target(tiny_models, tmp_path):
     hist = meta2["history"]
     assert hist[-1]["eval_agreement"] > hist[0]["eval_agreement"]
 
-    from parse_vllm.train_draft import assemble_draft
+    from parse_vllm.tools.draft_delta import assemble_draft
 
     draft = assemble_draft(work / "draft", tiny_models["target"], tmp_path / "assembled")
     from safetensors import safe_open
@@ -277,7 +277,7 @@ def test_train_draft_end_to_end_on_a_tiny_target(tiny_models, tmp_path):
 def test_measure_acceptance_counts_what_vllm_accepts(tiny_models):
     """The draft-quality figure: the target as its own draft is accepted (almost) always; the
     figures are consistent with the counters they come from."""
-    from parse_vllm.train_draft import measure_acceptance
+    from parse_vllm.tools.train_draft import measure_acceptance
 
     got = measure_acceptance(tiny_models["target"], tiny_models["target"], k=4, max_tokens=16, limit=6, dtype="float32")
     assert got["prompts"] == 6 and 0 < got["output_tokens"] <= 6 * 16

@@ -301,47 +301,49 @@ def test_no_chat_template_is_refused(smollm2_dir, tmp_path):
 
 
 def test_yaml_configs_turn_into_flags():
-    from parse_vllm.cli import expand_parse_config, load_yaml_config
+    from parse_vllm.cli import expand_config_flag
+    from parse_vllm.presets import load_preset
 
     configs = sorted((ROOT / "configs").glob("*.yaml"))
     assert configs
     for path in configs:
-        raw = load_yaml_config(path)
-        argv = expand_parse_config(["--port", "8000", "--parse-config", str(path)])
+        preset = load_preset(path)
+        argv, _ = expand_config_flag(["--port", "8000", "--parse-config", str(path)])
         i = argv.index("--additional-config")
-        assert json.loads(argv[i + 1]) == {"parse": raw.get("parse") or {}}
-        if raw.get("speculative_config"):
+        assert json.loads(argv[i + 1]) == {"parse": preset.parse}
+        if preset.speculative_config:
             j = argv.index("--speculative-config")
             assert json.loads(argv[j + 1])["method"] == "draft_model"
 
 
 def test_yaml_config_errors(tmp_path):
-    from parse_vllm.cli import expand_parse_config
+    from parse_vllm.cli import expand_config_flag
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("parse:\n  threshold: 2x\n")
     with pytest.raises(ParseConfigError):
-        expand_parse_config(["--parse-config", str(bad)])
+        expand_config_flag(["--parse-config", str(bad)])
     bad.write_text("parsee: {}\n")
     with pytest.raises(SystemExit, match="unknown top-level keys"):
-        expand_parse_config(["--parse-config", str(bad)])
+        expand_config_flag(["--parse-config", str(bad)])
 
 
 def test_demo_yaml_names_the_demo_models():
-    from parse_vllm.cli import load_yaml_config
-    from parse_vllm.models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME, model_dir
+    from parse_vllm.cache import model_dir
+    from parse_vllm.presets import load_preset
+    from parse_vllm.tools.prepare_models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME
 
-    raw = load_yaml_config(ROOT / "configs" / "smollm2-135m-demo.yaml")
-    assert raw["model"] == str(model_dir(DEMO_TARGET_NAME))
-    assert raw["speculative_config"]["model"] == str(model_dir(DEMO_DRAFT_NAME))
+    preset = load_preset(ROOT / "configs" / "smollm2-135m-demo.yaml")
+    assert preset.model == str(model_dir(DEMO_TARGET_NAME))
+    assert preset.speculative_config["model"] == str(model_dir(DEMO_DRAFT_NAME))
 
 
 def test_defaults_yaml_is_the_defaults():
-    from parse_vllm.cli import load_yaml_config
+    from parse_vllm.presets import load_preset
 
-    raw = load_yaml_config(ROOT / "configs" / "parse-defaults.yaml")
-    assert ParseConfig.from_dict(raw["parse"]) == ParseConfig()
-    assert set(raw["parse"]) == set(ParseConfig.__dataclass_fields__)
+    parse = load_preset(ROOT / "configs" / "parse-defaults.yaml").parse
+    assert ParseConfig.from_dict(parse) == ParseConfig()
+    assert set(parse) == set(ParseConfig.__dataclass_fields__)
 
 
 def test_kv_audit_counts_blocks_held_and_scratch_found_in_request_tables():

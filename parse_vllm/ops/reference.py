@@ -13,8 +13,6 @@ here for the benchmark's baseline and as a second opinion in the tests.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 __all__ = ["prefix_verify_attention_ref", "prefix_verify_attention_dense_ref", "gather_prefix"]
@@ -168,7 +166,3 @@ def prefix_verify_attention_dense_ref(
         )
         return o[0].transpose(0, 1).to(q.dtype)
     return _attend(q.float(), k_all.float(), v_all.float(), mask, scale, softcap).to(q.dtype)
-
-
-def default_scale(head_size: int) -> float:
-    return 1.0 / math.sqrt(head_size)

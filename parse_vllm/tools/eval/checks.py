@@ -1,4 +1,4 @@
-"""Answer checkers (the ``check`` of a prompt-set item, :mod:`parse_vllm.quality.tasks`).
+"""Answer checkers (the ``check`` of a prompt-set item, :mod:`parse_vllm.tools.eval.tasks`).
 
 Answers are never run in this process: code goes to ``python -I`` in a subprocess, in an
 empty temporary folder, with a wall-clock timeout (then its whole process group is killed),

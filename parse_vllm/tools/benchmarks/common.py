@@ -1,4 +1,5 @@
-"""What the benchmarks share: models, engines, the results folder and summary.json."""
+"""What the benchmarks share, and ``parse-vllm eval`` with them: models, engine arguments, the
+results folder and summary.json, tables and figures, ROUGE-L and the drift limit."""
 
 from __future__ import annotations
 
@@ -23,6 +24,27 @@ SUMMARY_KEYS = (
 )
 
 
+#: |target-again / target - 1| above this: the machine was not quiet (the run's ratios are suspect)
+DRIFT_LIMIT = 0.10
+
+
+def rouge_l(a: list[int], b: list[int]) -> float:
+    """ROUGE-L F1 of two token sequences (longest common subsequence)."""
+    if not a or not b:
+        return float(a == b)
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    lcs = prev[-1]
+    if lcs == 0:
+        return 0.0
+    p, r = lcs / len(a), lcs / len(b)
+    return 2 * p * r / (p + r)
+
+
 def setup_env() -> None:
     # The probes are callables sent to the workers (collective_rpc), which vLLM
     # only unpickles when this is set.
@@ -32,12 +54,12 @@ def setup_env() -> None:
 
 def resolve_models(target: Path | None, draft: Path | None) -> tuple[Path, Path]:
     """The given pair, else the CPU pair: SmolLM2-135M-Instruct and its shipped trained draft."""
-    from parse_vllm import models
+    from parse_vllm.tools.prepare_models import DEMO_TARGET_NAME, prepare_demo_draft, prepare_models
 
     if target is None:
-        target = models.prepare_models(names=(models.DEMO_TARGET_NAME,), progress=False)[models.DEMO_TARGET_NAME]
+        target = prepare_models(names=(DEMO_TARGET_NAME,), progress=False)[DEMO_TARGET_NAME]
     if draft is None:
-        draft = models.prepare_demo_draft(progress=False)
+        draft = prepare_demo_draft(progress=False)
     return target, draft
 
 
@@ -63,17 +85,6 @@ def parse_engine(target: Path, draft: Path, window: int, parse: dict, **kw) -> d
         additional_config={"parse": parse},
         **kw,
     )
-
-
-def close(llm) -> None:
-    import gc
-
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:  # noqa: BLE001 - best effort at teardown
-        pass
-    del llm
-    gc.collect()
 
 
 def machine() -> dict[str, Any]:

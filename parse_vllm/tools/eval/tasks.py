@@ -2,7 +2,7 @@
 
 An item is ``{"id", "kind", "prompt", "messages", "check"}``: ``prompt`` (one user turn) or
 ``messages`` (a chat, OpenAI style), and ``check`` -- None when the answer cannot be checked,
-else what :func:`parse_vllm.quality.checks.check` takes:
+else what :func:`parse_vllm.tools.eval.checks.check` takes:
 
 * ``{"type": "answer", "answer": str, "distractors": [str, ...]}`` -- the normalized answer is
   the whole reply, or is contained in it while none of the distractors (other facts of the
@@ -66,7 +66,7 @@ class PromptSet:
 
 
 def mtbench_set() -> PromptSet:
-    from parse_vllm.train_prompts import mtbench_questions
+    from parse_vllm.tools.prompts import mtbench_questions
 
     return PromptSet(
         "mtbench",

@@ -12,7 +12,7 @@ Engines, one at a time (a GPU preset's target does not fit twice):
    prompt-logprobs pass of the target over prompt + output per distinct text.
 
 Each runs every prompt set at batch 1 and at ``--batch`` (requests kept in flight with
-``benchmarks.e2e.run_batch``), greedy, ``--max-tokens``. Answers are checked after the
+``tools.engine.run_batch``), greedy, ``--max-tokens``. Answers are checked after the
 engines are closed (code runs in subprocesses, which must not share the CPU with a timing).
 Results: ``summary.json``, ``summary.md`` and ``eval.png`` in ``--out``.
 """
@@ -152,7 +152,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 
     preset = None
     if args.config:
-        from parse_vllm.cli import load_preset
+        from parse_vllm.presets import load_preset
 
         try:
             preset = load_preset(args.config)
@@ -180,7 +180,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def engine_kwargs(res: dict, target: str, max_model_len: int, max_num_seqs: int) -> dict:
-    from parse_vllm.benchmarks import common
+    from parse_vllm.tools.benchmarks import common
 
     if res["preset"] is not None:
         # a preset says how its engines are built (GPU ones especially): only fill the gaps
@@ -202,7 +202,7 @@ def spec_config(res: dict, draft: str, k: int) -> dict:
 
 
 class _Tracked:
-    """``llm`` for :func:`benchmarks.e2e.run_batch`, ticking a progress bar per finished request."""
+    """``llm`` for :func:`parse_vllm.tools.engine.run_batch`, ticking a progress bar per finished request."""
 
     class _Engine:
         def __init__(self, engine, bar):
@@ -256,8 +256,7 @@ def run_engine(
     from vllm import LLM, SamplingParams
 
     import parse_vllm
-    from parse_vllm.benchmarks import common
-    from parse_vllm.benchmarks.e2e import _spec_counters, run_batch
+    from parse_vllm.tools.engine import close, run_batch, spec_counters
 
     progress.set_description(f"starting {config}")
     llm = LLM(**kw, disable_log_stats=False)
@@ -278,7 +277,7 @@ def run_engine(
             params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args=extra) for _ in job["prompts"]]
             if is_parse:
                 parse_vllm.reset_stats(llm)
-            spec0 = _spec_counters(llm)
+            spec0 = spec_counters(llm)
             with tqdm(
                 total=len(job["prompts"]),
                 desc=f"  {name} {job['set']} bs={job['batch']}",
@@ -287,7 +286,7 @@ def run_engine(
                 file=sys.stderr,
             ) as bar:
                 res = run_batch(_Tracked(llm, bar), job["prompts"], params, job["batch"])
-            spec1 = _spec_counters(llm)
+            spec1 = spec_counters(llm)
             stats = parse_vllm.get_stats(llm) if is_parse else None
             row = {
                 "set": job["set"],
@@ -316,12 +315,12 @@ def run_engine(
             logprobs = [o.prompt_logprobs for o in outs]
             progress.update(1)
     finally:
-        common.close(llm)
+        close(llm)
     return rows, logprobs
 
 
 def _render(tok, item: dict) -> list[int]:
-    from parse_vllm.train_draft import chat_prompt_ids
+    from parse_vllm.tools.prompts import chat_prompt_ids
 
     if item.get("messages"):
         text = tok.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=False)
@@ -346,7 +345,7 @@ def _main(args: argparse.Namespace) -> int:
     counts = {1: args.bs1_prompts, args.batch: args.num_prompts} if args.batch != 1 else {1: args.num_prompts}
     sets = tasks.load_sets(args.prompts, checkable_n=max(counts.values()), seed=args.seed)
 
-    from parse_vllm.benchmarks import common
+    from parse_vllm.tools.benchmarks import common
 
     common.setup_env()
     # one model runner for every engine (PARSE needs V1; vLLM >= 0.33 may pick V2 for the others)
@@ -434,7 +433,7 @@ def _main(args: argparse.Namespace) -> int:
                 "tok_s_first": r["tok_s"],
                 "tok_s_last": a["tok_s"],
                 "drift": drift,
-                "drift_flagged": abs(drift) > report.DRIFT_LIMIT,
+                "drift_flagged": abs(drift) > common.DRIFT_LIMIT,
                 "same_text": statistics.mean(float(x == y) for x, y in zip(r["outputs"], a["outputs"])),
             }
         )

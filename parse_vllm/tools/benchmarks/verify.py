@@ -2,7 +2,7 @@
 
 For each draft length N one engine runs PARSE with W = N and a boundary every N/16 tokens;
 one request (an MT-Bench question, ``ignore_eos``) gets one N-token draft, whose
-verification step the probe (:mod:`parse_vllm.benchmarks.probe`) studies in place, on the
+verification step the probe (:mod:`parse_vllm.tools.benchmarks.probe`) studies in place, on the
 engine's own KV cache, for K = 1/4/8/16 evenly spaced boundaries (the last one holistic):
 
   (a) floor       -- the step's target forward over the N draft tokens (+1): a plain
@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import common
+from parse_vllm.tools import engine
+from parse_vllm.tools.benchmarks import common
 
 SUFFIX_NOTE = "S = verification suffix tokens per copy"
 
@@ -34,7 +35,8 @@ SUFFIX_NOTE = "S = verification suffix tokens per copy"
 def run_one_n(target: Path, draft: Path, n: int, ks: list[int], reps: int, prompt: str) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
-    from ..train_draft import chat_prompt_ids
+    from parse_vllm.tools.prompts import chat_prompt_ids
+
     from . import probe
 
     k_max = max(ks)
@@ -112,7 +114,7 @@ def run_one_n(target: Path, draft: Path, n: int, ks: list[int], reps: int, promp
         }
         return {"rows": rows, "memory": mem}
     finally:
-        common.close(llm)
+        engine.close(llm)
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -162,7 +164,7 @@ def main(argv=None) -> int:
     ns = args.ns or ([64, 256] if args.quick else [64, 256, 1024])
     reps = args.reps or (2 if args.quick else 5)
     target, draft = common.resolve_models(args.target, args.draft)
-    from ..train_prompts import mtbench_questions
+    from parse_vllm.tools.prompts import mtbench_questions
 
     prompt = mtbench_questions()[0]["prompt"]
     rows, mem = [], []

@@ -20,8 +20,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from parse_vllm.benchmarks import common
-from parse_vllm.benchmarks.e2e import DRIFT_LIMIT  # |last / first - 1| of the target's timing: flagged above
+from parse_vllm.tools.benchmarks import common
 
 from . import metrics
 
@@ -254,7 +253,11 @@ def markdown(summary: dict) -> str:
         ]
     lines += ["Target-alone timing, first and last engine of the run (its rows use the mean):", ""]
     for b in summary["baselines"]:
-        flag = f" **over {DRIFT_LIMIT:.0%}: the machine was not quiet, ratios suspect**" if b["drift_flagged"] else ""
+        flag = (
+            f" **over {common.DRIFT_LIMIT:.0%}: the machine was not quiet, ratios suspect**"
+            if b["drift_flagged"]
+            else ""
+        )
         lines.append(
             f"- {b['set']} bs {b['batch']}: {b['tok_s_first']:.1f} tok/s first, {b['tok_s_last']:.1f} last "
             f"(drift {b['drift']:+.1%}; same text {b['same_text']:.2f}){flag}"

@@ -17,13 +17,18 @@ usable lines. Those requests are often odd, but they are worded in many more way
 template set, and the draft must learn how the target answers requests it has never seen
 the like of: a draft trained on templated prompts alone agreed with the target on 0.62-0.65
 of new templated prompts but only 0.45-0.47 of MT-Bench's or of target-written ones.
+
+The lab tools' other prompts come from here too: MT-Bench's questions
+(:func:`mtbench_questions`, the evaluation set) and a one-turn chat prompt rendered to token
+ids the way vLLM's chat entry points do (:func:`chat_prompt_ids`).
 """
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from typing import Any
 
 TOPICS = (
     "the water cycle",
@@ -749,7 +754,14 @@ def mtbench_questions(path: str | None = None) -> list[dict]:
     return rows
 
 
+def chat_prompt_ids(tok: Any, prompt: str) -> list[int]:
+    """Token ids of a one-turn chat prompt, the way vLLM's chat entry points render it."""
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
+    return tok.encode(text, add_special_tokens=False)
+
+
 __all__ = [
+    "chat_prompt_ids",
     "make_prompts",
     "mtbench_questions",
     "self_instruct_text",
@@ -761,8 +773,3 @@ __all__ = [
     "TOPICS",
     "SHORT_PROMPTS",
 ]
-
-
-def _main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - quick look
-    for p in make_prompts(20, seed=int((argv or ["0"])[0])):
-        print(p["category"], "|", p["prompt"])

@@ -34,77 +34,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
-from typing import Any
 
-from . import common
+from parse_vllm.tools import engine
+from parse_vllm.tools.benchmarks import common
 
 TAUS_QUICK = (0.0, 0.5, 1.5)
 TAUS_FULL = (0.0, 0.5, 0.9, 1.5)
-DRIFT_LIMIT = 0.10  # |target-again / target - 1| above this: the machine was not quiet
-
-
-def rouge_l(a: list[int], b: list[int]) -> float:
-    """ROUGE-L F1 of two token sequences (longest common subsequence)."""
-    if not a or not b:
-        return float(a == b)
-    prev = [0] * (len(b) + 1)
-    for x in a:
-        cur = [0]
-        for j, y in enumerate(b):
-            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
-        prev = cur
-    lcs = prev[-1]
-    if lcs == 0:
-        return 0.0
-    p, r = lcs / len(a), lcs / len(b)
-    return 2 * p * r / (p + r)
-
-
-def run_batch(llm, prompts: list[list[int]], params_list: list, batch: int) -> dict[str, Any]:
-    """Keep ``batch`` requests in flight; per-request latency and tokens."""
-    engine = llm.llm_engine
-    pending = list(range(len(prompts)))
-    started: dict[str, float] = {}
-    outputs: dict[int, list[int]] = {}
-    latency: dict[int, float] = {}
-    t0 = time.perf_counter()
-    while pending or engine.has_unfinished_requests():
-        while pending and len(started) - len(latency) < batch:
-            i = pending.pop(0)
-            rid = f"r{i}-{time.monotonic_ns()}"
-            engine.add_request(rid, {"prompt_token_ids": prompts[i]}, params_list[i])
-            started[rid] = time.perf_counter()
-        for out in engine.step():
-            if out.finished:
-                i = int(out.request_id.split("-")[0][1:])
-                outputs[i] = list(out.outputs[0].token_ids)
-                latency[i] = time.perf_counter() - started[out.request_id]
-    wall = time.perf_counter() - t0
-    tokens = sum(len(o) for o in outputs.values())
-    lat = sorted(latency.values())
-    return {
-        "wall_s": wall,
-        "tokens": tokens,
-        "tok_s": tokens / wall,
-        "outputs": [outputs[i] for i in range(len(prompts))],
-        "latency_p50_s": statistics.median(lat),
-        "latency_p90_s": lat[min(len(lat) - 1, int(0.9 * len(lat)))],
-    }
-
-
-def _spec_counters(llm) -> dict[str, float]:
-    want = {
-        "vllm:spec_decode_num_drafts": "drafts",
-        "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-        "vllm:spec_decode_num_accepted_tokens": "accepted",
-    }
-    got = {v: 0.0 for v in want.values()}
-    for m in llm.get_metrics():
-        if m.name in want and hasattr(m, "value"):
-            got[want[m.name]] += float(m.value)
-    return got
 
 
 def run_config(
@@ -131,10 +67,10 @@ def run_config(
                 if parse:
                     parse_vllm.reset_stats(llm)
                 llm.collective_rpc(probe.reset)
-                spec0 = _spec_counters(llm)
-                res = run_batch(llm, prompts, params, batch)
+                spec0 = engine.spec_counters(llm)
+                res = engine.run_batch(llm, prompts, params, batch)
                 timers = llm.collective_rpc(probe.read)[0]
-                spec1 = _spec_counters(llm)
+                spec1 = engine.spec_counters(llm)
                 spec = {k: spec1[k] - spec0[k] for k in spec1}
                 row = {
                     "config": name,
@@ -165,7 +101,7 @@ def run_config(
                 )
                 rows.append(row)
     finally:
-        common.close(llm)
+        engine.close(llm)
     return rows
 
 
@@ -207,7 +143,7 @@ def score(rows: list[dict]) -> list[dict]:
     """Speedup, ROUGE-L and exact match of every row against the target alone, per batch size.
 
     The baseline speed is the mean of the ``target`` and ``target-again`` timings (first and
-    last in the run); their drift is returned per batch size and flagged above DRIFT_LIMIT.
+    last in the run); their drift is returned per batch size and flagged above common.DRIFT_LIMIT.
     Agreement is against the first target run's text (``target-again`` is scored too: greedy
     on the same engine settings must repeat itself)."""
     baselines = []
@@ -225,10 +161,10 @@ def score(rows: list[dict]) -> list[dict]:
             "tok_s_again": again and again["tok_s"],
             "drift": again and again["tok_s"] / first["tok_s"] - 1.0,
         }
-        base["drift_flagged"] = base["drift"] is not None and abs(base["drift"]) > DRIFT_LIMIT
+        base["drift_flagged"] = base["drift"] is not None and abs(base["drift"]) > common.DRIFT_LIMIT
         for r in (r for r in rows if r["batch"] == b):
             r["speedup"] = r["tok_s"] / base["tok_s"]
-            r["rouge_l"] = statistics.mean(rouge_l(o, t) for o, t in zip(r["outputs"], first["outputs"]))
+            r["rouge_l"] = statistics.mean(common.rouge_l(o, t) for o, t in zip(r["outputs"], first["outputs"]))
             r["exact"] = statistics.mean(float(o == t) for o, t in zip(r["outputs"], first["outputs"]))
         baselines.append(base)
     return baselines
@@ -293,8 +229,7 @@ def main(argv=None) -> int:
     common.setup_env()
     args.max_tokens = args.max_tokens or (128 if args.quick else 256)
     target, draft = common.resolve_models(args.target, args.draft)
-    from ..train_draft import chat_prompt_ids
-    from ..train_prompts import mtbench_questions
+    from parse_vllm.tools.prompts import chat_prompt_ids, mtbench_questions
 
     questions = mtbench_questions()
     n1 = args.bs1_prompts or (2 if args.quick else 8)
@@ -367,7 +302,7 @@ def main(argv=None) -> int:
             f"baseline bs={base['batch']}: target {base['tok_s_first']:.1f} tok/s first, "
             f"{base['tok_s_again']:.1f} last (drift {base['drift']:+.1%})"
             + (
-                f"  ** over {DRIFT_LIMIT:.0%}: the machine was not quiet, ratios suspect **"
+                f"  ** over {common.DRIFT_LIMIT:.0%}: the machine was not quiet, ratios suspect **"
                 if base["drift_flagged"]
                 else ""
             )

@@ -3,7 +3,7 @@
 ``parse-vllm train-draft`` (also ``scripts/train_draft.py``) runs two resumable stages in a
 work folder (default ``<cache>/train/<target name>``):
 
-1. **answers** -- :mod:`parse_vllm.train_prompts` makes topic-driven prompts (never the
+1. **answers** -- :mod:`parse_vllm.tools.prompts` makes topic-driven prompts (never the
    evaluation questions); the target answers them greedily with vLLM (chat template
    applied, ``max_tokens`` each).  Written in chunks to ``answers.jsonl``; a re-run
    continues after the last finished chunk.
@@ -17,9 +17,9 @@ work folder (default ``<cache>/train/<target name>``):
    order and initialisation.
 
 The result is a *delta*: only the draft's own weights (its layers and final norm, and its
-head's token ids) plus its config, tens of MB -- :func:`assemble_draft` rebuilds a normal HF folder from it and the
-target's embedding, which is how the shipped draft (``parse_vllm/drafts/``) is installed
-by ``parse-vllm prepare-models``.
+head's token ids) plus its config, tens of MB (:mod:`parse_vllm.tools.draft_delta`, which also
+rebuilds a normal HF folder from it and the target's embedding: that is how the shipped draft,
+``parse_vllm/drafts/``, is installed by ``parse-vllm prepare-models``).
 """
 
 from __future__ import annotations
@@ -38,10 +38,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .draft_vocab import ARCHITECTURE, HEAD_IDS_KEY, HEAD_VOCAB_KEY, choose_head_tokens, head_coverage, to_head_index
-
-#: Weights that belong to the target and are shared, never trained or shipped.
-SHARED_WEIGHTS = ("model.embed_tokens.weight",)
+from parse_vllm.draft_vocab import (
+    ARCHITECTURE,
+    HEAD_IDS_KEY,
+    HEAD_VOCAB_KEY,
+    choose_head_tokens,
+    head_coverage,
+    to_head_index,
+)
+from parse_vllm.tools.draft_delta import (
+    DELTA_CONFIG,
+    DELTA_META,
+    DELTA_WEIGHTS,
+    SHARED_WEIGHTS,
+    assemble_draft,
+    export_delta,
+)
+from parse_vllm.tools.prompts import chat_prompt_ids
 
 
 @dataclass
@@ -59,7 +72,7 @@ class DraftShape:
 @dataclass
 class TrainConfig:
     num_prompts: int = 2000
-    #: more prompts, written by the target itself (train_prompts.py, self-instruct family)
+    #: more prompts, written by the target itself (tools/prompts.py, self-instruct family)
     self_instruct: int = 0
     max_tokens: int = 256  # answer length cap when generating data
     token_budget: int = 700_000  # answer tokens seen in training (epochs as needed)
@@ -97,7 +110,7 @@ def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequenc
     from tqdm import tqdm
     from vllm import LLM, SamplingParams
 
-    from .train_prompts import make_prompts
+    from parse_vllm.tools.prompts import make_prompts
 
     out = work / "answers.jsonl"
     prompts = make_prompts(cfg.num_prompts, seed=cfg.seed, exclude=exclude)
@@ -152,14 +165,14 @@ def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequenc
 
 def write_prompts(llm: Any, path: Path, count: int, seed: int, exclude: Sequence[str]) -> list[dict]:
     """``count`` requests written by the target (``path``, JSONL, kept and extended across
-    runs): it continues a numbered list of example requests (train_prompts.py), sampled at
+    runs): it continues a numbered list of example requests (tools/prompts.py), sampled at
     temperature 1; lines that are too short or long, repeats, and lines sharing a long word
     n-gram with ``exclude`` (the evaluation questions) are dropped. Sampled with the engine's
     seed, not per-request seeds: vLLM 0.32's CPU runner fails on seeded requests whose prompt
     is prefilled in chunks (torch CPU generators have no offset to rewind)."""
     from vllm import SamplingParams
 
-    from .train_prompts import accept_written_request, banned_ngrams, self_instruct_text
+    from parse_vllm.tools.prompts import accept_written_request, banned_ngrams, self_instruct_text
 
     rows: list[dict] = []
     if path.exists():
@@ -182,12 +195,6 @@ def write_prompts(llm: Any, path: Path, count: int, seed: int, exclude: Sequence
     if len(rows) < count:
         raise RuntimeError(f"the target wrote only {len(rows)} usable requests of {count} asked for")
     return rows[:count]
-
-
-def chat_prompt_ids(tok: Any, prompt: str) -> list[int]:
-    """Token ids of a one-turn chat prompt, the way vLLM's chat entry points render it."""
-    text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False)
-    return tok.encode(text, add_special_tokens=False)
 
 
 #: one training example: prompt ids, answer ids, and per answer token the target's top-k
@@ -535,7 +542,7 @@ def distill(target_dir: Path, work: Path, cfg: TrainConfig, log=print) -> Path:
         model,
         dcfg,
         out,
-        head=head,
+        head_ids=None if head is None else head.token_ids,
         meta={
             "target": target_dir.name,
             "train": asdict(cfg),
@@ -577,9 +584,8 @@ def measure_acceptance(
     """
     from vllm import LLM, SamplingParams
 
-    from .benchmarks.common import close
-    from .benchmarks.e2e import _spec_counters
-    from .train_prompts import mtbench_questions
+    from parse_vllm.tools.engine import close, spec_counters
+    from parse_vllm.tools.prompts import mtbench_questions
 
     llm = LLM(
         model=str(target),
@@ -596,7 +602,7 @@ def measure_acceptance(
         tok = llm.get_tokenizer()
         prompts = [{"prompt_token_ids": chat_prompt_ids(tok, q["prompt"])} for q in mtbench_questions()[:limit]]
         outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=True)
-        c = _spec_counters(llm)
+        c = spec_counters(llm)
     finally:
         close(llm)
     return {
@@ -612,68 +618,11 @@ def measure_acceptance(
     }
 
 
-DELTA_WEIGHTS = "draft_delta.safetensors"
-DELTA_CONFIG = "config.json"
-DELTA_META = "training.json"
-
-
-def export_delta(model, dcfg: dict, out: Path, meta: dict, head: DraftHead | None = None) -> None:
-    """The draft minus the shared embedding, in bf16: what gets shipped (a head-pruned
-    draft also ships its head's token ids, int64)."""
-    import torch
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    sd = {
-        k: v.detach().to(torch.bfloat16).contiguous()
-        for k, v in model.state_dict().items()
-        if k not in SHARED_WEIGHTS and k != "lm_head.weight"
-    }
-    if head is not None:
-        sd[HEAD_IDS_KEY] = head.token_ids.contiguous()
-    save_file(sd, str(out / DELTA_WEIGHTS), metadata={"shared_from_target": ",".join(SHARED_WEIGHTS)})
-    (out / DELTA_CONFIG).write_text(json.dumps(dcfg, indent=2) + "\n")
-    (out / DELTA_META).write_text(json.dumps(meta, indent=2) + "\n")
-
-
-def assemble_draft(delta_dir: Path, target_dir: Path, out: Path) -> Path:
-    """A normal HF folder: the delta's weights + the target's embedding and tokenizer files."""
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
-
-    sd = load_file(str(delta_dir / DELTA_WEIGHTS))
-    dcfg = json.loads((delta_dir / DELTA_CONFIG).read_text())
-    tcfg = json.loads((target_dir / "config.json").read_text())
-    for key in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads"):
-        if dcfg.get(key) != tcfg.get(key):
-            raise ValueError(
-                f"draft {delta_dir} was trained for another target: {key} "
-                f"{dcfg.get(key)} != {tcfg.get(key)} in {target_dir}"
-            )
-    with safe_open(str(target_dir / "model.safetensors"), framework="pt") as f:
-        for name in SHARED_WEIGHTS:
-            sd[name] = f.get_tensor(name).to(torch.bfloat16)
-    if HEAD_IDS_KEY in sd:  # the head's rows are the shared embedding's rows
-        sd["lm_head.weight"] = sd[SHARED_WEIGHTS[0]][sd[HEAD_IDS_KEY]].contiguous()
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(dcfg, indent=2) + "\n")
-    for f in target_dir.iterdir():
-        if f.name.startswith("tokenizer") or f.name in (
-            "chat_template.jinja",
-            "special_tokens_map.json",
-            "generation_config.json",
-        ):
-            shutil.copy2(f, out / f.name)
-    shutil.copy2(delta_dir / DELTA_META, out / DELTA_META)
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``parse-vllm train-draft``: answers, then distill, then (``--ship``) install the delta."""
-    from .models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME, SHIPPED_DRAFTS, default_cache_dir, prepare_models
-    from .train_prompts import mtbench_questions
+    from parse_vllm.cache import default_cache_dir
+    from parse_vllm.tools.prepare_models import DEMO_DRAFT_NAME, DEMO_TARGET_NAME, SHIPPED_DRAFTS, prepare_models
+    from parse_vllm.tools.prompts import mtbench_questions
 
     d = TrainConfig()
     ap = argparse.ArgumentParser(prog="parse-vllm train-draft", description=__doc__.split("\n\n")[0])
@@ -810,8 +759,6 @@ __all__ = [
     "DraftShape",
     "generate_answers",
     "distill",
-    "assemble_draft",
-    "export_delta",
     "flops_per_token",
     "measure_acceptance",
     "main",

@@ -3,7 +3,7 @@
 * ``repeat_3gram`` -- the share of an output's token 3-grams that already occurred earlier in
   the same output (0 = no repetition; a loop drives it towards 1), pooled over outputs;
 * ``rouge_l`` -- ROUGE-L F1 against the target-alone output
-  (:func:`parse_vllm.benchmarks.e2e.rouge_l`), averaged over prompts;
+  (:func:`parse_vllm.tools.benchmarks.common.rouge_l`), averaged over prompts;
 * ``nll_per_token`` -- how likely the target finds the text: the target's negative
   log-likelihood of the output tokens given the prompt (one prompt-logprobs pass over
   prompt + output), summed over outputs and divided by their tokens.
@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from parse_vllm.benchmarks.e2e import rouge_l
+from parse_vllm.tools.benchmarks.common import rouge_l
 
 
 def repeated_3grams(ids: Sequence[int]) -> tuple[int, int]:

@@ -65,7 +65,7 @@ def _baselines(bases: list[dict] | None) -> list[str]:
     if bad:
         out += [
             "",
-            f"**Warning: the baseline drifted by more than {e2e.DRIFT_LIMIT:.0%} at batch size "
+            f"**Warning: the baseline drifted by more than {common.DRIFT_LIMIT:.0%} at batch size "
             f"{', '.join(bad)}: the machine was not quiet during this run, and its ratios are suspect.**",
         ]
     return out

