@@ -92,7 +92,7 @@ from .batch import (  # noqa: E402
 from .executor import cpu_ray_executor_cls  # noqa: E402
 from .forward import run_target_forward, run_target_forward_with_layer_metadata, target_logits  # noqa: E402
 from .log import init_logger  # noqa: E402
-from .models import draft_tokenizer_name, register_draft_architecture, target_tokenizer  # noqa: E402
+from .models import draft_tokenizer_name, register_model, target_tokenizer  # noqa: E402
 from .platform import builtin_platform_qualname, cpu_platform_cls, cuda_platform_cls  # noqa: E402
 from .sampling import sample_rows, truncate_spec_decode, widen_sampled  # noqa: E402
 from .serve import run_vllm_serve, speculative_config_fields, vllm_serve_parser  # noqa: E402
@@ -116,7 +116,11 @@ _LAZY = {
     "ValidationError": "vllm.exceptions:VLLMValidationError",
     "REJECTION_SAMPLER_MAX_SPEC_LEN": ".sampling",
     "PLACEHOLDER_TOKEN_ID": ".sampling",
-    "ParseDraftLlamaForCausalLM": ".models",  # draft_vocab.ARCHITECTURE, loaded by vLLM's registry
+    # The bases of PARSE's head-pruned draft model (parse_vllm/draft_model.py).
+    "LlamaForCausalLM": "vllm.model_executor.models.llama:LlamaForCausalLM",
+    "ParallelLMHead": "vllm.model_executor.layers.vocab_parallel_embedding:ParallelLMHead",
+    "LogitsProcessor": "vllm.model_executor.layers.logits_processor:LogitsProcessor",
+    "maybe_prefix": "vllm.model_executor.models.utils:maybe_prefix",
 }
 
 __all__ = [
@@ -151,7 +155,7 @@ __all__ = [
     "target_logits",
     "init_logger",
     "draft_tokenizer_name",
-    "register_draft_architecture",
+    "register_model",
     "target_tokenizer",
     "builtin_platform_qualname",
     "cpu_platform_cls",
