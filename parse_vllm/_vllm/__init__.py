@@ -92,7 +92,7 @@ from .batch import (  # noqa: E402
 from .executor import cpu_ray_executor_cls  # noqa: E402
 from .forward import run_target_forward, run_target_forward_with_layer_metadata, target_logits  # noqa: E402
 from .log import init_logger  # noqa: E402
-from .models import draft_tokenizer_name, register_model, target_tokenizer  # noqa: E402
+from .models import register_model, target_tokenizer  # noqa: E402
 from .platform import builtin_platform_qualname, cpu_platform_cls, cuda_platform_cls  # noqa: E402
 from .sampling import sample_rows, truncate_spec_decode, widen_sampled  # noqa: E402
 from .serve import run_vllm_serve, speculative_config_fields, vllm_serve_parser  # noqa: E402
@@ -110,8 +110,6 @@ _LAZY = {
     "get_tokenizer": "vllm.tokenizers.registry:get_tokenizer",
     "Scheduler": "vllm.v1.core.sched.scheduler:Scheduler",
     "StatLoggerBase": "vllm.v1.metrics.loggers:StatLoggerBase",
-    "SamplerOutput": "vllm.v1.outputs:SamplerOutput",
-    "SpecDecodeMetadata": "vllm.v1.spec_decode.metadata:SpecDecodeMetadata",
     # vllm/exceptions.py: a ValueError the OpenAI server maps to HTTP 400.
     "ValidationError": "vllm.exceptions:VLLMValidationError",
     "REJECTION_SAMPLER_MAX_SPEC_LEN": ".sampling",
@@ -154,7 +152,6 @@ __all__ = [
     "run_target_forward_with_layer_metadata",
     "target_logits",
     "init_logger",
-    "draft_tokenizer_name",
     "register_model",
     "target_tokenizer",
     "builtin_platform_qualname",

@@ -18,13 +18,6 @@ def target_tokenizer(vllm_config):
     )
 
 
-def draft_tokenizer_name(vllm_config) -> str | None:
-    spec = vllm_config.speculative_config
-    if spec is None or spec.draft_model_config is None:
-        return None
-    return spec.draft_model_config.tokenizer
-
-
 def register_model(architecture: str, class_path: str) -> None:
     """Make `architecture` (a config.json "architectures" entry) loadable as
     the class at `class_path` ("module:Class"), lazily: vLLM imports the
