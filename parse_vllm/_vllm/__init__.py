@@ -112,6 +112,12 @@ _LAZY = {
     "StatLoggerBase": "vllm.v1.metrics.loggers:StatLoggerBase",
     # vllm/exceptions.py: a ValueError the OpenAI server maps to HTTP 400.
     "ValidationError": "vllm.exceptions:VLLMValidationError",
+    # Offline engine and forward context, for the tools (demo, draft trainer,
+    # benchmarks, eval).
+    "LLM": "vllm:LLM",
+    "SamplingParams": "vllm:SamplingParams",
+    "get_forward_context": "vllm.forward_context:get_forward_context",
+    "override_forward_context": "vllm.forward_context:override_forward_context",
     "REJECTION_SAMPLER_MAX_SPEC_LEN": ".sampling",
     "PLACEHOLDER_TOKEN_ID": ".sampling",
     # The bases of PARSE's head-pruned draft model (parse_vllm/draft_model.py).
