@@ -35,7 +35,7 @@ class ParseDraftLlamaForCausalLM(_vllm.LlamaForCausalLM):
             prefix=_vllm.maybe_prefix(prefix, "lm_head"),
         )
         self.logits_processor = _vllm.LogitsProcessor(rows, scale=getattr(config, "logit_scale", 1.0))
-        # LocalArgmaxMixin.get_top_tokens (interfaces.py) maps head row k
+        # vllm.model_executor.models.interfaces.LocalArgmaxMixin.get_top_tokens maps head row k
         # to target id k + draft_id_to_target_id[k]; filled at load.
         self.draft_id_to_target_id = torch.nn.Parameter(torch.zeros(rows, dtype=torch.long), requires_grad=False)
         self.register_buffer("head_token_ids", torch.arange(rows), persistent=False)  # [rows]

@@ -3,10 +3,11 @@
 A vLLM upgrade is meant to be this package's work: the rest of parse-vllm
 imports vLLM names only from here (`from parse_vllm import _vllm`, then
 `_vllm.<name>`), and nothing here imports the rest of parse-vllm. Each import
-or adapter names the vLLM source it depends on (paths relative to the
-installed `vllm` package, 0.32.0; "0.33:" gives the 0.33.0 location where it
-moved, and the 0.32 and 0.33 functions named were compared and are the same
-unless a comment says otherwise).
+or adapter names the vLLM symbols it depends on, as dotted import paths
+(vllm.v1.worker.gpu_model_runner.GPUModelRunner._calc_spec_decode_metadata),
+never file lines: checked against vLLM 0.32.0; "0.33:" gives the 0.33.0
+symbol where it moved, and the 0.32 and 0.33 code named was compared and is
+the same unless a comment says otherwise.
 
 One concern per module:
 
@@ -110,7 +111,7 @@ _LAZY = {
     "get_tokenizer": "vllm.tokenizers.registry:get_tokenizer",
     "Scheduler": "vllm.v1.core.sched.scheduler:Scheduler",
     "StatLoggerBase": "vllm.v1.metrics.loggers:StatLoggerBase",
-    # vllm/exceptions.py: a ValueError the OpenAI server maps to HTTP 400.
+    # vllm.exceptions.VLLMValidationError: a ValueError the OpenAI server maps to HTTP 400.
     "ValidationError": "vllm.exceptions:VLLMValidationError",
     # Offline engine and forward context, for the tools (demo, draft trainer,
     # benchmarks, eval).

@@ -41,7 +41,7 @@ def copy_kv_blocks(
     pairs: Sequence[tuple[int, int]],
 ) -> None:
     """Whole-block copies src -> dst in every given layer cache, with vLLM's
-    own layout-agnostic copier (v1/worker/utils.py:909): whole blocks stay
+    own layout-agnostic copier (vllm.v1.worker.utils.copy_kv_cache_blocks_inplace): whole blocks stay
     valid under the CPU backend's per-ISA packing of K and V."""
     from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
     from vllm.v1.worker.utils import copy_kv_cache_blocks_inplace
@@ -52,46 +52,44 @@ def copy_kv_blocks(
 # --- kernel verification path (issue 3) ---
 #
 # What parse_vllm/kernel_verifier.py needs from vLLM, read against vLLM 0.32.0
-# and 0.33.0 (paths relative to the installed `vllm` package; 0.33 lines in
-# brackets where they moved):
+# and 0.33.0 (the same unless said otherwise):
 #
-# - model_executor/layers/attention/attention.py: `Attention.forward` calls
-#   `unified_kv_cache_update(key, value, layer_name)` (:548/:568 [:553/:573]),
-#   which writes the KV cache only when the forward context holds a slot
-#   mapping for the layer (:734 [:739]), then `unified_attention_with_output`
-#   (:767 [:772]), which calls
-#   `layer.impl.forward(layer, query, key, value, kv_cache, attn_metadata,
-#   output=, output_scale=, output_block_scale=)` with the layer's metadata from
-#   `get_attention_context` (:680 [:685]: a dict of per-layer metadata is
-#   indexed by layer name) and the layer's bound cache `layer.kv_cache`.
-#   `layer.impl` is looked up at call time, so it can be swapped around one
-#   forward. 0.33 adds `Attention.kv_cache_update_bypass` (:456): a model that
-#   writes KV in its own fused op calls attention with key=None (only
-#   models/muse_spark/amd in 0.33); the kernel path refuses such layers.
-# - forward_context.py:278 (same in 0.33) `set_forward_context(attn_metadata,
-#   vllm_config, num_tokens=, slot_mapping=)`.
-# - v1/attention/backends/flash_attn.py:1252/1443 [:1257/:1448],
-#   triton_attn.py:625/796 [:655/:828], flashinfer.py:2136/2661
-#   [:2317/:2844]: the per-layer KV cache of these GPU backends is one
-#   logical [num_blocks, Hkv, block_size, 2 * D] view (K in content [0, D), V in
-#   [D, 2D); physical order set by KVCacheLayout), read as
-#   `kv_cache.transpose(1, 2).split(D, dim=-1)` -> two [num_blocks, block_size,
-#   Hkv, D] strided views. Older vLLMs (and maybe others) bind
-#   [2, num_blocks, block_size, Hkv, D]; both are accepted below.
-# - v1/attention/backends/cpu_attn.py: CPU_ATTN packs K/V per ISA, which the
+# - vllm.model_executor.layers.attention.attention.Attention.forward calls
+#   `unified_kv_cache_update(key, value, layer_name)` (same module), which
+#   writes the KV cache only when the forward context holds a slot mapping
+#   for the layer, then `unified_attention_with_output` (same module), which
+#   calls `layer.impl.forward(layer, query, key, value, kv_cache,
+#   attn_metadata, output=, output_scale=, output_block_scale=)` with the
+#   layer's metadata from `get_attention_context` (same module: a dict of
+#   per-layer metadata is indexed by layer name) and the layer's bound cache
+#   `layer.kv_cache`. `layer.impl` is looked up at call time, so it can be
+#   swapped around one forward. 0.33 adds `Attention.kv_cache_update_bypass`:
+#   a model that writes KV in its own fused op calls attention with key=None
+#   (only the muse_spark AMD model in 0.33); the kernel path refuses such
+#   layers.
+# - vllm.forward_context.set_forward_context(attn_metadata, vllm_config,
+#   num_tokens=, slot_mapping=).
+# - FlashAttentionImpl.forward / .do_kv_cache_update
+#   (vllm.v1.attention.backends.flash_attn), TritonAttentionImpl
+#   (vllm.v1.attention.backends.triton_attn) and FlashInferImpl
+#   (vllm.v1.attention.backends.flashinfer), the same methods: the per-layer
+#   KV cache of these GPU backends is one logical [num_blocks, Hkv,
+#   block_size, 2 * D] view (K in content [0, D), V in [D, 2D); physical
+#   order set by KVCacheLayout), read as `kv_cache.transpose(1, 2).split(D,
+#   dim=-1)` -> two [num_blocks, block_size, Hkv, D] strided views. Older
+#   vLLMs (and maybe others) bind [2, num_blocks, block_size, Hkv, D]; both
+#   are accepted below.
+# - vllm.v1.attention.backends.cpu_attn: CPU_ATTN packs K/V per ISA, which the
 #   kernel cannot read.
-# - v1/worker/utils.py:262 `AttentionGroup` (file identical in 0.33): with
-#   `kernel_block_size` set, the
-#   layers' bound caches and block tables address kernel blocks
-#   (`map_to_kernel_block_table`: kernel block j of block b is
-#   b * (kernel_block_stride or blocks_per_block) + j).
+# - vllm.v1.worker.utils.AttentionGroup (module identical in 0.33): with
+#   `kernel_block_size` set, the layers' bound caches and block tables
+#   address kernel blocks (`AttentionGroup.map_to_kernel_block_table`: kernel
+#   block j of block b is b * (kernel_block_stride or blocks_per_block) + j).
 
 # Backends whose bound per-layer cache is the logical [num_blocks, Hkv,
 # block_size, 2*D] view above (unquantized). A backend class may also opt in
 # by setting `parse_standard_kv_layout = True`.
 KERNEL_VERIFY_BACKENDS = frozenset({"FLASH_ATTN", "TRITON_ATTN", "FLASHINFER"})
-
-
 # vLLM's CPU backends: ISA-packed KV blocks.
 CPU_ATTENTION_BACKENDS = frozenset({"CPU_ATTN", "CPU_MLA", "AMX_MLA"})
 
@@ -139,9 +137,9 @@ def kernel_verify_unsupported(layer) -> str | None:
     from vllm.model_executor.layers.attention.attention import Attention
     from vllm.v1.attention.backend import AttentionType
 
-    try:  # 0.32: utils/torch_utils.py:87
+    try:  # 0.32: vllm.utils.torch_utils.is_quantized_kv_cache
         from vllm.utils.torch_utils import is_quantized_kv_cache
-    except ImportError:  # 0.33: only v1/kv_cache_interface.py:152 (any non-NONE KVQuantMode)
+    except ImportError:  # 0.33: only vllm.v1.kv_cache_interface.is_quantized_kv_cache (any non-NONE KVQuantMode)
         from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
     name = attention_backend_name(layer)
@@ -160,7 +158,7 @@ def kernel_verify_unsupported(layer) -> str | None:
     if getattr(layer, "query_quant", None) is not None:
         return "quantized queries"
     if getattr(layer, "kv_cache_update_bypass", False):
-        # 0.33 attention.py:456: the model writes this layer's KV in a fused op
+        # 0.33 Attention.kv_cache_update_bypass: the model writes this layer's KV in a fused op
         # (through the slot mapping) and passes key=value=None to attention.
         return "KV written by a fused model op (kv_cache_update_bypass)"
     if getattr(impl, "alibi_slopes", None) is not None or getattr(layer, "use_alibi_sqrt", False):
@@ -223,7 +221,7 @@ def layer_block_tables(runner, kv_cache_group_id: int, table) -> dict[str, Any]:
     """`table` (numpy [R, W], manager block ids) as each layer's attention
     backend addresses its bound cache: the same array, or, for attention
     groups split into kernel blocks, [R, W * blocks_per_block] kernel block
-    ids (v1/worker/utils.py `map_to_kernel_block_table`). Layers of one
+    ids (vllm.v1.worker.utils.AttentionGroup.map_to_kernel_block_table). Layers of one
     attention group share one array."""
     import numpy as np
 
@@ -272,6 +270,7 @@ def replaced_attention_impls(layers: dict[str, Any], make_impl):
 
 def kv_transfer_configured(vllm_config) -> bool:
     """A KV connector saves each layer's KV after its attention
-    (attention.py `maybe_transfer_kv_layer`), which a verification forward
+    (vllm.model_executor.layers.attention.kv_transfer_utils.maybe_transfer_kv_layer,
+    which decorates unified_attention_with_output), which a verification forward
     must not do."""
     return getattr(vllm_config, "kv_transfer_config", None) is not None

@@ -24,9 +24,9 @@ def request_output_len(runner, req_id: str) -> int:
 
 def request_limits(runner, req_id: str) -> tuple[int, int, frozenset[int]]:
     """(max_tokens, min_tokens, the token ids that end the request), from the
-    request's SamplingParams (sampling_params.py:772-796: EOS and the
-    generation config's extra EOS ids are folded into all_stop_token_ids;
-    0.33: :775-799)."""
+    request's SamplingParams (vllm.sampling_params.SamplingParams.update_from_generation_config,
+    same in 0.33: EOS and the generation config's extra EOS ids are folded
+    into all_stop_token_ids)."""
     sp = runner.requests[req_id].sampling_params
     stops = set(sp.all_stop_token_ids)
     if sp.ignore_eos and sp.eos_token_id is not None:
@@ -56,9 +56,9 @@ def request_block_table(runner, kv_cache_group_id: int):
 def discarded_rows_cpu_generators(runner) -> dict[int, torch.Generator]:
     """Per-request (seeded) CPU generators of the input-batch rows whose
     sample this step is thrown away: prompts still being prefilled in chunks
-    (`discard_request_mask`, v1/worker/gpu_model_runner.py). vLLM rewinds
-    those generators after sampling with `Generator.set_offset` in
-    `_bookkeeping_sync`; a CPU generator has no offset and raises there,
+    (`GPUModelRunner.discard_request_mask`). vLLM rewinds those generators
+    after sampling with `Generator.set_offset` in
+    vllm.v1.worker.gpu_model_runner.GPUModelRunner._bookkeeping_sync; a CPU generator has no offset and raises there,
     which kills the engine (vLLM 0.32's CPU runner inherits this as is)."""
     import numpy as np
 
@@ -83,7 +83,7 @@ def generators_hidden(runner, rows: Iterable[int]):
 
 def batch_request_block_ids(input_batch) -> set[int]:
     """Every KV block id held by the requests now in the input batch, over
-    all KV-cache groups (v1/worker/block_table.py: MultiGroupBlockTable
+    all KV-cache groups (vllm.v1.worker.block_table.MultiGroupBlockTable
     `.block_tables`, each row valid up to `num_blocks_per_row[row]`)."""
     held: set[int] = set()
     for table in input_batch.block_table.block_tables:

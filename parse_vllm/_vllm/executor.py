@@ -4,22 +4,24 @@ from __future__ import annotations
 
 
 def cpu_ray_executor_cls():
-    """vLLM's Ray executor (v1/executor/ray_executor_v2.py: RayExecutorV2, the
+    """vLLM's Ray executor (vllm.v1.executor.ray_executor_v2.RayExecutorV2, the
     default `ray` backend of 0.32, VLLM_USE_RAY_V2_EXECUTOR_BACKEND=1) adapted
     to CPU workers. What it assumes of GPUs, and what replaces it:
 
-    - ray_utils.py:572/416 `initialize_ray_cluster` and
-      `get_bundles_sorted_by_node` read `current_platform.ray_device_key` for
+    - vllm.v1.executor.ray_utils.initialize_ray_cluster and
+      vllm.v1.executor.ray_utils.get_bundles_sorted_by_node read
+      `current_platform.ray_device_key` for
       the placement-group bundles: "CPU" while the executor starts (the
       engine-core process only), so each worker's bundle reserves one CPU.
-    - ray_executor_v2.py:276 `_get_actor_resource_kwargs` asks for
+    - RayExecutorV2._get_actor_resource_kwargs asks for
       `resources={ray_device_key: n}`, which Ray refuses for "CPU": the actor
       asks for nothing itself (num_cpus=0, as vLLM sets) and runs in its
       bundle.
-    - ray_executor_v2.py:144 `RayWorkerProc.get_node_and_physical_gpu_ids`
+    - vllm.v1.executor.ray_executor_v2.RayWorkerProc.get_node_and_physical_gpu_ids
       reads Ray's accelerator ids, which have no "CPU": the CPU actor answers
-      its node and no devices. The executor builds actors from the module
-      global `RayWorkerProc` (:389), swapped for the CPU one during start-up.
+      its node and no devices. RayExecutorV2._init_executor builds actors
+      from the module global `vllm.v1.executor.ray_executor_v2.RayWorkerProc`,
+      swapped for the CPU one during start-up.
 
     The workers themselves are vLLM's (WorkerProc building
     parallel_config.worker_cls, the PARSE CPU worker), and load the plugin

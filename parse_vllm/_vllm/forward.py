@@ -25,8 +25,9 @@ def run_target_forward(
 ) -> torch.Tensor:
     """One forward of the runner's target model over pseudo-requests with the
     given block tables, through the model's own nn.Module and the backend's
-    own metadata builders (v1/worker/utils.py:341 build_metadata;
-    forward_context.py:278). Returns the hidden states [num_tokens, hidden]."""
+    own metadata builders (vllm.v1.worker.utils.AttentionGroup.build_metadata;
+    vllm.forward_context.set_forward_context). Returns the hidden states
+    [num_tokens, hidden]."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     num_rows = int(seq_lens.shape[0])
@@ -70,9 +71,9 @@ def run_target_forward_with_layer_metadata(
     slot_mapping: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One forward of the runner's target model with the given per-layer
-    attention metadata (forward_context.py:278). With no slot mapping,
-    `unified_kv_cache_update` writes nothing (attention.py:734; 0.33: :739).
-    Returns hidden states [num_tokens, hidden]."""
+    attention metadata (vllm.forward_context.set_forward_context). With no
+    slot mapping, vllm.model_executor.layers.attention.attention.unified_kv_cache_update
+    writes nothing (same in 0.33). Returns hidden states [num_tokens, hidden]."""
     from vllm.forward_context import set_forward_context
 
     with set_forward_context(

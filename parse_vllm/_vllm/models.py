@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def target_tokenizer(vllm_config):
     """The target model's tokenizer, as vLLM itself loads it
-    (v1/spec_decode/draft_model.py:41)."""
+    (vllm.v1.spec_decode.draft_model.DraftModelProposer.__init__)."""
     from vllm.tokenizers.registry import get_tokenizer
 
     mc = vllm_config.model_config
@@ -21,8 +21,9 @@ def target_tokenizer(vllm_config):
 def register_model(architecture: str, class_path: str) -> None:
     """Make `architecture` (a config.json "architectures" entry) loadable as
     the class at `class_path` ("module:Class"), lazily: vLLM imports the
-    module only when it loads such a model (model_executor/models/registry.py
-    `register_model` with a "module:Class" string). Idempotent; the plugin
+    module only when it loads such a model
+    (vllm.model_executor.models.registry.ModelRegistry.register_model with a
+    "module:Class" string). Idempotent; the plugin
     calls it in every process it loads in."""
     from vllm.model_executor.models.registry import ModelRegistry
 

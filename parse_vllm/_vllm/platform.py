@@ -16,8 +16,9 @@ def cuda_platform_cls():
 
 
 def builtin_platform_qualname() -> str | None:
-    """The platform vLLM itself would pick (vllm/platforms/__init__.py):
-    'cpu' or 'cuda' and its class qualname, or None for others."""
+    """The class qualname of the platform vLLM itself would pick among its
+    built-in CUDA and CPU ones (vllm.platforms.cuda_platform_plugin,
+    vllm.platforms.cpu_platform_plugin), or None for other devices."""
     from vllm.platforms import cpu_platform_plugin, cuda_platform_plugin
 
     for detect in (cuda_platform_plugin, cpu_platform_plugin):

