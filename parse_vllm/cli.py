@@ -203,9 +203,8 @@ def demo(argv: list[str]) -> int:
                 f"{acc['acceptance_rate']:.1%} of its tokens (mean acceptance length {acc['mean_acceptance_length']:.2f})"
             )
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    from vllm import LLM, SamplingParams
-
     import parse_vllm
+    from parse_vllm._vllm import LLM, SamplingParams
 
     common = dict(
         model=str(target),

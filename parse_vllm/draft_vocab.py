@@ -12,8 +12,9 @@ vLLM's `draft_model` proposer, its argmax and its probabilistic drafting need
 no change. The head's rows are the target's embedding rows (tied, shared,
 never trained); the draft ships only which token ids they are.
 
-The vLLM model class (``ParseDraftLlamaForCausalLM``) lives in ``_vllm.py``
-with the other vLLM touch points; this module is its math.
+The vLLM model class (``ParseDraftLlamaForCausalLM``) lives in
+``draft_model.py``, over vLLM's Llama obtained through ``parse_vllm._vllm``;
+this module is its math and imports no vLLM.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 platform vLLM would pick itself (CPU or CUDA), or None to stay out of the way
 (another out-of-tree platform is installed, or PARSE_VLLM_PLATFORM=0).
 
-Kept free of heavy imports: vLLM calls this while resolving its platform."""
+Kept light: vLLM calls this while resolving its platform, when most of vLLM
+cannot be imported yet (`parse_vllm._vllm` imports vLLM only inside its
+functions)."""
 
 from __future__ import annotations
 
@@ -23,13 +25,9 @@ def detect() -> str | None:
     if others:
         # vLLM activates one out-of-tree platform only; leave it to the other.
         return None
-    from vllm.platforms import cpu_platform_plugin, cuda_platform_plugin
+    # Checks the vLLM version first: on an unsupported one this raises, vLLM
+    # logs it and keeps its own platform, and the general plugin (register)
+    # then fails with the same message.
+    from parse_vllm import _vllm
 
-    for builtin in (cuda_platform_plugin, cpu_platform_plugin):
-        try:
-            qualname = builtin()
-        except Exception:
-            qualname = None
-        if qualname is not None:
-            return _PARSE_PLATFORMS.get(qualname)
-    return None
+    return _PARSE_PLATFORMS.get(_vllm.builtin_platform_qualname())

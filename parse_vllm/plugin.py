@@ -2,7 +2,7 @@
 
 `register()` (entry point `vllm.general_plugins`) runs in every vLLM process:
 it checks the vLLM version and registers the head-pruned draft architecture
-(draft_vocab.py). The real arrangement happens in
+(draft_vocab.py, draft_model.py). The real arrangement happens in
 `arrange_engine`, called by the PARSE platform (platform.py) from vLLM's
 `Platform.check_and_update_config` hook in process 0 while the engine config
 is built: when `additional_config` names PARSE, it validates the PARSE
@@ -20,6 +20,7 @@ from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, requ
 SCHEDULER_CLS = "parse_vllm.scheduler.ParseScheduler"
 CPU_WORKER_CLS = "parse_vllm.worker.ParseCPUWorker"
 GPU_WORKER_CLS = "parse_vllm.worker.ParseGPUWorker"
+DRAFT_MODEL_CLS = "parse_vllm.draft_model:ParseDraftLlamaForCausalLM"  # for draft_vocab.ARCHITECTURE
 
 _registered = False
 
@@ -29,8 +30,9 @@ def register() -> None:
     if _registered:
         return
     from parse_vllm import _vllm  # fails clearly on an unsupported vLLM
+    from parse_vllm.draft_vocab import ARCHITECTURE
 
-    _vllm.register_draft_architecture()
+    _vllm.register_model(ARCHITECTURE, DRAFT_MODEL_CLS)
     _registered = True
 
 
