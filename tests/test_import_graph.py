@@ -4,7 +4,7 @@ Every `import` and `from ... import` statement counts, at module level or inside
 (a function-level import is still a dependency, only a later one); relative imports are
 resolved. Rules:
 
-* no import cycle inside parse_vllm (but through the imports listed in KNOWN_CYCLE_EDGES);
+* no import cycle inside parse_vllm;
 * the runtime (every module not under parse_vllm/tools/ and not parse_vllm/cli.py) imports
   nothing from parse_vllm.tools: the lab tools (model preparation, draft training, benchmarks,
   eval) sit on top of the runtime, never under it.
@@ -25,15 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "parse_vllm"
 TOOLS = f"{PACKAGE}.tools"
 CLI = f"{PACKAGE}.cli"
-
-#: Edges of import cycles that this rule tolerates until the modules they are in are reworked
-#: (the vLLM adapter work): _vllm.cpu_platform_cls builds a platform class whose hook imports
-#: the plugin and the worker, which import _vllm. Delete an entry once its import is gone (the
-#: test says when).
-KNOWN_CYCLE_EDGES = {
-    (f"{PACKAGE}._vllm", f"{PACKAGE}.plugin"),
-    (f"{PACKAGE}._vllm", f"{PACKAGE}.worker"),
-}
 
 
 def module_files(root: Path = ROOT / PACKAGE, package: str = PACKAGE) -> dict[str, Path]:
@@ -230,12 +221,9 @@ def test_graph_reads_function_level_and_relative_imports(tmp_path):
 
 def test_no_import_cycle():
     graph = import_graph()
-    stale = sorted(e for e in KNOWN_CYCLE_EDGES if e[1] not in graph.get(e[0], ()))
-    assert not stale, f"KNOWN_CYCLE_EDGES lists imports that are gone, delete them: {stale}"
-    pruned = {m: {t for t in ts if (m, t) not in KNOWN_CYCLE_EDGES} for m, ts in graph.items()}
     report = [
         f"{' -> '.join([*cycle, cycle[0]])}  (tangled together: {', '.join(comp)})"
-        for cycle, comp in zip(find_cycles(pruned), strongly_connected_components(pruned))
+        for cycle, comp in zip(find_cycles(graph), strongly_connected_components(graph))
     ]
     assert not report, "import cycles in parse_vllm:\n" + "\n".join(report)
 

@@ -108,8 +108,8 @@ def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequenc
     ``cfg.self_instruct`` target-written ones -> ``work/answers.jsonl`` (appended to, so an
     interrupted run and a run asking for more prompts go on where the file ends)."""
     from tqdm import tqdm
-    from vllm import LLM, SamplingParams
 
+    from parse_vllm._vllm import LLM, SamplingParams
     from parse_vllm.tools.prompts import make_prompts
 
     out = work / "answers.jsonl"
@@ -170,8 +170,7 @@ def write_prompts(llm: Any, path: Path, count: int, seed: int, exclude: Sequence
     n-gram with ``exclude`` (the evaluation questions) are dropped. Sampled with the engine's
     seed, not per-request seeds: vLLM 0.32's CPU runner fails on seeded requests whose prompt
     is prefilled in chunks (torch CPU generators have no offset to rewind)."""
-    from vllm import SamplingParams
-
+    from parse_vllm._vllm import SamplingParams
     from parse_vllm.tools.prompts import accept_written_request, banned_ngrams, self_instruct_text
 
     rows: list[dict] = []
@@ -582,8 +581,7 @@ def measure_acceptance(
     Returns the acceptance rate (accepted / proposed draft tokens) and the mean acceptance
     length (1 + accepted tokens per draft, the tokens each target step yields).
     """
-    from vllm import LLM, SamplingParams
-
+    from parse_vllm._vllm import LLM, SamplingParams
     from parse_vllm.tools.engine import close, spec_counters
     from parse_vllm.tools.prompts import mtbench_questions
 

@@ -89,14 +89,15 @@ def parse_engine(target: Path, draft: Path, window: int, parse: dict, **kw) -> d
 
 def machine() -> dict[str, Any]:
     import torch
-    import vllm
+
+    from parse_vllm._vllm import VLLM_VERSION
 
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
-        "vllm": vllm.__version__,
+        "vllm": VLLM_VERSION,
         "torch_threads": torch.get_num_threads(),
         # vLLM's CPU worker pins its compute threads (one core here unless told otherwise)
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),

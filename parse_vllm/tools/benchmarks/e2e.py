@@ -47,9 +47,8 @@ def run_config(
     name: str, kw: dict, prompt_sets: dict[int, list[list[int]]], taus: list[float | None], parse: bool, max_tokens: int
 ) -> list[dict]:
     """One engine; every (batch size, τ) run of this configuration on it."""
-    from vllm import LLM, SamplingParams
-
     import parse_vllm
+    from parse_vllm._vllm import LLM, SamplingParams
 
     from . import probe
 

@@ -85,7 +85,7 @@ def install(worker, verify_study: dict | None = None) -> bool:
     orig_forward = runner._model_forward
 
     def model_forward(*args, **kwargs):
-        from vllm.forward_context import get_forward_context
+        from parse_vllm._vllm import get_forward_context
 
         ctx = get_forward_context()
         out, dt = _timed(runner, orig_forward, *args, **kwargs)
@@ -168,7 +168,7 @@ def _study(runner, judge, copies, cfg: dict, last_forward: dict, totals: dict) -
     total = len(mine)
     floor = None
     if last_forward:
-        from vllm.forward_context import override_forward_context
+        from parse_vllm._vllm import override_forward_context
 
         def again():  # the step's own target forward, in its own attention context
             with override_forward_context(last_forward["context"]):

@@ -33,8 +33,7 @@ SUFFIX_NOTE = "S = verification suffix tokens per copy"
 
 
 def run_one_n(target: Path, draft: Path, n: int, ks: list[int], reps: int, prompt: str) -> dict[str, Any]:
-    from vllm import LLM, SamplingParams
-
+    from parse_vllm._vllm import LLM, SamplingParams
     from parse_vllm.tools.prompts import chat_prompt_ids
 
     from . import probe

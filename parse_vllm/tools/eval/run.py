@@ -253,9 +253,9 @@ def run_engine(
     """One engine: every job (prompt set, batch, τ, guard) on it; with ``nll_sequences``,
     then the target's prompt log-probabilities of each of them."""
     from tqdm.auto import tqdm
-    from vllm import LLM, SamplingParams
 
     import parse_vllm
+    from parse_vllm._vllm import LLM, SamplingParams
     from parse_vllm.tools.engine import close, run_batch, spec_counters
 
     progress.set_description(f"starting {config}")
