@@ -5,7 +5,10 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.parse-vllm-setup
 MODELS  := $(VENV)/.parse-vllm-models
-PYTEST_ARGS ?=
+# make test: one pytest-xdist worker per core (at most 4), each test module whole on one
+# worker (module-scoped engines are built once); tests/conftest.py pins each worker to its core.
+TEST_JOBS   ?= $(shell n=$$(nproc); [ $$n -gt 4 ] && n=4; echo $$n)
+PYTEST_ARGS ?= -n $(TEST_JOBS) --dist loadfile
 
 .PHONY: setup models demo test test-fast bench bench-full clean
 

@@ -17,6 +17,25 @@ import pytest
 # Quieter engine logs in test output; errors still show.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
+
+def _one_core_per_xdist_worker() -> None:
+    """Under pytest-xdist (`make test` runs one worker per core, test modules
+    kept whole), each worker and everything it starts (engines, servers, Ray)
+    runs on a core of its own with one OpenMP thread: engines spinning OpenMP
+    threads over shared cores run several times slower than one after the
+    other, while most of a test's time (engine start-up) is one thread anyway."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cores = sorted(os.sched_getaffinity(0))
+    if not worker or count < 2 or len(cores) < 2:
+        return
+    os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # the affinity above is the binding
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+
+_one_core_per_xdist_worker()
+
 WINDOW = 16  # draft window W of the test engines
 BLOCK = 32
 
