@@ -179,6 +179,41 @@ def test_judgments_equal_separate_target_forwards(parse, tiny_models):
     assert all(r["requests_kv_unchanged"] is True for r in records)
 
 
+def test_partial_acceptance_is_the_maximal_valid_prefix(ref, parse):
+    """τ = 0.5, greedy: for every judged draft (recorded judgments grouped by
+    request and step), the answer holds the draft up to the maximal valid
+    prefix that the recorded P(yes) and τ imply; where a boundary failed, the
+    next token is either more draft (token-level acceptance took it) or the
+    target's own greedy token after that prefix."""
+    import parse_vllm
+
+    tau = 0.5
+    prompts = prompt_ids(parse, PROMPTS[:6])
+    res = parse.generate([{"prompt_token_ids": p} for p in prompts], sp(40, extra_args={"parse_threshold": tau}))
+    # the engine's request ids are the user's plus "-<8 characters>"
+    full = {o.request_id: p + list(o.outputs[0].token_ids) for p, o in zip(prompts, res)}
+    steps: dict[tuple, list[dict]] = {}
+    for r in parse_vllm.get_judgments(parse):
+        req = r["req_id"].rsplit("-", 1)[0]
+        if req in full:
+            steps.setdefault((req, len(r["token_ids"]) - r["boundary"]), []).append(r)
+    assert len(steps) >= 6
+    partial = []
+    for (req, committed), recs in steps.items():
+        recs.sort(key=lambda r: r["boundary"])
+        ok = [r["p_yes"] >= tau for r in recs]
+        k = ok.index(False) if False in ok else len(recs)  # boundaries [0, k) passed
+        prefix = recs[k - 1]["token_ids"] if k else recs[0]["token_ids"][:committed]
+        seq = full[req]
+        assert seq[: len(prefix)] == prefix, "the accepted text is not the maximal valid prefix"
+        if k < len(recs) and len(seq) > len(prefix):
+            partial.append((prefix, seq[len(prefix)], recs[k]["token_ids"][len(prefix)]))
+    assert partial, "no draft was cut by the judge"
+    target = ids(ref.generate([{"prompt_token_ids": p} for p, _, _ in partial], sp(1)))
+    for (_, nxt, drafted), (t,) in zip(partial, target):
+        assert nxt in (drafted, t), (nxt, drafted, t)
+
+
 def test_mixed_batch_equals_each_request_alone(ref, parse):
     """PARSE on and off per request, in one batch, at different phases (some
     requests already continuing after a rejection): each output equals the
@@ -214,20 +249,27 @@ def test_limits_hold_inside_accepted_drafts(parse):
     )[0]
     assert stop_tok not in held[: first + 4]
     assert len(held) >= first + 4
-    # stop strings (detokenized) still cut the text
+    # stop strings (detokenized) still cut the text: a stop string taken from the
+    # middle of the answer (the first 3 visible characters of its second half)
     text = parse.generate([PROMPTS[0]], sp(30, extra_args=accept))[0].outputs[0].text
-    cut = text[len(text) // 2 :][:6]
-    if cut.strip():
-        stopped_text = parse.generate([PROMPTS[0]], sp(30, extra_args=accept, stop=[cut]))[0].outputs[0].text
-        assert cut not in stopped_text and text.startswith(stopped_text)
+    half = text[len(text) // 2 :].lstrip()
+    assert len(half) >= 3, text
+    cut = half[:3]
+    stopped = parse.generate([PROMPTS[0]], sp(30, extra_args=accept, stop=[cut]))[0].outputs[0]
+    assert stopped.finish_reason == "stop" and cut not in stopped.text
+    assert text.startswith(stopped.text) and len(stopped.text) < len(text)
 
 
 def test_random_sampling_and_logprobs(ref, parse):
     """Sampled (temperature > 0) requests go through PARSE too; requests that
     ask for logprobs get token-level speculation only (lossless, with
     logprobs for every token)."""
-    outs = parse.generate(PROMPTS[:4], sp(24, temperature=0.9, top_p=0.95, seed=7))
+    params = sp(24, temperature=0.9, top_p=0.95, seed=7, extra_args={"parse_threshold": 0.0})
+    outs = parse.generate(PROMPTS[:4], params)
     assert all(0 < len(o.outputs[0].token_ids) <= 24 for o in outs)
+    # seeded: the same tokens again; and they are samples, not the greedy answer
+    assert ids(parse.generate(PROMPTS[:4], params)) == ids(outs)
+    assert ids(outs) != ids(parse.generate(PROMPTS[:4], sp(24, extra_args={"parse_threshold": 0.0})))
     with_lp = parse.generate(PROMPTS[:3], sp(24, logprobs=2))
     assert ids(with_lp) == ids(ref.generate(PROMPTS[:3], sp(24)))
     for o in with_lp:
@@ -377,6 +419,50 @@ def test_long_window_accept_all(ref, draft, parse_long):
         t0 = ids(ref.generate([{"prompt_token_ids": p}], sp(1)))[0]
         d = ids(draft.generate([{"prompt_token_ids": p + t0}], sp(199, ignore_eos=True)))[0]
         assert g == t0 + d
+
+
+# -- a draft that agrees, tight scratch, prefix caching --------------------------------
+
+
+def test_lossless_with_a_draft_that_agrees(ref, tiny_models):
+    """τ > 1 with the target as its own draft: token-level acceptance takes
+    drafts whole, and the output is still exactly the target's."""
+    import parse_vllm
+
+    kw = parse_kwargs(tiny_models)
+    kw["speculative_config"]["model"] = str(tiny_models["target"])
+    llm = make_llm(**kw)
+    try:
+        params = sp(40, extra_args={"parse_threshold": 1.5})
+        assert ids(llm.generate(PROMPTS, params)) == ids(ref.generate(PROMPTS, sp(40)))
+        st = parse_vllm.get_stats(llm)
+        assert st["tokens_accepted_token_level"] > 0 and st["drafts_accepted_whole"] > 0, st
+        assert st["tokens_accepted_semantic"] == 0 and st["copies"] == 0
+    finally:
+        close_llm(llm)
+
+
+def test_tight_scratch_and_prefix_caching_judge_the_same(parse, tiny_models):
+    """Two scratch blocks (one copy per verification pass) and prefix caching
+    on: the same judgments and the same text as the roomy engine, in more
+    passes."""
+    import parse_vllm
+
+    shared = "You are a careful assistant. Answer briefly and plainly. " * 4
+    prompts = [shared + q for q in PROMPTS[:4]]
+    params = sp(32, extra_args={"parse_threshold": 0.5})
+    parse_vllm.reset_stats(parse)
+    want = ids(parse.generate(prompts, params))
+    roomy = parse_vllm.get_stats(parse)
+    llm = make_llm(**parse_kwargs(tiny_models, scratch_blocks=2), enable_prefix_caching=True)
+    try:
+        got = ids(llm.generate(prompts, params))
+        tight = parse_vllm.get_stats(llm)
+    finally:
+        close_llm(llm)
+    assert got == want
+    assert tight["copies"] == roomy["copies"] > 0
+    assert tight["verification_passes"] > roomy["verification_passes"], (tight, roomy)
 
 
 # -- refusals at start-up (process 0, before any engine starts) ---------------------
