@@ -21,7 +21,7 @@ from parse_vllm.metrics import KvAudit, ParseStats, PromExporter
 from parse_vllm.policy import Phase, RequestState
 from parse_vllm.step import DraftBatch, StepResult, StepSettings
 from parse_vllm.templates import VerificationTemplate
-from parse_vllm.verifier import CopyBatch
+from parse_vllm.verify import CopyBatch, Verifier
 
 
 @dataclass
@@ -33,7 +33,7 @@ class ParseController:
     template: VerificationTemplate
     layer_names: list[str]
     served_model_name: str
-    verifier: object | None = None  # a Verifier (verifier.py, kernel_verifier.py), set once the KV cache exists
+    verifier: Verifier | None = None  # set once the KV cache exists
 
     def __post_init__(self) -> None:
         self.states: dict[str, RequestState] = {}

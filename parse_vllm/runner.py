@@ -31,7 +31,7 @@ from parse_vllm.controller import ParseController
 from parse_vllm.policy import RequestState
 from parse_vllm.step import DraftBatch, parse_step
 from parse_vllm.templates import build_template
-from parse_vllm.verifier import ForkedBlockTableVerifier, scratch_block_count
+from parse_vllm.verify import ForkedBlockTableVerifier, scratch_block_count
 
 logger = _vllm.init_logger("parse_vllm.runner")
 
@@ -110,7 +110,7 @@ class ParseRunnerMixin:
         if p.config.verifier in ("kernel", "auto") and self.device.type != "cpu":
             # The fused prefix-verify kernel reads the backend's standard paged
             # KV layout (GPU backends); it writes no scratch KV.
-            from parse_vllm.kernel_verifier import KernelVerifier
+            from parse_vllm.verify.kernel import KernelVerifier
 
             try:
                 p.verifier = KernelVerifier(

@@ -2,7 +2,7 @@
 
 The workers allocate all N blocks; this scheduler is told there are N - R, so
 block ids [N - R, N) are never given to a request and the verification pass
-can write its suffix KV there (verifier.py). R comes from the same function
+can write its suffix KV there (verify/forked.py). R comes from the same function
 the runner uses, on the same inputs.
 """
 
@@ -12,7 +12,7 @@ import dataclasses
 
 from parse_vllm import _vllm
 from parse_vllm.config import ParseConfig, parse_section
-from parse_vllm.verifier import scratch_block_count
+from parse_vllm.verify import scratch_block_count
 
 logger = _vllm.init_logger("parse_vllm.scheduler")
 

@@ -48,7 +48,7 @@ from parse_vllm.acceptance import (
     view_draft,
 )
 from parse_vllm.boundaries import BoundaryRule
-from parse_vllm.verifier import CopyBatch
+from parse_vllm.verify import CopyBatch
 
 
 @dataclass

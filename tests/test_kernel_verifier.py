@@ -1,4 +1,4 @@
-"""The kernel path of the verification pass (parse_vllm/kernel_verifier.py)
+"""The kernel path of the verification pass (parse_vllm/verify/kernel.py)
 gives the same judgments as the forked-block-table path.
 
 tests/test_offline.py::test_judgments_equal_separate_target_forwards proves
@@ -33,12 +33,12 @@ import pytest
 import torch
 
 from parse_vllm import ops
-from parse_vllm.kernel_verifier import (
+from parse_vllm.verify import CopyBatch
+from parse_vllm.verify.kernel import (
     KernelVerifier,
     PrefixVerifyAttentionImpl,
     PrefixVerifyMetadata,
 )
-from parse_vllm.verifier import CopyBatch
 
 NUM_LAYERS, HQ, HKV, D = 2, 4, 2, 32
 TOL = 1e-4

@@ -51,7 +51,7 @@ def copy_kv_blocks(
 
 # --- kernel verification path (issue 3) ---
 #
-# What parse_vllm/kernel_verifier.py needs from vLLM, read against vLLM 0.32.0
+# What parse_vllm/verify/kernel.py needs from vLLM, read against vLLM 0.32.0
 # and 0.33.0 (the same unless said otherwise):
 #
 # - vllm.model_executor.layers.attention.attention.Attention.forward calls

@@ -160,7 +160,7 @@ def install(worker, verify_study: dict | None = None) -> bool:
 
 def _study(runner, judge, copies, cfg: dict, last_forward: dict, totals: dict) -> None:
     """One request's copies (the first request in the pass): time K-subsets both ways."""
-    from parse_vllm.verifier import CopyBatch
+    from parse_vllm.verify import CopyBatch
 
     reps = int(cfg.get("reps", 3))
     row = copies.req_row[0]

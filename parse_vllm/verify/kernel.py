@@ -4,7 +4,7 @@ forward, with the verification attention computed by the compiled op
 `parse_vllm.ops.prefix_verify_attention` straight from the requests' paged
 KV cache.
 
-Same contract as `ForkedBlockTableVerifier` (verifier.py): copy c sees the
+Same contract as `ForkedBlockTableVerifier` (base.py, forked.py): copy c sees the
 first `prefix_len[c]` cached tokens of its request (prompt + draft up to its
 boundary) and then its own suffix tokens, causally, at positions
 prefix_len[c] .. prefix_len[c] + L - 1; `judge(CopyBatch) -> Judgments`.
@@ -36,7 +36,7 @@ import torch
 from parse_vllm import _vllm
 from parse_vllm import ops as _ops
 from parse_vllm.templates import LabelScoring
-from parse_vllm.verifier import CopyBatch, Judgments
+from parse_vllm.verify.base import CopyBatch, VerifierBase
 
 __all__ = [
     "KernelVerifier",
@@ -180,7 +180,7 @@ def pack_copies(
     )
 
 
-class KernelVerifier:
+class KernelVerifier(VerifierBase):
     """`judge(CopyBatch) -> Judgments` with the verification attention of
     every target layer done by `parse_vllm.ops.prefix_verify_attention`.
 
@@ -210,19 +210,18 @@ class KernelVerifier:
         check_isolation: bool = False,
     ):
         del scratch_ids, max_rows_per_pass  # see the class docstring
-        self.runner = runner
-        self.suffix = np.asarray(suffix_ids, dtype=np.int64)  # [L]
-        if self.suffix.shape[0] == 0:
-            raise ValueError("empty verification suffix")
-        self.labels = labels
-        self.group_id = kv_cache_group_id
-        self.layer_names = list(layer_names)
-        self.layer_caches = layer_caches
-        self.num_blocks = num_blocks
-        self.block_size = block_size
+        super().__init__(
+            runner,
+            suffix_ids=suffix_ids,
+            labels=labels,
+            kv_cache_group_id=kv_cache_group_id,
+            layer_names=layer_names,
+            layer_caches=layer_caches,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            check_isolation=check_isolation,
+        )
         self.max_tokens_per_pass = max_tokens_per_pass
-        self.check_isolation = check_isolation
-        self.device = torch.device(runner.device)
 
         self.layers = _vllm.target_attention_layers(runner.model, self.layer_names)
         cpu = [n for n, layer in self.layers.items() if _vllm.is_cpu_attention_backend(layer)]
@@ -234,7 +233,7 @@ class KernelVerifier:
                 "cache is packed per CPU ISA; the prefix_verify_attention kernel reads "
                 "only the standard [num_blocks, block_size, Hkv, D] layout of the GPU "
                 "backends. On CPU use the forked-block-table verifier "
-                "(parse_vllm.verifier.ForkedBlockTableVerifier)."
+                "(parse_vllm.verify.forked.ForkedBlockTableVerifier)."
             )
         for name, layer in self.layers.items():
             reason = _vllm.kernel_verify_unsupported(layer)
@@ -266,45 +265,11 @@ class KernelVerifier:
             )
         self.layer_params = {n: _vllm.attention_layer_params(layer) for n, layer in self.layers.items()}
 
-    @property
-    def suffix_len(self) -> int:
-        return int(self.suffix.shape[0])
-
-    @torch.inference_mode()
-    def judge(self, copies: CopyBatch) -> Judgments:
+    def _passes(self, copies: CopyBatch) -> list[tuple[int, int]]:
+        # At most max_tokens_per_pass suffix tokens per forward.
         C = copies.req_row.shape[0]
-        if C == 0:
-            empty = torch.zeros(0, dtype=torch.float32)
-            return Judgments(empty, empty, empty, 0)
-        per_pass = C
-        if self.max_tokens_per_pass is not None:
-            per_pass = max(1, self.max_tokens_per_pass // self.suffix_len)
-        before = self._request_blocks(copies) if self.check_isolation else None
-        lp_yes, lp_no = [], []
-        passes = 0
-        for s in range(0, C, per_pass):
-            ly, ln = self._judge_chunk(copies.req_row[s : s + per_pass], copies.prefix_len[s : s + per_pass])
-            lp_yes.append(ly)
-            lp_no.append(ln)
-            passes += 1
-        ly = torch.cat(lp_yes).cpu()
-        ln = torch.cat(lp_no).cpu()
-        unchanged = None
-        if before is not None:
-            after = self._request_blocks(copies)
-            unchanged = all(torch.equal(a, b) for a, b in zip(before, after))
-        return Judgments(torch.sigmoid(ly - ln), ly, ln, passes, unchanged)
-
-    def _request_blocks(self, copies: CopyBatch) -> list[torch.Tensor]:
-        """Copies of every KV block (all target layers) that the judged
-        requests own up to their longest judged prefix + suffix length."""
-        tables = _vllm.request_block_table(self.runner, self.group_id)
-        ids = set()
-        for row in np.unique(copies.req_row):
-            n = int(copies.prefix_len[copies.req_row == row].max()) + self.suffix_len
-            ids.update(int(b) for b in tables[row, : min(tables.shape[1], -(-n // self.block_size))])
-        idx = torch.tensor(sorted(ids), dtype=torch.long)
-        return [c.unflatten(0, (self.num_blocks, -1))[idx.to(c.device)].clone() for c in self.layer_caches]
+        per_pass = C if self.max_tokens_per_pass is None else max(1, self.max_tokens_per_pass // self.suffix_len)
+        return [(s, min(C, s + per_pass)) for s in range(0, C, per_pass)]
 
     def layer_metadata(self, packed: PackedCopies) -> dict[str, PrefixVerifyMetadata]:
         """Per-layer metadata of one pass, on the model's device."""
@@ -335,7 +300,7 @@ class KernelVerifier:
             )
         return out
 
-    def _judge_chunk(self, req_row: np.ndarray, prefix_len: np.ndarray):
+    def _judge_pass(self, req_row: np.ndarray, prefix_len: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         packed = pack_copies(
             self.suffix,
             req_row,

@@ -1,0 +1,123 @@
+"""The verification pass's contract and what both verifiers share.
+
+`Verifier.judge(CopyBatch) -> Judgments`: every (request, boundary) copy of
+the verification suffix judged by the target in one forward (or a few, when
+one would not fit). Copy c sees the first `prefix_len[c]` cached tokens of
+its request (prompt + output + draft up to its boundary, already in the paged
+cache from this step's forward) and then its own suffix tokens, causally, at
+positions prefix_len[c] .. prefix_len[c] + L - 1; the suffix's KV is scratch.
+
+Worked example, two requests at input-batch rows 0 and 3, with 12 and 40
+cached tokens before their drafts and boundaries [4, 9] and [6]:
+    req_row     [0, 0, 3]
+    prefix_len  [16, 21, 46]    # cached + b
+Implementations: `forked.ForkedBlockTableVerifier` (vLLM's own paged
+attention over forked block tables; the CPU path and the GPU fallback) and
+`kernel.KernelVerifier` (the fused prefix-verify op, GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from parse_vllm import _vllm
+from parse_vllm.templates import LabelScoring
+
+
+@dataclass
+class CopyBatch:
+    """The copies of one verification pass, packed."""
+
+    req_row: np.ndarray  # [C] input-batch row of each copy's request
+    prefix_len: np.ndarray  # [C] cached tokens the copy sees (tokens before the draft + b_k)
+
+
+@dataclass
+class Judgments:
+    p_yes: torch.Tensor  # [C] P(yes) / (P(yes) + P(no)), float32
+    logprob_yes: torch.Tensor  # [C] log P(labels[0]), the label's tokens summed
+    logprob_no: torch.Tensor  # [C] log P(labels[1])
+    passes: int  # forwards it took (more than 1 only when one would not fit)
+    # With check_isolation: whether the requests' own KV blocks were left
+    # bit-for-bit unchanged by the pass.
+    requests_kv_unchanged: bool | None = None
+
+
+class Verifier(Protocol):
+    suffix_len: int
+
+    def judge(self, copies: CopyBatch) -> Judgments: ...
+
+
+class VerifierBase:
+    """The suffix and labels, the loop over passes, the isolation check and
+    P(yes); a verifier adds how copies are split into passes (`_passes`) and
+    one pass (`_judge_pass`, returning both labels' log-probabilities)."""
+
+    def __init__(
+        self,
+        runner,
+        *,
+        suffix_ids: tuple[int, ...],
+        labels: LabelScoring,
+        kv_cache_group_id: int,
+        layer_names: list[str],
+        layer_caches: list[torch.Tensor],
+        num_blocks: int,
+        block_size: int,
+        check_isolation: bool = False,
+    ):
+        self.runner = runner
+        self.suffix = np.asarray(suffix_ids, dtype=np.int64)  # [L]
+        if self.suffix.shape[0] == 0:
+            raise ValueError("empty verification suffix")
+        self.labels = labels
+        self.group_id = kv_cache_group_id
+        self.layer_names = list(layer_names)
+        self.layer_caches = layer_caches  # addressed by the scheduler's block ids
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.check_isolation = check_isolation
+        self.device = torch.device(runner.device)
+
+    @property
+    def suffix_len(self) -> int:
+        return int(self.suffix.shape[0])
+
+    def _passes(self, copies: CopyBatch) -> list[tuple[int, int]]:
+        """[start, end) ranges of the copies, one per forward."""
+        raise NotImplementedError
+
+    def _judge_pass(self, req_row: np.ndarray, prefix_len: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def judge(self, copies: CopyBatch) -> Judgments:
+        if copies.req_row.shape[0] == 0:
+            empty = torch.zeros(0, dtype=torch.float32)
+            return Judgments(empty, empty, empty, 0)
+        passes = self._passes(copies)
+        before = self._request_blocks(copies) if self.check_isolation else None
+        lp = [self._judge_pass(copies.req_row[s:e], copies.prefix_len[s:e]) for s, e in passes]
+        ly = torch.cat([y for y, _ in lp]).cpu()
+        ln = torch.cat([n for _, n in lp]).cpu()
+        unchanged = None
+        if before is not None:
+            after = self._request_blocks(copies)
+            unchanged = all(torch.equal(a, b) for a, b in zip(before, after))
+        return Judgments(torch.sigmoid(ly - ln), ly, ln, len(passes), unchanged)
+
+    def _request_blocks(self, copies: CopyBatch) -> list[torch.Tensor]:
+        """Copies of every KV block (all target layers) that the judged
+        requests own up to their longest judged prefix + suffix length."""
+        tables = _vllm.request_block_table(self.runner, self.group_id)
+        ids = set()
+        for row in np.unique(copies.req_row):
+            n = int(copies.prefix_len[copies.req_row == row].max()) + self.suffix_len
+            ids.update(int(b) for b in tables[row, : min(tables.shape[1], -(-n // self.block_size))])
+        idx = torch.tensor(sorted(ids), dtype=torch.long)
+        return [c.unflatten(0, (self.num_blocks, -1))[idx.to(c.device)].clone() for c in self.layer_caches]
