@@ -17,24 +17,9 @@ sampled lengths PARSE returns (drafted = window, accepted = accepted prefix).
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 PROM_PREFIX = "parse:"
-
-# name -> help; each is a monotonically increasing counter.
-COUNTERS = {
-    "drafts": "Drafts judged semantically (one per request and verification step).",
-    "draft_tokens": "Draft tokens offered to the semantic judge.",
-    "verification_passes": "Target forward passes over verification suffixes.",
-    "copies": "Verification-suffix copies (judged prefixes) computed.",
-    "suffix_tokens": "Verification-suffix tokens computed (scratch KV).",
-    "tokens_accepted_semantic": "Draft tokens accepted because the judge passed them (beyond token-level).",
-    "tokens_accepted_token_level": "Draft tokens accepted by token-level verification.",
-    "drafts_accepted_whole": "Judged drafts accepted to their end.",
-    "rejections": "Judged drafts with a failed boundary.",
-    "guard_cuts": "Judged drafts the token guard cut short of what the judge passed.",
-    "rounds": "Redraft rounds started after a rejection.",
-}
 
 
 @dataclass
@@ -56,19 +41,28 @@ class KvAudit:
         self.scratch_blocks_in_request_tables_max = max(self.scratch_blocks_in_request_tables_max, scratch_in_tables)
 
 
+def _counter(text: str):
+    return field(default=0, metadata={"help": text})
+
+
 @dataclass
 class ParseStats:
-    drafts: int = 0
-    draft_tokens: int = 0
-    verification_passes: int = 0
-    copies: int = 0
-    suffix_tokens: int = 0
-    tokens_accepted_semantic: int = 0
-    tokens_accepted_token_level: int = 0
-    drafts_accepted_whole: int = 0
-    rejections: int = 0
-    guard_cuts: int = 0
-    rounds: int = 0
+    """PARSE's counters, each monotonically increasing; the help texts are
+    the Prometheus series' (parse:<name>_total)."""
+
+    drafts: int = _counter("Drafts judged semantically (one per request and verification step).")
+    draft_tokens: int = _counter("Draft tokens offered to the semantic judge.")
+    verification_passes: int = _counter("Target forward passes over verification suffixes.")
+    copies: int = _counter("Verification-suffix copies (judged prefixes) computed.")
+    suffix_tokens: int = _counter("Verification-suffix tokens computed (scratch KV).")
+    tokens_accepted_semantic: int = _counter(
+        "Draft tokens accepted because the judge passed them (beyond token-level)."
+    )
+    tokens_accepted_token_level: int = _counter("Draft tokens accepted by token-level verification.")
+    drafts_accepted_whole: int = _counter("Judged drafts accepted to their end.")
+    rejections: int = _counter("Judged drafts with a failed boundary.")
+    guard_cuts: int = _counter("Judged drafts the token guard cut short of what the judge passed.")
+    rounds: int = _counter("Redraft rounds started after a rejection.")
     # index (0-based) of the first failed boundary -> count
     rejections_by_boundary: dict[int, int] = field(default_factory=dict)
 
@@ -79,18 +73,9 @@ class ParseStats:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    def summary(self) -> str:
-        accepted = self.tokens_accepted_semantic + self.tokens_accepted_token_level
-        rate = accepted / self.draft_tokens if self.draft_tokens else 0.0
-        return (
-            f"drafts={self.drafts} draft_tokens={self.draft_tokens} "
-            f"accepted={accepted} ({rate:.1%}; semantic={self.tokens_accepted_semantic}, "
-            f"token-level={self.tokens_accepted_token_level}) "
-            f"whole={self.drafts_accepted_whole} rejections={self.rejections} "
-            f"by_boundary={dict(sorted(self.rejections_by_boundary.items()))} "
-            f"passes={self.verification_passes} copies={self.copies} "
-            f"suffix_tokens={self.suffix_tokens} rounds={self.rounds}"
-        )
+
+# name -> help of every counter but the per-boundary one
+COUNTERS = {f.name: f.metadata["help"] for f in fields(ParseStats) if "help" in f.metadata}
 
 
 class PromExporter:
