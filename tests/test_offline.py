@@ -179,8 +179,9 @@ def test_judgments_equal_separate_target_forwards(parse, tiny_models):
     assert all(r["requests_kv_unchanged"] is True for r in records)
 
 
-def test_partial_acceptance_is_the_maximal_valid_prefix(ref, parse):
-    """τ = 0.5, greedy: for every judged draft (recorded judgments grouped by
+def test_partial_acceptance_is_the_maximal_valid_prefix(ref, parse_long):
+    """τ = 0.5, greedy, one-token labels (so P(yes) spreads around τ), two-stage
+    judging: for every judged draft (recorded judgments grouped by
     request and step), the answer holds the draft up to the maximal valid
     prefix that the recorded P(yes) and τ imply; where a boundary failed, the
     next token is either more draft (token-level acceptance took it) or the
@@ -188,12 +189,12 @@ def test_partial_acceptance_is_the_maximal_valid_prefix(ref, parse):
     import parse_vllm
 
     tau = 0.5
-    prompts = prompt_ids(parse, PROMPTS[:6])
-    res = parse.generate([{"prompt_token_ids": p} for p in prompts], sp(40, extra_args={"parse_threshold": tau}))
+    prompts = prompt_ids(parse_long, PROMPTS[:6])
+    res = parse_long.generate([{"prompt_token_ids": p} for p in prompts], sp(40, extra_args={"parse_threshold": tau}))
     # the engine's request ids are the user's plus "-<8 characters>"
     full = {o.request_id: p + list(o.outputs[0].token_ids) for p, o in zip(prompts, res)}
     steps: dict[tuple, list[dict]] = {}
-    for r in parse_vllm.get_judgments(parse):
+    for r in parse_vllm.get_judgments(parse_long):
         req = r["req_id"].rsplit("-", 1)[0]
         if req in full:
             steps.setdefault((req, len(r["token_ids"]) - r["boundary"]), []).append(r)
@@ -276,19 +277,6 @@ def test_random_sampling_and_logprobs(ref, parse):
         c = o.outputs[0]
         assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
         assert all(t in lp for t, lp in zip(c.token_ids, c.logprobs))
-
-
-def test_seeded_request_does_not_depend_on_its_batch(parse):
-    """A seeded sampling request gives the same tokens alone and beside requests
-    whose drafts are semantically accepted (each such acceptance samples one
-    token after the prefix: only that request's generator may advance), with
-    PARSE off, lossless, or accepting everything itself."""
-    neighbours = [sp(24, extra_args={"parse_threshold": 0.0}) for _ in range(3)]
-    for extra in ({"parse": False}, {"parse_threshold": 1.5}, {"parse_threshold": 0.0}):
-        q = sp(24, temperature=0.9, seed=11, extra_args=extra)
-        alone = ids(parse.generate([PROMPTS[0]], [q]))[0]
-        together = ids(parse.generate(PROMPTS[:4], [q, *neighbours]))[0]
-        assert together == alone, extra
 
 
 def test_bad_request_options_are_refused_and_engine_survives(parse):
@@ -385,6 +373,7 @@ def parse_long(tiny_models):
             # one-token labels: on random weights a two-token label is ~e^-10 less
             # likely, so P(yes) would be ~1 everywhere and no draft would fail
             labels=["Yes", "No"],
+            record_judgments=4096,
         )
     )
     yield llm
@@ -463,6 +452,42 @@ def test_tight_scratch_and_prefix_caching_judge_the_same(parse, tiny_models):
     assert got == want
     assert tight["copies"] == roomy["copies"] > 0
     assert tight["verification_passes"] > roomy["verification_passes"], (tight, roomy)
+
+
+def test_context_limit_judges_only_copies_that_fit(tiny_models):
+    """At the model's own limit (max_model_len = max_position_embeddings =
+    2048): a prompt that leaves room for the draft but not for every suffix
+    copy. Only copies that fit are judged (positions stay inside the rotary
+    table), the answer runs to the limit, and τ = 0 takes drafts without
+    rejecting any."""
+    from transformers import AutoConfig
+
+    import parse_vllm
+    from parse_vllm.config import ParseConfig
+    from parse_vllm.templates import build_template
+
+    limit = AutoConfig.from_pretrained(tiny_models["target"]).max_position_embeddings
+    # boundaries every 2 tokens, so that short prefixes can be judged near the limit
+    kw = parse_kwargs(tiny_models, record_judgments=4096, boundaries="tokens", every=2)
+    llm = make_llm(**{**kw, "max_model_len": limit})
+    try:
+        tok = llm.get_tokenizer()
+        suffix_len = build_template(tok, ParseConfig()).suffix_len
+        prompt = (tok.encode("a " * limit) * 2)[: limit - suffix_len - 12]
+        for tau in (0.5, 0.0):
+            parse_vllm.reset_stats(llm)
+            (out,) = llm.generate(
+                [{"prompt_token_ids": prompt}], sp(100, ignore_eos=True, extra_args={"parse_threshold": tau})
+            )
+            assert len(prompt) + len(out.outputs[0].token_ids) == limit  # ran to the limit
+            st = parse_vllm.get_stats(llm)
+            assert st["drafts"] > 0
+            if tau == 0.0:
+                assert st["rejections"] == 0 and st["tokens_accepted_semantic"] > 0, st
+        judged = [j for j in parse_vllm.get_judgments(llm) if j["token_ids"][: len(prompt)] == prompt]
+        assert judged and all(len(j["token_ids"]) + suffix_len <= limit for j in judged)
+    finally:
+        close_llm(llm)
 
 
 # -- refusals at start-up (process 0, before any engine starts) ---------------------
