@@ -223,3 +223,27 @@ def test_draft_token_checks_match_a_per_request_loop():
 def test_step_on_reduced_precision_logits(dtype):
     r = parse_step(batch_of([[1, 2, 3, 4]], guard=2, tau=0.0, dtype=dtype), Judge(), settings())
     assert r.accepted.tolist() == [4]
+
+
+def test_host_transfers_do_not_grow_with_the_batch(monkeypatch):
+    """The step reads device tensors back a fixed number of times per step,
+    whatever the number of requests (no per-request transfer): counted by
+    wrapping every Tensor -> host conversion."""
+    counts = {"n": 0}
+    for name in ("cpu", "item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+        orig = getattr(torch.Tensor, name)
+
+        def wrapped(self, *a, _orig=orig, **k):
+            counts["n"] += 1
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, wrapped)
+
+    def run(R):
+        counts["n"] = 0
+        d = [[1, 2, 3, 4, 5, 6]] * R
+        b = batch_of(d, target=[[1, 2, 3, 9, 9, 9, 0]] * R, guard=5, tau=0.5, l_tok=0)
+        parse_step(b, Judge(), settings())
+        return counts["n"]
+
+    assert run(2) == run(20) > 0
