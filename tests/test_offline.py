@@ -548,6 +548,13 @@ def _unreadable_draft(tiny_models, tmp_path):
         ("boundaries", r"parse\.boundaries"),
         ("labels", r"parse\.labels.*start with the same token"),
         ("window", r"num_speculative_tokens=2048.*max_model_len=1024"),
+        ("rejection_sampler", r"rejection_sample_method='block' is not supported"),
+        ("heterogeneous_vocab", r"use_heterogeneous_vocab is not supported"),
+        ("pipeline_parallel", r"does not support pipeline parallelism"),
+        ("worker_cls", r"installs its own worker .* drop --worker-cls"),
+        ("scheduler_cls", r"installs its own scheduler .* drop --scheduler-cls"),
+        ("hybrid_kv_cache", r"one KV-cache group"),
+        ("batched_tokens", r"max_num_batched_tokens=8 cannot hold one verification of a 16-token window"),
     ],
 )
 def test_bad_configuration_refused_at_start(tiny_models, tmp_path, case, want):
@@ -567,6 +574,20 @@ def test_bad_configuration_refused_at_start(tiny_models, tmp_path, case, want):
         kw["additional_config"] = {"parse": {"labels": ["Correct", "Correctly"]}}
     elif case == "window":
         spec["num_speculative_tokens"] = 2048
+    elif case == "rejection_sampler":
+        spec["rejection_sample_method"] = "block"
+    elif case == "heterogeneous_vocab":
+        spec["use_heterogeneous_vocab"] = True
+    elif case == "pipeline_parallel":
+        kw["pipeline_parallel_size"] = 2
+    elif case == "worker_cls":
+        kw["worker_cls"] = "vllm.v1.worker.cpu_worker.CPUWorker"
+    elif case == "scheduler_cls":
+        kw["scheduler_cls"] = "vllm.v1.core.sched.scheduler.Scheduler"
+    elif case == "hybrid_kv_cache":
+        kw["disable_hybrid_kv_cache_manager"] = False
+    elif case == "batched_tokens":
+        kw.update(max_num_batched_tokens=8, max_num_seqs=8, enable_chunked_prefill=True)
     before = _children()
     with pytest.raises(Exception, match=want):
         make_llm(**kw)
