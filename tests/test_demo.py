@@ -43,3 +43,20 @@ def test_demo_compare_prints_both_answers_with_quality(tiny_models, capsys):
     assert target[3] == parse[3]  # NLL/token of the same text
     assert target[4] == parse[4] == "1.00"  # ROUGE-L against the target's answer
     assert "identical to the target's own" in text
+
+
+def test_demo_runs_the_bundled_pair_under_parse(capsys):
+    """`parse-vllm demo` as `make demo` runs it, on the bundled pair (SmolLM2-
+    135M-Instruct in bf16 judging and verifying the shipped head-pruned draft):
+    the draft loads through its own model class, the judge's pass runs on the
+    real chat template, and token-level acceptance takes some of the trained
+    draft's tokens."""
+    from parse_vllm import cli
+
+    assert cli.main(["demo", "--max-tokens", "32", "--threshold", "0.5"]) == 0
+    text = capsys.readouterr().out
+    stats = {k: int(v) for k, v in re.findall(r"^  (\w+): (\d+)$", text, re.M)}
+    assert "with an output head of the" in text  # the head-pruned draft
+    assert stats["drafts"] > 0 and stats["copies"] > 0 and stats["verification_passes"] > 0, text
+    assert stats["tokens_accepted_token_level"] + stats["tokens_accepted_semantic"] > 0, text
+    assert re.search(r"PARSE answer \(τ = 0\.5, guard off; \d+ tokens", text), text
