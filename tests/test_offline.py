@@ -383,6 +383,7 @@ def parse_long(tiny_models):
 def test_long_window_redraft_lossless(ref, parse_long):
     import parse_vllm
 
+    parse_vllm.reset_stats(parse_long)  # counters of this test's requests only
     params = [sp(300 if i < 2 else 48, extra_args={"parse_threshold": 1.5}) for i in range(len(PROMPTS))]
     want = ids(ref.generate(PROMPTS, [sp(q.max_tokens) for q in params]))
     assert ids(parse_long.generate(PROMPTS, params)) == want
