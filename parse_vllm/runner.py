@@ -220,7 +220,8 @@ class ParseRunnerMixin:
 
         # 2-3. The PARSE step over the drafts it judges.
         req_ids = list(self.input_batch.req_ids)
-        batch = self._draft_batch(logits, md, l_tok)
+        cu_sampled = md.cu_num_sampled_tokens.cpu().numpy()  # [B] logits rows per request, cumulated
+        batch = self._draft_batch(logits, md, l_tok, cu_sampled)
         judged_ids = [req_ids[i] for i in batch.row]
         if batch.num_reqs:
             settings = p.settings(self.model_config.get_vocab_size(), self.model_config.max_model_len)
@@ -228,7 +229,7 @@ class ParseRunnerMixin:
             p.apply(judged_ids, batch, result)
             # 4. draft[:accepted] plus one token sampled from the target there.
             if result.resample.any():
-                self._resample(logits, md, batch, result, out, out_cpu)
+                self._resample(logits, cu_sampled, batch, result, out, out_cpu)
 
         # Requests the target is writing (REWRITE phase) count its tokens; a
         # request judged this step starts counting from the next one.
@@ -240,17 +241,18 @@ class ParseRunnerMixin:
         self._parse_audit_kv()  # the tables as the verification left them
         return out
 
-    def _draft_batch(self, logits, md, l_tok: np.ndarray) -> DraftBatch:
+    def _draft_batch(self, logits, md, l_tok: np.ndarray, cu_sampled: np.ndarray) -> DraftBatch:
         """vLLM's batch -> the DraftBatch of requests PARSE judges this step
         (those in the DRAFT phase with a draft)."""
         req_ids = self.input_batch.req_ids
         num_draft = np.asarray(md.num_draft_tokens)  # [B]
         cu_all = np.concatenate([[0], np.cumsum(num_draft)])
         drafts = md.draft_token_ids.cpu().numpy().astype(np.int64)  # [Σd]
-        starts = md.cu_num_sampled_tokens.cpu().numpy() - (num_draft + 1)  # logits row of each last token
+        starts = cu_sampled - (num_draft + 1)  # logits row of each last token
         rows = np.array(
             [i for i, r in enumerate(req_ids) if num_draft[i] and self._parse_state(r).judging], dtype=np.int64
         )
+        options = [self._parse_state(req_ids[i]).options for i in rows]
         limits = [_vllm.request_limits(self, req_ids[i]) for i in rows]
         sm = self.input_batch.sampling_metadata
         forbidden = None
@@ -268,8 +270,8 @@ class ParseRunnerMixin:
             min_tokens=np.array([m for _, m, _ in limits], dtype=np.int64),
             stop_ids=[st for _, _, st in limits],
             l_tok=l_tok[rows].astype(np.int64),
-            threshold=np.array([self._parse_state(req_ids[i]).options.threshold for i in rows], dtype=np.float64),
-            guard=np.array([self._parse_state(req_ids[i]).options.guard for i in rows], dtype=np.int64),
+            threshold=np.array([o.threshold for o in options], dtype=np.float64),
+            guard=np.array([o.guard for o in options], dtype=np.int64),
             greedy=np.array([_vllm.request_is_greedy(self, req_ids[i]) for i in rows], dtype=bool),
             bad_words=np.array([int(i) in bad_words for i in rows], dtype=bool),
             logits=logits,
@@ -290,7 +292,7 @@ class ParseRunnerMixin:
 
         return describe
 
-    def _resample(self, logits, md, batch: DraftBatch, result, out, out_cpu) -> None:
+    def _resample(self, logits, cu_sampled: np.ndarray, batch: DraftBatch, result, out, out_cpu) -> None:
         """Rows that take more than L_tok: draft[:accepted], then one token
         sampled from the target at that position with the request's own
         parameters (penalties over its output plus the accepted prefix; only
@@ -298,7 +300,7 @@ class ParseRunnerMixin:
         ks = np.flatnonzero(result.resample)
         rows, n = batch.row[ks], result.accepted[ks]
         prefixes = {int(r): batch.draft_of(k)[:n_k].tolist() for k, r, n_k in zip(ks, rows, n)}
-        take = md.cu_num_sampled_tokens.cpu().numpy() - 1  # default: each request's bonus row
+        take = cu_sampled - 1  # default: each request's bonus row
         take[rows] = batch.logits_start[ks] + n
         sampled = _vllm.sample_after_prefixes(
             self.sampler, logits[torch.from_numpy(take).to(logits.device)], self.input_batch.sampling_metadata, prefixes

@@ -35,7 +35,7 @@ applies the `StepResult`; the judge is any callable over a `CopyBatch`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ from parse_vllm.acceptance import (
     DraftView,
     constrained_view,
     final_accept_len,
+    guard_mask,
     maximal_valid_prefix,
     view_draft,
 )
@@ -112,7 +113,6 @@ class StepResult:
     guard_cut: np.ndarray  # bool: the cut was the guard's
     first_fail: np.ndarray  # index of the first failed boundary, -1 if none
     judged: np.ndarray  # bool: the request's draft went to the judge (not taken whole token-level)
-    copies: list[CopyBatch] = field(default_factory=list)  # the verification passes' copies
 
 
 Judge = Callable[[CopyBatch], np.ndarray]  # copies -> P(yes) [C]
@@ -161,14 +161,11 @@ def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
 
     # 4. Judge: P(yes) is in [0, 1], so τ <= 0 passes and τ > 1 fails every
     #    copy without a pass; only the requests in between are asked.
-    copies: list[CopyBatch] = []
-
     def ask(ks: list[int], bs: list[np.ndarray]) -> list[np.ndarray]:
         c = CopyBatch(
             req_row=np.repeat(batch.row[ks], [b.shape[0] for b in bs]),
             prefix_len=np.concatenate([batch.cached_len[k] + b for k, b in zip(ks, bs)]),
         )
-        copies.append(c)
         p = np.asarray(judge(c))
         return np.split(p, np.cumsum([b.shape[0] for b in bs])[:-1])
 
@@ -228,7 +225,6 @@ def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
         guard_cut=guard_cut,
         first_fail=first_fail,
         judged=judged,
-        copies=copies,
     )
 
 
@@ -281,32 +277,23 @@ def draft_token_checks(batch: DraftBatch, views: list[DraftView], rows: np.ndarr
     no_words = torch.from_numpy(batch.bad_words[ks][req]).to(dev)
     allowed &= ~no_words
 
-    top_k = batch.guard[ks][req]  # [Σn]
+    top_k = batch.guard[ks][req]  # [Σn], 0 = no guard
     in_guard = torch.ones_like(allowed)
     if top_k.any():
-        kmax = int(min(top_k.max(), logits.shape[-1]))
-        k_t = torch.from_numpy(np.clip(top_k, 1, kmax) - 1).to(dev)
-        kth = torch.topk(logits, kmax, dim=-1).values.gather(1, k_t[:, None])[:, 0]
-        greedy_ok = logits.argmax(dim=-1) == tok_t
-        top_ok = tok_logit >= kth
         guard_t = torch.from_numpy(top_k).to(dev)
-        sampling_strict = torch.from_numpy((top_k == 1) & ~batch.greedy[ks][req]).to(dev)
-        in_guard = torch.where(guard_t == 0, in_guard, torch.where(guard_t == 1, greedy_ok, top_ok))
-        in_guard &= ~sampling_strict
+        in_guard = torch.where(guard_t == 0, in_guard, guard_mask(logits, tok_t, top_k))
+        in_guard &= ~torch.from_numpy((top_k == 1) & ~batch.greedy[ks][req]).to(dev)  # sampling: none
 
-    lens = _leading_true_lengths(torch.stack([in_guard, allowed]), cu_n, dev).cpu().numpy()  # [2, len(ks)]
+    lens = _leading_true_lengths(torch.stack([in_guard, allowed]), req, j, ks.shape[0]).cpu().numpy()  # [2, len(ks)]
     guard_len[ks] = np.where(batch.guard[ks] > 0, lens[0], big)
     allowed_len[ks] = lens[1]
     return guard_len, allowed_len
 
 
-def _leading_true_lengths(masks: torch.Tensor, cu_n: np.ndarray, dev) -> torch.Tensor:
-    """masks [M, Σn] bool, packed per request by cu_n [R + 1] -> [M, R]: the
-    length of each request's all-True head."""
-    n = np.diff(cu_n)
-    R, width = n.shape[0], int(n.max()) if n.shape[0] else 0
-    req = np.repeat(np.arange(R), n)
-    j = np.arange(cu_n[-1]) - np.repeat(cu_n[:-1], n)
-    padded = torch.zeros((masks.shape[0], R, max(width, 1)), dtype=torch.int64, device=dev)
+def _leading_true_lengths(masks: torch.Tensor, req: np.ndarray, j: np.ndarray, R: int) -> torch.Tensor:
+    """masks [M, Σn] bool, position j [Σn] of request req [Σn] of R -> [M, R]:
+    the length of each request's all-True head."""
+    dev = masks.device
+    padded = torch.zeros((masks.shape[0], R, int(j.max()) + 1 if j.shape[0] else 1), dtype=torch.int64, device=dev)
     padded[:, torch.from_numpy(req).to(dev), torch.from_numpy(j).to(dev)] = masks.long()
     return padded.cumprod(dim=2).sum(dim=2)

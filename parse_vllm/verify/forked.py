@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from parse_vllm import _vllm
-from parse_vllm.templates import LabelScoring
 from parse_vllm.verify.base import CopyBatch, VerifierBase
 
 
@@ -46,40 +45,16 @@ class ForkedBlockTableVerifier(VerifierBase):
     suffixes; `max_rows_per_pass`: the row limit of backends with per-request
     buffers (None: none)."""
 
-    def __init__(
-        self,
-        runner,
-        *,
-        suffix_ids: tuple[int, ...],
-        labels: LabelScoring,
-        kv_cache_group_id: int,
-        layer_names: list[str],
-        layer_caches: list[torch.Tensor],
-        num_blocks: int,
-        block_size: int,
-        scratch_ids: np.ndarray,
-        max_rows_per_pass: int | None = None,
-        check_isolation: bool = False,
-    ):
-        super().__init__(
-            runner,
-            suffix_ids=suffix_ids,
-            labels=labels,
-            kv_cache_group_id=kv_cache_group_id,
-            layer_names=layer_names,
-            layer_caches=layer_caches,
-            num_blocks=num_blocks,
-            block_size=block_size,
-            check_isolation=check_isolation,
-        )
+    def __init__(self, runner, *, scratch_ids: np.ndarray, max_rows_per_pass: int | None = None, **common):
+        super().__init__(runner, **common)  # VerifierBase's arguments
         self.scratch_ids = scratch_ids
         self.max_rows_per_pass = max_rows_per_pass
-        worst = self.blocks_per_copy(block_size - 1)
+        worst = self.blocks_per_copy(self.block_size - 1)
         if worst > scratch_ids.shape[0]:
             raise ValueError(
                 f"PARSE needs at least {worst} scratch KV blocks for one "
                 f"verification copy (suffix of {self.suffix_len} tokens, block "
-                f"size {block_size}) but has {scratch_ids.shape[0]}; raise "
+                f"size {self.block_size}) but has {scratch_ids.shape[0]}; raise "
                 "parse.scratch_blocks"
             )
 

@@ -35,7 +35,6 @@ import torch
 
 from parse_vllm import _vllm
 from parse_vllm import ops as _ops
-from parse_vllm.templates import LabelScoring
 from parse_vllm.verify.base import CopyBatch, VerifierBase
 
 __all__ = [
@@ -197,30 +196,13 @@ class KernelVerifier(VerifierBase):
         self,
         runner,
         *,
-        suffix_ids: tuple[int, ...],
-        labels: LabelScoring,
-        kv_cache_group_id: int,
-        layer_names: list[str],
-        layer_caches: list[torch.Tensor],
-        num_blocks: int,
-        block_size: int,
         scratch_ids: np.ndarray | None = None,
         max_rows_per_pass: int | None = None,
         max_tokens_per_pass: int | None = None,
-        check_isolation: bool = False,
+        **common,
     ):
         del scratch_ids, max_rows_per_pass  # see the class docstring
-        super().__init__(
-            runner,
-            suffix_ids=suffix_ids,
-            labels=labels,
-            kv_cache_group_id=kv_cache_group_id,
-            layer_names=layer_names,
-            layer_caches=layer_caches,
-            num_blocks=num_blocks,
-            block_size=block_size,
-            check_isolation=check_isolation,
-        )
+        super().__init__(runner, **common)  # VerifierBase's arguments
         self.max_tokens_per_pass = max_tokens_per_pass
 
         self.layers = _vllm.target_attention_layers(runner.model, self.layer_names)
