@@ -63,6 +63,9 @@ class ParseStats:
     rejections: int = _counter("Judged drafts with a failed boundary.")
     guard_cuts: int = _counter("Judged drafts the token guard cut short of what the judge passed.")
     rounds: int = _counter("Redraft rounds started after a rejection.")
+    drafter_passes: int = _counter("Drafter calls (each a first pass over some requests' new tokens, then drafting).")
+    drafter_rows: int = _counter("Requests in drafter calls (a request drafting in a step counts once per call).")
+    drafter_tokens: int = _counter("Tokens the drafter's first passes wrote draft KV for (catch-up included).")
     # index (0-based) of the first failed boundary -> count
     rejections_by_boundary: dict[int, int] = field(default_factory=dict)
 

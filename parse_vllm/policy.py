@@ -14,8 +14,16 @@ is about twice what the guard let through (at least GUARD_MIN_WINDOW),
 doubling back towards W with each draft taken whole, so a draft that keeps
 missing the target's top-k is not drafted W tokens deep every step.
 
+A request whose threshold no judgment can reach (τ > 1) starts in CONTINUE:
+its output is the target's either way, and a draft it cannot keep costs a
+window of drafter steps and a target forward over W tokens.
+
 Requests with PARSE off behave as vLLM's own draft-model speculation with
 `spec_tokens` draft tokens (0: the target alone).
+
+`draft_kv_len` is how far the draft model's KV is valid for the request: the
+drafter runs only over requests that draft, and a request catches up from
+there when it drafts next (drafting.py).
 """
 
 from __future__ import annotations
@@ -43,17 +51,16 @@ class RequestState:
     rounds: int = 0  # rewrites done (redraft mode)
     rewrite_left: int = 0  # tokens the target still writes before redrafting
     window_cap: int = 0  # after a guard cut: the next windows' length (0 = W)
+    draft_kv_len: int = 0  # leading positions whose draft KV is valid
+
+    def __post_init__(self) -> None:
+        if self.options.enabled and self.options.threshold > 1:
+            self.phase = Phase.CONTINUE
 
     @property
     def judging(self) -> bool:
         """Whether this request's drafts are judged semantically now."""
         return self.options.enabled and self.phase is Phase.DRAFT
-
-    @property
-    def will_draft(self) -> bool:
-        """Whether this request drafts a window now or later (so the drafter
-        must keep up with its tokens)."""
-        return self.options.enabled and self.phase in (Phase.DRAFT, Phase.REWRITE)
 
     def draft_len(self, config: ParseConfig, window: int) -> int:
         """How many draft tokens to schedule for this request next step."""

@@ -28,6 +28,7 @@ from parse_vllm.acceptance import first_stop_index
 from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
 from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, request_options
 from parse_vllm.controller import ParseController
+from parse_vllm.drafting import plan_passes
 from parse_vllm.policy import RequestState
 from parse_vllm.step import DraftBatch, parse_step
 from parse_vllm.templates import build_template
@@ -64,6 +65,11 @@ class ParseRunnerMixin:
             layer_names=_vllm.attention_layer_names(self.model),
             served_model_name=str(self.vllm_config.model_config.served_model_name),
         )
+        self._rows_drafting_unsupported = _vllm.rows_drafting_unsupported(self)
+        if self._rows_drafting_unsupported:
+            logger.warning(
+                "PARSE: the drafter runs over the whole batch each step (%s)", self._rows_drafting_unsupported
+            )
         logger.info(
             "PARSE on: window W=%d, τ=%.3g, guard=%d, boundaries=%s, max K=%d, suffix %d tokens %r, "
             "labels %r/%r (ids %s/%s), on_reject=%s",
@@ -162,27 +168,83 @@ class ParseRunnerMixin:
         out = super()._update_states(scheduler_output)
         if self.parse is not None:
             self.parse.forget(scheduler_output.finished_req_ids)
+            for req_id in _vllm.resumed_request_ids(scheduler_output) & self.parse.states.keys():
+                # Preempted: its blocks were freed, the draft's KV with them.
+                self.parse.states[req_id].draft_kv_len = 0
         self._parse_audit_kv()  # this step's tables, before any verification
         return out
 
     # -- drafting: how many draft tokens each request gets ------------------
 
     def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
+        """Draft tokens per request, the drafter run only over the requests
+        that draft this step, each at its own length (drafting.py)."""
         p = self.parse
-        if p is not None and self.input_batch.req_ids:
-            states = [self._parse_state(r) for r in self.input_batch.req_ids]
-            if p.config.spec_tokens == 0 and not any(s.will_draft for s in states):
-                # No request here drafts again (all are past a rejection in
-                # `continue` mode, or have PARSE off): the target decodes
-                # alone, like vLLM without speculation, and the drafter's KV
-                # for these requests is never read again.
-                return [[] for _ in states]
-            # Otherwise the drafter runs for the whole batch (it consumes
-            # this step's tokens to keep its KV in sync), drafting only as far
-            # as some request needs.
+        if p is None or not self.input_batch.req_ids:
+            return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
+        req_ids = list(self.input_batch.req_ids)
+        states = [self._parse_state(r) for r in req_ids]
+        if self._rows_drafting_unsupported is not None:
+            # vLLM's own proposer for the whole batch, as far as some request needs.
             wanted = max(p.draft_len(s) for s in states)
-            scheduler_output.num_spec_tokens_to_schedule = max(1, min(wanted, p.window))
-        return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
+            if wanted == 0:
+                return [[] for _ in req_ids]
+            scheduler_output.num_spec_tokens_to_schedule = min(wanted, p.window)
+            return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
+
+        sampled, sampling_metadata, attn_metadata = _vllm.proposer_arguments(args, kwargs)
+        tokens, committed = _vllm.committed_tokens(self)  # [max_reqs, max_len], [B]
+        # This step's tokens per request (accepted draft tokens, then the sampled one).
+        new = [row[row != _vllm.PLACEHOLDER_TOKEN_ID] for row in sampled.cpu().numpy()]  # B x [≤ W+1]
+        known_len = committed + np.array([t.shape[0] for t in new], dtype=np.int64)  # [B]
+        wants = np.array([p.draft_len(s) for s in states], dtype=np.int64)
+        # No draft where its tokens could not be taken: a prompt still being
+        # prefilled, or past max_tokens.
+        left = np.array(
+            [_vllm.request_limits(self, r)[0] - _vllm.request_output_len(self, r) for r in req_ids], dtype=np.int64
+        ) - (known_len - committed)
+        wants = np.minimum(wants, left)
+        wants[_vllm.rows_in_partial_prefill(self, scheduler_output)] = 0
+        wants = np.maximum(wants, 0)
+
+        passes, kv_len = plan_passes(
+            wants,
+            np.array([s.draft_kv_len for s in states], dtype=np.int64),
+            known_len,
+            window=p.window,
+            spec_tokens=p.config.spec_tokens,
+            max_tokens=self.scheduler_config.max_num_batched_tokens,
+            max_rows=self.scheduler_config.max_num_seqs,
+        )
+        drafts: list[list[int]] = [[] for _ in req_ids]
+        for dp in passes:
+            # Positions below `committed` are in the batch's token ids, the rest are this step's.
+            span = [
+                np.concatenate(
+                    [tokens[r, s : min(e + 1, committed[r])], new[r][max(0, s - committed[r]) : e + 1 - committed[r]]]
+                )
+                for r, s, e in zip(dp.row, dp.start, dp.end)
+            ]
+            ids = _vllm.propose_rows(
+                self,
+                attn_metadata,
+                sampling_metadata,
+                dp.row,
+                np.concatenate(span).astype(np.int64),
+                np.concatenate([[0], np.cumsum([t.shape[0] for t in span])]),
+                dp.start,
+                dp.num_draft,
+            )
+            if dp.num_draft:
+                ids = ids.cpu().numpy()
+                for g, r in enumerate(dp.row):
+                    drafts[r] = ids[g, : wants[r]].tolist()
+            p.stats.drafter_passes += 1
+            p.stats.drafter_rows += int(dp.row.shape[0])
+            p.stats.drafter_tokens += dp.num_tokens
+        for state, n in zip(states, kv_len):
+            state.draft_kv_len = int(n)
+        return drafts
 
     def take_draft_token_ids(self):
         drafts = super().take_draft_token_ids()

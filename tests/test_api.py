@@ -29,7 +29,8 @@ from conftest import BLOCK, WINDOW, running_server
 pytestmark = pytest.mark.slow
 
 ACCEPT_ALL = {"vllm_xargs": {"parse_threshold": 0.0}}
-LOSSLESS = {"vllm_xargs": {"parse_threshold": 1.5}}
+# Judged, yet exactly the target's greedy output (the guard keeps only its argmax).
+LOSSLESS = {"vllm_xargs": {"parse_threshold": 1.0, "parse_guard": 1}}
 MESSAGES = [{"role": "user", "content": "Write two sentences about rivers."}]
 PROMPT = "The river flows to the sea because"
 
@@ -426,7 +427,7 @@ def test_bad_vllm_xargs_get_http_400(client, xargs):
 
 
 def test_lossless_over_http(client, hf_target):
-    """τ > 1 over HTTP: the target's own greedy tokens (an HF forward checks)."""
+    """Guard 1 over HTTP: the target's own greedy tokens (an HF forward checks)."""
     out = client.chat.completions.create(
         model="tiny",
         messages=MESSAGES,

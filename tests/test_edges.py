@@ -25,7 +25,9 @@ pytestmark = pytest.mark.slow
 
 MAX_LEN = 384
 ACCEPT_ALL = {"parse_threshold": 0.0}
-LOSSLESS = {"parse_threshold": 1.5}
+# Judged, yet exactly the target's greedy output: the guard keeps only the
+# target's argmax tokens (τ > 1 would not draft at all).
+LOSSLESS = {"parse_threshold": 1.0, "parse_guard": 1}
 
 
 def _edit_eos_row(src, dst, mode: str):
@@ -182,7 +184,7 @@ def test_empty_drafts_give_the_targets_output(first, ref):
 
 def test_preemption_mid_parse_stays_lossless(tight, ref):
     """More requests than the KV cache holds: vLLM preempts and recomputes
-    requests in the middle of PARSE; τ > 1 still gives exactly the target's
+    requests in the middle of PARSE; guard 1 still gives exactly the target's
     output, τ = 0 finishes everything, and no block stays held."""
     prompts = [p + f" ({i})" for i, p in enumerate(PROMPTS[:6])]
     before = _metric(tight, "vllm:num_preemptions")
@@ -199,7 +201,7 @@ def test_preemption_mid_parse_stays_lossless(tight, ref):
 def test_prompt_near_max_model_len(tight, ref):
     """A prompt a few tokens short of max_model_len: drafts would cross it.
     The request ends at max_model_len with exactly the target's tokens
-    (τ > 1), and with τ = 0 also at max_model_len, without error."""
+    (guard 1), and with τ = 0 also at max_model_len, without error."""
     tok = tight.get_tokenizer()
     prompt = (tok.encode(" ".join(PROMPTS)) * 20)[: MAX_LEN - 7]
     room = MAX_LEN - len(prompt)

@@ -129,11 +129,11 @@ def test_tau_sweep_end_to_end(name, tmp_path):
             return [list(o.outputs[0].token_ids) for o in out], parse_vllm.get_stats(llm)
 
         own, _ = run(parse=False)  # the target's own output
-        for tau in (0.0, 0.5, 1.5):
+        for tau in (0.0, 0.5, 1.0, 1.5):
             got, st = run(parse_threshold=tau)
             assert all(len(o) == 24 for o in got)
-            # P(yes) in [0, 1]: only 0 < τ <= 1 needs the judge's pass
-            assert st["drafts"] > 0 and (st["copies"] > 0) == (0 < tau <= 1)
+            # P(yes) in [0, 1]: only 0 < τ <= 1 needs the judge's pass; τ > 1 no draft at all
+            assert (st["drafts"] > 0) == (tau <= 1) and (st["copies"] > 0) == (0 < tau <= 1)
             if tau > 1:
                 assert got == own and st["tokens_accepted_semantic"] == 0
             if tau == 0.0:

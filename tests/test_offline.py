@@ -65,8 +65,8 @@ def prompt_ids(llm, prompts):
 
 
 def test_lossless_when_threshold_above_one(ref, parse):
-    """τ > 1: no prefix ever passes, so PARSE must give exactly the target's
-    own greedy output (token-level acceptance only)."""
+    """τ > 1: no prefix can pass, so the request never drafts (it starts as
+    if past a rejection) and its output is exactly the target's own."""
     import parse_vllm
 
     want = ids(ref.generate(PROMPTS, sp(48)))
@@ -74,11 +74,8 @@ def test_lossless_when_threshold_above_one(ref, parse):
     got = ids(parse.generate(PROMPTS, sp(48, extra_args={"parse_threshold": 1.5})))
     assert got == want
     after = parse_vllm.get_stats(parse)
-    assert after["drafts"] > before["drafts"]
-    assert after["rejections"] > before["rejections"]
-    assert after["tokens_accepted_semantic"] == before["tokens_accepted_semantic"]
-    # P(yes) <= 1 fails τ > 1 without a judgment: no verification pass was run.
-    assert after["copies"] == before["copies"] and after["verification_passes"] == before["verification_passes"]
+    for key in ("drafts", "drafter_passes", "drafter_rows", "copies", "verification_passes"):
+        assert after[key] == before[key], key
 
 
 def _accept_all_expected(ref, draft, prompt, max_tokens):
@@ -381,15 +378,17 @@ def parse_long(tiny_models):
 
 
 def test_long_window_redraft_lossless(ref, parse_long):
+    """Redraft mode judging W = 256 windows at τ = 1 (every judged prefix
+    fails, P(yes) < 1): greedy output is the target's own, through
+    rejections, rewrites and redrafts."""
     import parse_vllm
 
     parse_vllm.reset_stats(parse_long)  # counters of this test's requests only
-    params = [sp(300 if i < 2 else 48, extra_args={"parse_threshold": 1.5}) for i in range(len(PROMPTS))]
+    params = [sp(300 if i < 2 else 48, extra_args={"parse_threshold": 1.0}) for i in range(len(PROMPTS))]
     want = ids(ref.generate(PROMPTS, [sp(q.max_tokens) for q in params]))
     assert ids(parse_long.generate(PROMPTS, params)) == want
     stats = parse_vllm.get_stats(parse_long)
-    assert stats["rounds"] > 0  # rejected drafts were redrafted
-    assert stats["copies"] == 0  # τ > 1 needs no judgment
+    assert stats["rounds"] > 0 and stats["copies"] > 0  # drafts were judged, rejected and redrafted
     # two-stage: holistic copies first, then the earlier boundaries of those
     # that failed, i.e. more copies than judged drafts
     parse_vllm.reset_stats(parse_long)
@@ -415,21 +414,107 @@ def test_long_window_accept_all(ref, draft, parse_long):
 
 
 def test_lossless_with_a_draft_that_agrees(ref, tiny_models):
-    """τ > 1 with the target as its own draft: token-level acceptance takes
-    drafts whole, and the output is still exactly the target's."""
+    """The target as its own draft, judged under the strictest guard: the
+    output is exactly the target's, and the drafter, run only over the
+    requests that draft and catching each up from where its draft KV ends,
+    drafts what the target writes (token-level acceptance takes almost every
+    draft token; a drafter reading wrong KV would not)."""
     import parse_vllm
 
     kw = parse_kwargs(tiny_models)
     kw["speculative_config"]["model"] = str(tiny_models["target"])
     llm = make_llm(**kw)
     try:
-        params = sp(40, extra_args={"parse_threshold": 1.5})
+        params = sp(40, extra_args={"parse_threshold": 0.5, "parse_guard": 1})
         assert ids(llm.generate(PROMPTS, params)) == ids(ref.generate(PROMPTS, sp(40)))
         st = parse_vllm.get_stats(llm)
-        assert st["tokens_accepted_token_level"] > 0 and st["drafts_accepted_whole"] > 0, st
-        assert st["tokens_accepted_semantic"] == 0 and st["copies"] == 0
+        assert st["tokens_accepted_token_level"] >= 0.9 * st["draft_tokens"] > 0, st
+        assert st["tokens_accepted_semantic"] == 0
     finally:
         close_llm(llm)
+
+
+# -- the drafter only over the requests that draft --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def parse_rows(tiny_models):
+    """Redraft mode without token-level speculation (a request the target is
+    rewriting is not drafted for), and passes of at most 64 tokens (long
+    prompts are prefilled in chunks, and their draft KV caught up in chunks)."""
+    llm = make_llm(
+        **parse_kwargs(
+            tiny_models,
+            on_reject="redraft",
+            redraft_tokens=8,
+            max_rounds=3,
+            labels=["Yes", "No"],
+            record_judgments=4096,
+        ),
+        max_num_batched_tokens=64,
+    )
+    yield llm
+    close_llm(llm)
+
+
+def test_drafter_runs_only_over_requests_that_draft(ref, parse_rows):
+    """A batch mixing requests that never draft (τ > 1, PARSE off), one that
+    drafts every step (τ = 0) and ones rejected at every judgment (τ = 1):
+    the drafter's calls hold exactly the requests that draft (counted: one
+    row per draft offered; before, every request of the batch was a row of
+    every call), and the requests that never draft write the target's text."""
+    import parse_vllm
+
+    prompts = PROMPTS[:3] + PROMPTS[4:7]
+    t = "parse_threshold"
+    extra = [{t: 1.5}, {"parse": False}, {t: 0.0}, {t: 1.0}, {t: 1.0}, {t: 1.5}]
+    parse_vllm.reset_stats(parse_rows)
+    got = ids(parse_rows.generate(prompts, [sp(40, extra_args=e, ignore_eos=True) for e in extra]))
+    st = parse_vllm.get_stats(parse_rows)
+    assert st["rounds"] > 0 and st["drafts"] > st["rounds"]
+    assert st["drafter_rows"] == st["drafts"], st
+    want = ids(ref.generate([prompts[i] for i in (0, 1, 5)], sp(40, ignore_eos=True)))
+    assert [got[i] for i in (0, 1, 5)] == want
+
+
+def test_redrafts_catch_the_draft_kv_up(draft, parse_rows):
+    """τ = 1 in redraft mode: every judged draft is rejected, the target
+    rewrites a few tokens without the drafter, then the request drafts again
+    from a draft KV caught up over what it missed. Every recorded draft is
+    the draft model's own greedy continuation of its prefix."""
+    import parse_vllm
+
+    parse_vllm.reset_stats(parse_rows)
+    parse_rows.generate(PROMPTS[:4], sp(60, extra_args={"parse_threshold": 1.0}, ignore_eos=True))
+    assert parse_vllm.get_stats(parse_rows)["rounds"] >= 4
+    drafts: dict[tuple, list[int]] = {}  # (request, committed length) -> longest judged draft prefix
+    for r in parse_vllm.get_judgments(parse_rows)[-200:]:
+        committed = len(r["token_ids"]) - r["boundary"]
+        key = (r["req_id"], committed)
+        if len(r["token_ids"]) > len(drafts.get(key, [])):
+            drafts[key] = r["token_ids"]
+    later = {k: v for k, v in drafts.items() if k[1] > min(c for (q, c) in drafts if q == k[0])}
+    assert len(later) >= 4, "no request drafted again after a rewrite"
+    for (_, committed), seq in later.items():
+        want = ids(draft.generate([{"prompt_token_ids": seq[:committed]}], sp(len(seq) - committed, ignore_eos=True)))
+        assert seq[committed:] == want[0]
+
+
+def test_long_prompt_draft_kv_caught_up_in_chunks(ref, draft, parse_rows):
+    """A prompt longer than a pass (64 tokens) is prefilled in chunks; the
+    drafter catches its KV up in passes of at most 64 tokens when it first
+    drafts, then drafts exactly what the draft model alone writes (τ = 0)."""
+    import parse_vllm
+
+    prompt = prompt_ids(parse_rows, [PROMPTS[4] * 12])[0]
+    assert len(prompt) > 3 * 64
+    parse_vllm.reset_stats(parse_rows)
+    max_tokens = 2 * WINDOW + 6
+    got = ids(parse_rows.generate([{"prompt_token_ids": prompt}], sp(max_tokens, extra_args={"parse_threshold": 0.0})))
+    assert got[0] == _accept_all_expected(ref, draft, prompt, max_tokens)
+    st = parse_vllm.get_stats(parse_rows)
+    assert st["drafter_passes"] > st["drafts"]  # catch-up passes before the first draft
+    assert st["drafter_tokens"] >= len(prompt)
 
 
 def test_tight_scratch_and_prefix_caching_judge_the_same(parse, tiny_models):

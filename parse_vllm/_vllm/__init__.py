@@ -17,6 +17,7 @@ One concern per module:
   executor.py   vLLM's Ray executor on CPU
   models.py     registering a model architecture; the target's tokenizer
   batch.py      the runner's requests and input batch
+  drafting.py   the draft-model proposer over chosen rows of the batch
   attention.py  attention layers, KV-cache groups, layouts and backends
   forward.py    target forwards outside vLLM's step
   sampling.py   spec-decode metadata, sampler and rejection-sampler output
@@ -81,6 +82,7 @@ from .attention import (  # noqa: E402
 )
 from .batch import (  # noqa: E402
     batch_request_block_ids,
+    committed_tokens,
     discarded_rows_cpu_generators,
     generators_hidden,
     request_block_table,
@@ -89,7 +91,9 @@ from .batch import (  # noqa: E402
     request_limits,
     request_output_len,
     request_wants_logprobs,
+    rows_in_partial_prefill,
 )
+from .drafting import propose_rows, proposer_arguments, resumed_request_ids, rows_drafting_unsupported  # noqa: E402
 from .executor import cpu_ray_executor_cls  # noqa: E402
 from .forward import run_target_forward, run_target_forward_with_layer_metadata, target_logits  # noqa: E402
 from .log import init_logger  # noqa: E402
@@ -146,6 +150,8 @@ __all__ = [
     "standard_kv_cache_views",
     "target_attention_layers",
     "batch_request_block_ids",
+    "committed_tokens",
+    "rows_in_partial_prefill",
     "discarded_rows_cpu_generators",
     "generators_hidden",
     "request_block_table",
@@ -154,6 +160,10 @@ __all__ = [
     "request_limits",
     "request_output_len",
     "request_wants_logprobs",
+    "propose_rows",
+    "proposer_arguments",
+    "resumed_request_ids",
+    "rows_drafting_unsupported",
     "cpu_ray_executor_cls",
     "run_target_forward",
     "run_target_forward_with_layer_metadata",

@@ -93,3 +93,22 @@ def batch_request_block_ids(input_batch) -> set[int]:
         for row in range(input_batch.num_reqs):
             held.update(int(b) for b in ids[row, : table.num_blocks_per_row[row]])
     return held
+
+
+def committed_tokens(runner):
+    """(token ids [max_reqs, max_len] numpy, tokens per row [B]): every row's
+    prompt and output tokens as of the start of this step (the step's sampled
+    tokens are appended in bookkeeping, after drafting)."""
+    batch = runner.input_batch
+    return batch.token_ids_cpu, batch.num_tokens_no_spec[: batch.num_reqs]
+
+
+def rows_in_partial_prefill(runner, scheduler_output):
+    """[B] bool: rows whose prompt is still being prefilled after this step
+    (their sampled token is thrown away)."""
+    import numpy as np
+
+    batch = runner.input_batch
+    scheduled = np.array([scheduler_output.num_scheduled_tokens.get(r, 0) for r in batch.req_ids], dtype=np.int64)
+    n = batch.num_reqs
+    return batch.num_computed_tokens_cpu[:n] + scheduled < batch.num_tokens_no_spec[:n]

@@ -1,0 +1,64 @@
+"""drafting.plan_passes: which rows the drafter runs over, over which tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from parse_vllm.drafting import bucket, plan_passes
+
+
+def _plan(wants, kv_len, known, max_tokens=10, max_rows=16, window=4, spec_tokens=0):
+    return plan_passes(
+        np.array(wants),
+        np.array(kv_len),
+        np.array(known),
+        window=window,
+        spec_tokens=spec_tokens,
+        max_tokens=max_tokens,
+        max_rows=max_rows,
+    )
+
+
+def test_the_worked_example():
+    passes, kv = _plan(wants=[4, 4, 0, 2], kv_len=[10, 0, 20, 5], known=[13, 6, 22, 18])
+    got = [(p.row.tolist(), p.start.tolist(), p.end.tolist(), p.num_draft) for p in passes]
+    assert got == [([3], [5], [14], 0), ([0, 1], [10, 0], [12, 5], 4), ([3], [14], [17], 2)]
+    assert kv.tolist() == [12, 5, 20, 17]
+    assert [p.num_tokens for p in passes] == [10, 9, 4]
+
+
+def test_rows_that_do_not_draft_are_in_no_pass():
+    passes, kv = _plan(wants=[0, 0, 0], kv_len=[3, 0, 7], known=[9, 4, 8])
+    assert passes == [] and kv.tolist() == [3, 0, 7]
+
+
+def test_passes_respect_their_token_and_row_limits():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        b = int(rng.integers(1, 12))
+        known = rng.integers(2, 80, size=b)
+        kv = np.minimum(rng.integers(0, 80, size=b), known - 1)
+        wants = rng.integers(0, 6, size=b)
+        passes, after = _plan(wants, kv, known, max_tokens=16, max_rows=3, window=5, spec_tokens=2)
+        covered = {r: [] for r in range(b)}
+        for p in passes:
+            assert p.num_tokens <= 16 and p.row.shape[0] <= 3
+            assert p.num_draft in (0, 1, 2, 4, 5)  # buckets of wants 0..5
+            for r, s, e in zip(p.row, p.start, p.end):
+                covered[int(r)].append((int(s), int(e)))
+        for r in range(b):
+            if wants[r] == 0:
+                assert covered[r] == [] and after[r] == kv[r]
+                continue
+            # contiguous spans from the row's draft KV to its last known token, one drafting
+            spans = covered[r]
+            assert spans[0][0] == kv[r] and spans[-1][1] == known[r] - 1 and after[r] == known[r] - 1
+            assert all(a[1] == b_[0] for a, b_ in zip(spans, spans[1:]))
+            assert sum(1 for p in passes if p.num_draft and r in p.row) == 1
+
+
+@pytest.mark.parametrize(("n", "want"), [(0, 0), (1, 1), (3, 4), (4, 4), (5, 8), (9, 16), (16, 16), (2, 2), (7, 7)])
+def test_bucket(n, want):
+    # window 16 and spec_tokens 7 are kept exact; others round up to a power of two, at most the window
+    assert bucket(n, 16, 7) == want
