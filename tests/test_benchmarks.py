@@ -132,7 +132,8 @@ def test_e2e_scores_a_run_that_timed_the_baseline_once():
 def test_e2e_run_config_times_the_engines_own_calls(tiny_models, monkeypatch):
     """The benchmark's own engine loop and probes on a tiny PARSE engine: every timer the
     brackets use is filled, and the target's logits are timed apart from verification. The
-    brackets τ = 0 and τ > 1 are decided without judging (no pass runs); τ = 1e-6 judges every
+    brackets τ = 0 and τ > 1 are decided without judging (no pass runs; τ > 1 does not even
+    draft); τ = 1e-6 judges every
     boundary and passes on any P(yes) a tiny model gives."""
     from conftest import PROMPTS, parse_kwargs
     from transformers import AutoTokenizer
@@ -153,6 +154,8 @@ def test_e2e_run_config_times_the_engines_own_calls(tiny_models, monkeypatch):
     assert accept_all["verify_s"] == reject_all["verify_s"] == 0 and accept_all["passes"] == reject_all["passes"] == 0
     assert judged["verify_s"] > 0 and judged["passes"] > 0, judged
     assert accept_all["semantic_tokens"] > 0 and judged["semantic_tokens"] > 0 and reject_all["semantic_tokens"] == 0
+    # τ > 1 never drafts: the drafter holds no row for it
+    assert reject_all["drafter_rows"] == 0 < accept_all["drafter_rows"]
 
 
 def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monkeypatch):
@@ -162,12 +165,12 @@ def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monke
 
     calls = []
 
-    def fake_run_config(name, kw, prompt_sets, taus, parse, max_tokens):
-        calls.append(name)
-        speed = {"target": 10.0 + len(calls) * 0.5, "token-k4": 12.0}.get(name, 20.0)
+    def fake_run_config(name, kw, prompt_sets, taus, parse, max_tokens, extra=None):
+        calls.append((name, extra))
+        speed = {"target": 10.0 + len(calls) * 0.5, "token-k4": 12.0, "parse-off": 11.0}.get(name, 20.0)
         rows = []
         for batch, prompts in prompt_sets.items():
-            for tau in taus:
+            for tau in taus.get(batch, ()) if isinstance(taus, dict) else taus:
                 outputs = [list(p[:5]) for p in prompts]
                 tokens = sum(map(len, outputs))
                 row = {
@@ -189,7 +192,7 @@ def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monke
                     else {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0},
                 }
                 if parse:
-                    row.update(semantic_tokens=3, token_level_tokens=2, passes=1, parse_draft_tokens=9)
+                    row.update(semantic_tokens=3, token_level_tokens=2, passes=1, parse_draft_tokens=9, drafter_rows=4)
                 rows.append(row)
         return rows
 
@@ -204,6 +207,8 @@ def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monke
                 "2",
                 "--bs16-prompts",
                 "3",
+                "--bs64-prompts",
+                "4",
                 "--target",
                 str(tiny_models["target"]),
                 "--draft",
@@ -212,20 +217,36 @@ def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monke
         )
         == 0
     )
-    assert calls == ["target", "token-k4", "parse-continue", "parse-continue-k4", "parse-redraft", "target"]
+    names = ["target", "parse-off", "token-k4", "parse-continue", "parse-continue-k4", "parse-redraft", "target"]
+    assert [c[0] for c in calls] == names and calls[1][1] == {"parse": False}
     out = json.loads((results / "e2e.json").read_text())
     bases = {b["batch"]: b for b in out["baselines"]}
-    assert bases[1]["tok_s_first"] == 10.5 and bases[1]["tok_s_again"] == 13.0 and bases[1]["drift_flagged"]
+    assert bases[1]["tok_s_first"] == 10.5 and bases[1]["tok_s_again"] == 13.5 and bases[1]["drift_flagged"]
+    # batch 64: the target (both timings) and τ = 0 only
+    assert {(r["config"], r["tau"]) for r in out["rows"] if r["batch"] == 64} == {
+        ("target", None),
+        ("target-again", None),
+        ("parse-continue", 0.0),
+    }
     summary = json.loads((results / "summary.json").read_text())
-    assert summary["e2e_speedup_bs1"] == pytest.approx(20.0 / 11.75)
+    assert summary["e2e_speedup_bs1"] == pytest.approx(20.0 / 12.0)
     assert summary["draft_token_acceptance_rate"] == pytest.approx(5 / 16)
-    assert summary["target_baseline_drift"]["16"] == pytest.approx(13.0 / 10.5 - 1)
+    assert summary["target_baseline_drift"]["16"] == pytest.approx(13.5 / 10.5 - 1)
+    assert summary["parse_off_speedup_bs16"] == pytest.approx(11.0 / 12.0)
+    assert summary["reject_all_speedup_bs16"] == pytest.approx(20.0 / 12.0)
+    # the judged reject-all bracket is the τ = 1 row: (wall - target wall) / (draft + verify + Δforward + Δlogits)
+    b16 = next(b for b in out["brackets"] if b["batch"] == 16)
+    assert b16["reject_all_tau"] == 1.0 and b16["reject_all_ideal_overhead_s"] == pytest.approx(0.03)
+    for key in ("accept_all_fraction_of_ideal_bs1", "accept_all_fraction_of_ideal_bs16"):
+        assert summary[key] is not None
+    assert summary["accept_all_fraction_of_ideal_bs64"] is not None
     assert (results / "e2e.png").stat().st_size > 0
     shutil.copy2(FULL / "verify.json", results / "verify.json")
     text = report.render(results, "bench/results")
-    assert "10.5 tok/s first, 13.0 last (drift +23.8%)" in text and "Warning" in text
+    assert "10.5 tok/s first, 13.5 last (drift +28.6%)" in text and "Warning" in text
     goals = text.split("## 1.")[0]  # the goals table carries the warning too
-    assert "drifted (+24% at bs 1, +24% at bs 16" in goals
+    assert "drifted (+29% at bs 1, +29% at bs 16" in goals
+    assert "| PARSE off per request ≥ 0.95× the target alone, bs 16 | 0.92 | **not met** |" in goals
     # the acceptance goal is judged on the trainer's figure over all 80 questions when the
     # draft has one (training.json), with this run's own subset beside it
     row = next(line for line in goals.splitlines() if "≥ 30%" in line)
@@ -241,5 +262,5 @@ def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monke
     row = next(
         line for line in report.render(results, "bench/results").split("## 1.")[0].splitlines() if "≥ 30%" in line
     )
-    assert "0.250 on all 80 questions (mean length 1.90); 0.312" in row and "on this run's 5" in row
+    assert "0.250 on all 80 questions (mean length 1.90); 0.312" in row and "on this run's 9" in row
     assert row.endswith("**not met** |")

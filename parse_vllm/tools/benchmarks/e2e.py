@@ -6,6 +6,7 @@ kept in flight through the engine's own ``add_request``/``step`` loop, so each r
 latency is its own).  Configurations, one engine each, all in one run:
 
 * ``target``        -- the target alone;
+* ``parse-off``     -- a PARSE engine with PARSE off for every request (``parse: false``);
 * ``token-k4``      -- vLLM's ``draft_model`` token-level speculation, same draft, k = 4;
 * ``parse-continue``-- PARSE paper mode (draft W, judge, keep the valid prefix, the target
                        continues alone), swept over τ per request (``parse_threshold``);
@@ -17,16 +18,19 @@ latency is its own).  Configurations, one engine each, all in one run:
 Speedups are against the mean of the two target-alone timings (per batch size); a drift
 of more than 10% between them is flagged, since every ratio of that run is then suspect.
 Agreement with the (first) target-alone output: ROUGE-L F1 over tokens and the exact-match rate.
-Brackets that do not depend on model quality (per batch size):
+Brackets that do not depend on model quality (per batch size; batch 64 runs the target
+and τ = 0 only, on all 80 questions):
 
 * τ = 0 (accept all) vs the draft-bound ideal: ideal speedup = target-alone time /
   (drafter time + target forward and logits time + verification time, as timed inside
   the τ = 0 run); the fraction of the ideal reached = measured speedup / ideal speedup.
-* τ > 1 (reject all) vs the ideal overhead: measured overhead = PARSE time - target time;
-  ideal overhead = drafter time + verification time + the extra target forward and logits
-  time spent on drafts (PARSE run's - target run's; token-level acceptance needs the
-  target's logits at every draft position).  Runs before the logits were timed (their rows
-  have no ``logits_s``) counted the forward only.
+* τ = 1 (reject all, judged: every prefix fails since P(yes) < 1) vs the ideal overhead:
+  measured overhead = PARSE time - target time; ideal overhead = drafter time +
+  verification time + the extra target forward and logits time spent on drafts (PARSE
+  run's - target run's; token-level acceptance needs the target's logits at every draft
+  position).  Runs without a τ = 1 row use the τ > 1 row.
+* τ > 1 (no judgment can pass: the request never drafts) and PARSE off per request: their
+  speedups, which should be ~1 (what a request gaining nothing from PARSE costs).
 """
 
 from __future__ import annotations
@@ -39,14 +43,21 @@ from pathlib import Path
 from parse_vllm.tools import engine
 from parse_vllm.tools.benchmarks import common
 
-TAUS_QUICK = (0.0, 0.5, 1.5)
-TAUS_FULL = (0.0, 0.5, 0.9, 1.5)
+TAUS_QUICK = (0.0, 0.5, 1.0, 1.5)
+TAUS_FULL = (0.0, 0.5, 0.9, 1.0, 1.5)
 
 
 def run_config(
-    name: str, kw: dict, prompt_sets: dict[int, list[list[int]]], taus: list[float | None], parse: bool, max_tokens: int
+    name: str,
+    kw: dict,
+    prompt_sets: dict[int, list[list[int]]],
+    taus: list[float | None] | dict[int, list[float | None]],  # or per batch size
+    parse: bool,
+    max_tokens: int,
+    extra: dict | None = None,
 ) -> list[dict]:
-    """One engine; every (batch size, τ) run of this configuration on it."""
+    """One engine; every (batch size, τ) run of this configuration on it. `extra`: more
+    per-request extra_args (``{"parse": False}``: PARSE off for every request)."""
     import parse_vllm
     from parse_vllm._vllm import LLM, SamplingParams
 
@@ -60,9 +71,9 @@ def run_config(
         first = next(iter(prompt_sets.values()))[0]
         llm.generate([{"prompt_token_ids": first}], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
         for batch, prompts in prompt_sets.items():
-            for tau in taus:
-                extra = {"parse_threshold": tau} if tau is not None else None
-                params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args=extra) for _ in prompts]
+            for tau in taus.get(batch, ()) if isinstance(taus, dict) else taus:
+                args = {**({"parse_threshold": tau} if tau is not None else {}), **(extra or {})} or None
+                params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args=args) for _ in prompts]
                 if parse:
                     parse_vllm.reset_stats(llm)
                 llm.collective_rpc(probe.reset)
@@ -90,6 +101,7 @@ def run_config(
                         token_level_tokens=st["tokens_accepted_token_level"],
                         passes=st["verification_passes"],
                         parse_draft_tokens=st["draft_tokens"],
+                        drafter_rows=st["drafter_rows"],
                     )
                 elif spec["drafts"]:
                     row.update(token_level_tokens=int(spec["accepted"]))
@@ -170,13 +182,24 @@ def score(rows: list[dict]) -> list[dict]:
 
 
 def bracket(rows: list[dict], baselines: list[dict]) -> list[dict]:
-    """The τ = 0 and τ > 1 brackets of parse-continue against the (mean) target-alone baseline."""
+    """What PARSE costs where it gains nothing, and how close τ = 0 gets to its ideal, per batch
+    size, against the (mean) target-alone baseline (parse-continue rows; see the module's doc)."""
     brackets = []
     for ref in baselines:
         b = ref["batch"]
-        acc = next((r for r in rows if r["config"] == "parse-continue" and r["batch"] == b and r["tau"] == 0.0), None)
-        rej = next((r for r in rows if r["config"] == "parse-continue" and r["batch"] == b and r["tau"] > 1), None)
+
+        def find(config, pred, b=b):
+            return next((r for r in rows if r["config"] == config and r["batch"] == b and pred(r["tau"])), None)
+
+        acc = find("parse-continue", lambda t: t == 0.0)
+        judged_rej = find("parse-continue", lambda t: t == 1.0) or find("parse-continue", lambda t: t > 1)
+        never = find("parse-continue", lambda t: t > 1)
+        off = find("parse-off", lambda t: True)
         entry = {"batch": b}
+        if never:
+            entry["reject_all_speedup"] = never["speedup"]
+        if off:
+            entry["parse_off_speedup"] = off["speedup"]
         if acc:
             busy = acc["draft_s"] + acc["forward_s"] + acc["logits_s"] + acc["verify_s"]
             ideal = ref["wall_s"] / busy
@@ -186,15 +209,16 @@ def bracket(rows: list[dict], baselines: list[dict]) -> list[dict]:
                 accept_all_ideal_speedup=ideal,
                 accept_all_fraction_of_ideal=measured / ideal,
             )
-        if rej:
-            measured_over = rej["wall_s"] - ref["wall_s"]
+        if judged_rej:
+            measured_over = judged_rej["wall_s"] - ref["wall_s"]
             ideal_over = (
-                rej["draft_s"]
-                + rej["verify_s"]
-                + (rej["forward_s"] - ref["forward_s"])
-                + (rej["logits_s"] - ref["logits_s"])
+                judged_rej["draft_s"]
+                + judged_rej["verify_s"]
+                + (judged_rej["forward_s"] - ref["forward_s"])
+                + (judged_rej["logits_s"] - ref["logits_s"])
             )
             entry.update(
+                reject_all_tau=judged_rej["tau"],
                 reject_all_overhead_s=measured_over,
                 reject_all_ideal_overhead_s=ideal_over,
                 reject_all_over_ideal_overhead=measured_over / ideal_over if ideal_over > 0 else None,
@@ -218,6 +242,12 @@ def main(argv=None) -> int:
         default=None,
         help="questions run at batch 16 (default: quick 16, full 32; 80 = all)",
     )
+    ap.add_argument(
+        "--bs64-prompts",
+        type=int,
+        default=None,
+        help="questions run at batch 64, target and τ = 0 only (default: quick 0, full 80 = all)",
+    )
     ap.add_argument("--max-tokens", type=int, default=None, help="answer cap (default 256; quick 128)")
     ap.add_argument("--window", type=int, default=None, help="PARSE draft window W (default 128; quick 64)")
     ap.add_argument("--taus", type=float, nargs="+", default=None)
@@ -240,15 +270,18 @@ def main(argv=None) -> int:
     def spread(n):
         return [questions[round(i * len(questions) / n)] for i in range(n)] if n < len(questions) else questions
 
-    sets = {1: spread(n1), 16: spread(n16)}
+    n64 = args.bs64_prompts if args.bs64_prompts is not None else (0 if args.quick else len(questions))
+    sets = {1: spread(n1), 16: spread(n16), **({64: spread(n64)} if n64 else {})}
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(target))
     ids = {b: [chat_prompt_ids(tok, q["prompt"]) for q in qs] for b, qs in sets.items()}
     mlen = max(len(p) for ps in ids.values() for p in ps) + args.max_tokens + window + 64
-    base = dict(max_model_len=mlen, max_num_seqs=16)
+    base = dict(max_model_len=mlen, max_num_seqs=max(sets))
+    small = {b: [None] for b in sets if b < 64}  # the configurations not run at batch 64
     configs = [
         ("target", common.engine_kwargs(target, **base), [None], False),
+        ("parse-off", common.parse_engine(target, draft, window, {"on_reject": "continue"}, **base), small, True),
         (
             "token-k4",
             common.engine_kwargs(
@@ -256,26 +289,32 @@ def main(argv=None) -> int:
                 speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": 4},
                 **base,
             ),
-            [None],
+            small,
             False,
         ),
-        ("parse-continue", common.parse_engine(target, draft, window, {"on_reject": "continue"}, **base), taus, True),
+        (
+            "parse-continue",
+            common.parse_engine(target, draft, window, {"on_reject": "continue"}, **base),
+            {b: taus if b < 64 else [0.0] for b in sets},
+            True,
+        ),
         (
             "parse-continue-k4",
             common.parse_engine(target, draft, window, {"on_reject": "continue", "spec_tokens": 4}, **base),
-            [0.5],
+            {b: [0.5] for b in sets if b < 64},
             True,
         ),
         (
             "parse-redraft",
             common.parse_engine(target, draft, 32, {"on_reject": "redraft", "redraft_tokens": 32}, **base),
-            [0.5, 0.9] if not args.quick else [0.5],
+            {b: [0.5, 0.9] if not args.quick else [0.5] for b in sets if b < 64},
             True,
         ),
     ]
     rows: list[dict] = []
     for name, kw, tau_list, is_parse in configs:
-        rows += run_config(name, kw, ids, tau_list, is_parse, args.max_tokens)
+        extra = {"parse": False} if name == "parse-off" else None
+        rows += run_config(name, kw, ids, tau_list, is_parse, args.max_tokens, extra)
     # the baseline again, last, on a fresh engine: drift between the two is the run's noise
     # (full mode only: the quick pass keeps make bench under 15 minutes and feeds no report)
     if not args.quick:
@@ -309,7 +348,7 @@ def main(argv=None) -> int:
     print(f"token-level (vLLM draft_model, k=4): acceptance rate {accept_rate}, mean acceptance length {mean_len}")
 
     def best(b):
-        cands = [r for r in rows if r["batch"] == b and r["config"].startswith("parse")]
+        cands = [r for r in rows if r["batch"] == b and r["config"].startswith("parse") and r["config"] != "parse-off"]
         r = max(cands, key=lambda r: r["speedup"]) if cands else None
         return r and {
             "speedup": r["speedup"],
@@ -357,6 +396,13 @@ def main(argv=None) -> int:
             "e2e_speedup_bs16_best": b16,
             "accept_all_fraction_of_ideal": br.get(1, {}).get("accept_all_fraction_of_ideal"),
             "reject_all_over_ideal_overhead": br.get(1, {}).get("reject_all_over_ideal_overhead"),
+            "reject_all_speedup_bs16": br.get(16, {}).get("reject_all_speedup"),
+            "parse_off_speedup_bs16": br.get(16, {}).get("parse_off_speedup"),
+            "reject_all_over_ideal_overhead_bs1": br.get(1, {}).get("reject_all_over_ideal_overhead"),
+            "reject_all_over_ideal_overhead_bs16": br.get(16, {}).get("reject_all_over_ideal_overhead"),
+            "accept_all_fraction_of_ideal_bs1": br.get(1, {}).get("accept_all_fraction_of_ideal"),
+            "accept_all_fraction_of_ideal_bs16": br.get(16, {}).get("accept_all_fraction_of_ideal"),
+            "accept_all_fraction_of_ideal_bs64": br.get(64, {}).get("accept_all_fraction_of_ideal"),
             "brackets": brackets,
             "target_baseline_drift": {str(b["batch"]): b["drift"] for b in baselines},
             "draft_token_acceptance_rate": accept_rate,
