@@ -1,17 +1,19 @@
 """The multi-node shape on one machine: a local Ray cluster of two nodes (a
-head and a second node, one CPU each, `ray start`), PARSE with tensor
+head and a second node, one CPU each: ray.cluster_utils.Cluster starts the
+nodes `ray start` would, as processes of this script), PARSE with tensor
 parallelism 2 on vLLM's Ray executor placed across them (one placement-group
 bundle of one CPU per node, so one rank per node; the rank on the second
 node talks to the engine over TCP as on a real second machine), then
 scripts/ray_batch.py (Ray Data) over a small JSONL through the same cluster.
-Stops the cluster (`ray stop`) whatever happens.
+Shuts the cluster down whatever happens (its own processes only: `ray stop`
+would end every Ray process on the machine).
 
     python scripts/ray_two_nodes.py --target TARGET --draft DRAFT --window 16 [--out result.json]
 
-Checks: the engine's two placement-group bundles (a worker each) are on two Ray nodes; greedy requests at
-τ = 0.5 with the strictest token guard (parse_guard 1) give exactly the
-tokens of PARSE-off requests (the target's greedy output, token-level
-speculation only); τ = 0 drafts are judged and taken; no KV block is held
+Checks: the engine's two placement-group bundles (a worker each) are on two
+Ray nodes; greedy requests at τ = 0.5 with the strictest token guard
+(parse_guard 1) give exactly the tokens of PARSE-off requests (the target's
+greedy output, token-level speculation only); τ = 0 drafts are taken whole; no KV block is held
 afterwards on either rank; ray_batch.py writes every request's row.
 On real machines the same runs with `ray start --head` on one and
 `ray start --address HEAD:PORT` on the others, then RAY_ADDRESS=HEAD:PORT."""
@@ -28,7 +30,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PORT = 6390
 PROMPTS = [
     "Hello there, how are you?",
     "Write a poem about the sea.",
@@ -36,11 +37,6 @@ PROMPTS = [
     "Tell me a story about a dragon who learns to fly over the mountains at night.",
     "The capital of France is",
 ]
-
-
-def ray_cli(*args: str, env: dict) -> None:
-    ray = Path(sys.executable).with_name("ray")
-    subprocess.run([str(ray), *args], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def engine_run(args, address: str) -> dict:
@@ -101,27 +97,27 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--engine-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    address = f"127.0.0.1:{PORT}"
     if args.engine_only:
-        print("ENGINE " + json.dumps(engine_run(args, address)), flush=True)
+        print("ENGINE " + json.dumps(engine_run(args, os.environ["RAY_ADDRESS"])), flush=True)
         return 0
 
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    from ray.cluster_utils import Cluster
+
+    os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    env = {**os.environ}
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     result: dict = {}
     t0 = time.time()
+    # Two Ray nodes (a head and a second node, as `ray start --head` and
+    # `ray start --address` make them); shutdown() ends exactly their processes.
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "resources": {"parse_node_head": 1}, "include_dashboard": False},
+    )
     try:
-        ray_cli(
-            "start",
-            "--head",
-            f"--port={PORT}",
-            "--num-cpus=1",
-            '--resources={"parse_node_head": 1}',
-            "--include-dashboard=false",
-            env=env,
-        )
-        ray_cli("start", f"--address={address}", "--num-cpus=1", '--resources={"parse_node_second": 1}', env=env)
-        env["RAY_ADDRESS"] = address
+        cluster.add_node(num_cpus=1, resources={"parse_node_second": 1})
+        cluster.wait_for_nodes()
+        address = env["RAY_ADDRESS"] = cluster.address
         proc = subprocess.run(
             [sys.executable, __file__, "--engine-only", "--target", args.target, "--draft", args.draft]
             + ["--window", str(args.window)],
@@ -168,7 +164,7 @@ def main() -> int:
                 "stats": json.loads(Path(str(out) + ".stats.json").read_text())["parse_stats"],
             }
     finally:
-        ray_cli("stop", env=env)
+        cluster.shutdown()
     result["seconds"] = round(time.time() - t0, 1)
     e = result["engine"]
     ok = (
