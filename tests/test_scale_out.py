@@ -10,11 +10,12 @@ target forwards (HF transformers, float32), as test_offline does for TP 1.
 vLLM's CPU executor binds each rank's OpenMP threads to a NUMA node of its
 own by default (VLLM_CPU_OMP_THREADS_BIND=auto), which refuses two ranks on a
 one-node machine ("Not enough allowed NUMA nodes to bind threads of 2 local
-CPUWorkers"): the ranks are given a core each here (or share the xdist
-worker's core, conftest.py)."""
+CPUWorkers"): the ranks are given a core each here, also under xdist.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -27,24 +28,32 @@ TP = 2
 MAX_TOKENS = 48
 
 
-def _omp_bind() -> str:
-    """One core list per rank ("0|1"), or "nobind" where the process has a
-    single core (an xdist worker: conftest.py already chose nobind)."""
-    current = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
-    if current != "auto":
-        return current
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < TP:
-        return "nobind"
-    per = len(cores) // TP
-    return "|".join(",".join(map(str, cores[r * per : (r + 1) * per])) for r in range(TP))
+def _rank_cores() -> list[int]:
+    """The cores the ranks run on: the machine's (under xdist conftest.py pins
+    each worker to one core; two ranks and the engine core spinning on one
+    core start ~4x slower, so this module takes the cores back while it runs,
+    one per rank)."""
+    cores = os.sched_getaffinity(0)
+    with contextlib.suppress(OSError):
+        cores = cores | os.sched_getaffinity(os.getppid())
+    return sorted(cores)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _bind():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_CPU_OMP_THREADS_BIND", _omp_bind())
-        yield
+    """One core list per rank ("0|1"): vLLM's default binding (auto) wants a
+    NUMA node per rank; "nobind" where there are fewer cores than ranks."""
+    saved = os.sched_getaffinity(0)
+    cores = _rank_cores()
+    per = len(cores) // TP
+    bind = "|".join(",".join(map(str, cores[r * per : (r + 1) * per])) for r in range(TP)) if per else "nobind"
+    os.sched_setaffinity(0, cores)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("VLLM_CPU_OMP_THREADS_BIND", bind)
+            yield
+    finally:
+        os.sched_setaffinity(0, saved)
 
 
 def sp(max_tokens=MAX_TOKENS, **kw):
