@@ -4,7 +4,9 @@ started with VLLM_SERVER_DEV_MODE=1, `POST /collective_rpc {"method": ...}`):
 
   parse_stats, parse_judgments, parse_reset_stats   PARSE counters
   parse_kv_blocks, parse_reset_kv_audit   the worker's view of the KV blocks
-                    (leak checks; high-water marks with audit_kv_blocks)"""
+                    (leak checks; high-water marks with audit_kv_blocks)
+  parse_scratch_ids   the scratch KV block ids this rank holds back (with
+                    tensor parallelism every rank must hold back the same)"""
 
 from __future__ import annotations
 
@@ -57,6 +59,9 @@ class _StatsRPC:
             # option audit_kv_blocks; None when it is off).
             "audit": None if audit is None else dataclasses.asdict(audit),
         }
+
+    def parse_scratch_ids(self) -> list[int]:
+        return [] if self._parse is None else [int(x) for x in self._parse.scratch_ids()]
 
     def parse_reset_kv_audit(self) -> None:
         from parse_vllm.metrics import KvAudit

@@ -199,3 +199,31 @@ def test_ray_batch_refuses_bad_input_naming_the_line(tmp_path, tiny_models):
     assert proc.returncode != 0
     assert f"{inp}:2" in proc.stderr and "parse_threshold" in proc.stderr
     assert not (tmp_path / "o.jsonl").exists()  # refused before Ray or any engine started
+
+
+def test_cpu_ray_worker_threads():
+    """The OpenMP threads a CPU worker in a Ray actor sets before it starts
+    (vLLM sets them only for the processes of its own executor): a core list
+    per local rank pins the worker; "nobind" takes OMP_NUM_THREADS; "auto"
+    one thread per CPU of the worker's placement-group bundle (1 without one)."""
+    import os
+    from types import SimpleNamespace
+
+    import torch
+
+    from parse_vllm._vllm.executor import cpu_worker_threads
+
+    saved_threads, saved_cores = torch.get_num_threads(), os.sched_getaffinity(0)
+    core = sorted(saved_cores)[-1]
+    no_pg = SimpleNamespace(placement_group=None)
+    try:
+        assert cpu_worker_threads(1, {"VLLM_CPU_OMP_THREADS_BIND": f"0|{core}"}, no_pg) == (1, [core])
+        assert os.sched_getaffinity(0) == {core}
+        os.sched_setaffinity(0, saved_cores)
+        with pytest.raises(RuntimeError, match="local rank 2"):
+            cpu_worker_threads(2, {"VLLM_CPU_OMP_THREADS_BIND": f"0|{core}"}, no_pg)
+        assert cpu_worker_threads(0, {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}, no_pg)[0] == 1
+        assert cpu_worker_threads(0, {}, no_pg) == (1, None)
+    finally:
+        os.sched_setaffinity(0, saved_cores)
+        torch.set_num_threads(saved_threads)
