@@ -251,6 +251,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=None, help="answer cap (default 256; quick 128)")
     ap.add_argument("--window", type=int, default=None, help="PARSE draft window W (default 128; quick 64)")
     ap.add_argument("--taus", type=float, nargs="+", default=None)
+    ap.add_argument(
+        "--dtype",
+        default="bfloat16",
+        help="model dtype (float32 on CPUs without native bf16 matmul, where bf16 is emulated and slow)",
+    )
     ap.add_argument("--results", type=Path, default=Path("bench/results"))
     ap.add_argument("--target", type=Path, default=None)
     ap.add_argument("--draft", type=Path, default=None)
@@ -277,7 +282,7 @@ def main(argv=None) -> int:
     tok = AutoTokenizer.from_pretrained(str(target))
     ids = {b: [chat_prompt_ids(tok, q["prompt"]) for q in qs] for b, qs in sets.items()}
     mlen = max(len(p) for ps in ids.values() for p in ps) + args.max_tokens + window + 64
-    base = dict(max_model_len=mlen, max_num_seqs=max(sets))
+    base = dict(max_model_len=mlen, max_num_seqs=max(sets), dtype=args.dtype)
     small = {b: [None] for b in sets if b < 64}  # the configurations not run at batch 64
     configs = [
         ("target", common.engine_kwargs(target, **base), [None], False),
@@ -371,6 +376,7 @@ def main(argv=None) -> int:
             "draft_acceptance_mtbench": draft_acc,
             "window": window,
             "max_tokens": args.max_tokens,
+            "dtype": args.dtype,
             "prompts": {str(b): [q["question_id"] for q in qs] for b, qs in sets.items()},
             "rows": printable,
             "brackets": brackets,

@@ -15,6 +15,10 @@ from pathlib import Path
 from . import common, e2e, verify
 
 
+def _dtype(e: dict) -> str:
+    return {"bfloat16": "bf16", "float32": "float32"}.get(e.get("dtype", "bfloat16"), e.get("dtype"))
+
+
 def _ge(bound):
     return lambda x: x >= bound
 
@@ -104,7 +108,8 @@ def render(results: Path, figures: str) -> str:
         "",
         f"Machine: {m['cores']} cores ({m['cpu']}), torch {m['torch']}, vLLM {m['vllm']}; bench_e2e run {m['date']}, "
         f"bench_verify run {v['machine']['date']}. "
-        f"Target `{Path(e['target']).name}`, draft `{Path(e['draft']).name}` (bf16, eager). "
+        f"Target `{Path(e['target']).name}`, draft `{Path(e['draft']).name}` ({_dtype(e)}, eager), "
+        f"window W = {e['window']}, max_tokens {e['max_tokens']}. "
         "This machine is shared and noisy: only ratios measured side by side in one run are reported.",
         "",
         "## Goals",
@@ -188,7 +193,7 @@ def render(results: Path, figures: str) -> str:
         "",
         f"![e2e]({figures}/e2e.png)",
         "",
-        "Greedy decoding in bf16 is not batch-invariant: vLLM's own (lossless) token-level speculation "
+        f"Greedy decoding in {_dtype(e)} is not batch-invariant: vLLM's own (lossless) token-level speculation "
         "already departs from the target-alone text (the `token-k4` rows), so its ROUGE-L is the bar for "
         '"no visible loss" here. Fastest PARSE run at that bar (ROUGE-L ≥ token-k4\'s − 0.05), per batch size:',
         "",
