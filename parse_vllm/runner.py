@@ -12,8 +12,8 @@ draft and computes logits at every draft position. In `_sample` this runner
 The accepted prefix's KV was written by the forward and is kept as is (the
 scheduler rolls back only the rejected tail). Per-request phases live in the
 `controller.ParseController` (`self.parse`), which also says how many draft
-tokens each request gets next (`propose_draft_token_ids`,
-`take_draft_token_ids`).
+tokens each request gets next; `propose_draft_token_ids` runs the drafter only
+over the requests that draft (`drafting.plan_passes`).
 """
 
 from __future__ import annotations
