@@ -62,6 +62,12 @@ class RequestState:
         """Whether this request's drafts are judged semantically now."""
         return self.options.enabled and self.phase is Phase.DRAFT
 
+    @property
+    def will_draft(self) -> bool:
+        """Whether this request drafts a window now or later (so a drafter
+        that runs over the whole batch must keep up with its tokens)."""
+        return self.options.enabled and self.phase in (Phase.DRAFT, Phase.REWRITE)
+
     def draft_len(self, config: ParseConfig, window: int) -> int:
         """How many draft tokens to schedule for this request next step."""
         if not self.judging:

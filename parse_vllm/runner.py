@@ -185,11 +185,14 @@ class ParseRunnerMixin:
         req_ids = list(self.input_batch.req_ids)
         states = [self._parse_state(r) for r in req_ids]
         if self._rows_drafting_unsupported is not None:
-            # vLLM's own proposer for the whole batch, as far as some request needs.
-            wanted = max(p.draft_len(s) for s in states)
-            if wanted == 0:
+            # vLLM's own proposer for the whole batch (it consumes this step's
+            # tokens to keep the draft KV in sync, and cannot catch up later),
+            # as far as some request needs; skipped only once no request here
+            # drafts again.
+            if p.config.spec_tokens == 0 and not any(s.will_draft for s in states):
                 return [[] for _ in req_ids]
-            scheduler_output.num_spec_tokens_to_schedule = min(wanted, p.window)
+            wanted = max(p.draft_len(s) for s in states)
+            scheduler_output.num_spec_tokens_to_schedule = max(1, min(wanted, p.window))
             return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
 
         sampled, sampling_metadata, attn_metadata = _vllm.proposer_arguments(args, kwargs)

@@ -477,18 +477,18 @@ def test_drafter_runs_only_over_requests_that_draft(ref, parse_rows):
     assert [got[i] for i in (0, 1, 5)] == want
 
 
-def test_redrafts_catch_the_draft_kv_up(draft, parse_rows):
-    """τ = 1 in redraft mode: every judged draft is rejected, the target
-    rewrites a few tokens without the drafter, then the request drafts again
-    from a draft KV caught up over what it missed. Every recorded draft is
-    the draft model's own greedy continuation of its prefix."""
+def _assert_redrafts_are_the_drafts_own(llm, draft):
+    """τ = 1 in redraft mode: every judged draft is rejected and the target
+    rewrites a few tokens, then the request drafts again. Every recorded
+    draft after a rewrite must be the draft model's own greedy continuation
+    of its prefix (a drafter reading stale KV writes something else)."""
     import parse_vllm
 
-    parse_vllm.reset_stats(parse_rows)
-    parse_rows.generate(PROMPTS[:4], sp(60, extra_args={"parse_threshold": 1.0}, ignore_eos=True))
-    assert parse_vllm.get_stats(parse_rows)["rounds"] >= 4
+    parse_vllm.reset_stats(llm)
+    llm.generate(PROMPTS[:4], sp(60, extra_args={"parse_threshold": 1.0}, ignore_eos=True))
+    assert parse_vllm.get_stats(llm)["rounds"] >= 4
     drafts: dict[tuple, list[int]] = {}  # (request, committed length) -> longest judged draft prefix
-    for r in parse_vllm.get_judgments(parse_rows)[-200:]:
+    for r in parse_vllm.get_judgments(llm)[-200:]:
         committed = len(r["token_ids"]) - r["boundary"]
         key = (r["req_id"], committed)
         if len(r["token_ids"]) > len(drafts.get(key, [])):
@@ -498,6 +498,27 @@ def test_redrafts_catch_the_draft_kv_up(draft, parse_rows):
     for (_, committed), seq in later.items():
         want = ids(draft.generate([{"prompt_token_ids": seq[:committed]}], sp(len(seq) - committed, ignore_eos=True)))
         assert seq[committed:] == want[0]
+
+
+def test_redrafts_catch_the_draft_kv_up(draft, parse_rows):
+    """The drafter skips a request while the target rewrites, then catches
+    its draft KV up over what it missed when it drafts again."""
+    _assert_redrafts_are_the_drafts_own(parse_rows, draft)
+
+
+def test_whole_batch_drafter_keeps_rewriting_requests_in_sync(draft, tiny_models):
+    """Where the drafter cannot run over chosen rows (here probabilistic draft
+    sampling), vLLM's whole-batch proposer runs every step while some request
+    will draft again, so a request that rewrote without drafting still drafts
+    from a draft KV in sync."""
+    kw = parse_kwargs(tiny_models, on_reject="redraft", redraft_tokens=8, max_rounds=3, labels=["Yes", "No"])
+    kw["additional_config"]["parse"]["record_judgments"] = 4096
+    kw["speculative_config"]["draft_sample_method"] = "probabilistic"
+    llm = make_llm(**kw)
+    try:
+        _assert_redrafts_are_the_drafts_own(llm, draft)
+    finally:
+        close_llm(llm)
 
 
 def test_long_prompt_draft_kv_caught_up_in_chunks(ref, draft, parse_rows):
