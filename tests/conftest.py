@@ -76,6 +76,32 @@ def engine_kwargs(model: Path, **extra) -> dict:
     return kw
 
 
+def assert_judgments_match_target_forwards(target: Path, records: list[dict], tol: float = 1e-4) -> None:
+    """Each recorded judgment's log P(label), the label's tokens summed, and
+    its P(yes) equal a plain target forward over prompt + draft[:b] + suffix
+    (HF transformers, float32, the default verification template)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from parse_vllm.config import ParseConfig
+    from parse_vllm.templates import build_template
+
+    t = build_template(AutoTokenizer.from_pretrained(target), ParseConfig())
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    worst = 0.0
+    for r in records:
+        with torch.no_grad():
+            logits = model(torch.tensor([r["token_ids"] + list(t.suffix_ids)])).logits[0]
+        # Label token j is read after the chat suffix and the label's first j
+        # tokens: the logits rows from the suffix's last token on.
+        lp = torch.log_softmax(logits[len(r["token_ids"]) + len(t.suffix_ids) - t.labels.rows :], -1)
+        ref_yes = sum(float(lp[j, x]) for j, x in enumerate(t.labels.yes_ids))
+        ref_no = sum(float(lp[j, x]) for j, x in enumerate(t.labels.no_ids))
+        worst = max(worst, abs(ref_yes - r["logprob_yes"]), abs(ref_no - r["logprob_no"]))
+        assert abs(torch.sigmoid(torch.tensor(ref_yes - ref_no)).item() - r["p_yes"]) <= tol
+    assert worst <= tol, f"max |log-prob diff| {worst}"
+
+
 def parse_kwargs(tiny_models, window: int = WINDOW, **parse) -> dict:
     return engine_kwargs(
         tiny_models["target"],

@@ -17,8 +17,15 @@ import textwrap
 
 import numpy as np
 import pytest
-import torch
-from conftest import PROMPTS, WINDOW, close_llm, engine_kwargs, make_llm, parse_kwargs
+from conftest import (
+    PROMPTS,
+    WINDOW,
+    assert_judgments_match_target_forwards,
+    close_llm,
+    engine_kwargs,
+    make_llm,
+    parse_kwargs,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -143,35 +150,17 @@ def test_judgments_equal_separate_target_forwards(parse, tiny_models):
     """Each log P(label) from the one-pass verification, the label's tokens
     summed, equals a plain target forward over prompt + draft[:b] + suffix
     (HF transformers, float32)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     import parse_vllm
-    from parse_vllm.config import ParseConfig
-    from parse_vllm.templates import build_template
 
     parse.generate(PROMPTS, sp(40, extra_args={"parse_threshold": 0.5}))
     records = parse_vllm.get_judgments(parse)
     assert len(records) >= 10
-    tok = AutoTokenizer.from_pretrained(tiny_models["target"])
-    t = build_template(tok, ParseConfig())
-    model = AutoModelForCausalLM.from_pretrained(tiny_models["target"], dtype=torch.float32).eval()
     # Judgments of one request at several boundaries share its prefix: check a
     # spread of requests and boundaries.
     rng = np.random.default_rng(0)
     picked = [records[i] for i in sorted(rng.choice(len(records), size=min(40, len(records)), replace=False))]
     assert len({(r["req_id"]) for r in picked}) > 1
-    worst = 0.0
-    for r in picked:
-        with torch.no_grad():
-            logits = model(torch.tensor([r["token_ids"] + list(t.suffix_ids)])).logits[0]
-        # Label token j is read after the chat suffix and the label's first j
-        # tokens: the logits rows from the suffix's last token on.
-        lp = torch.log_softmax(logits[len(r["token_ids"]) + len(t.suffix_ids) - t.labels.rows :], -1)
-        ref_yes = sum(float(lp[j, x]) for j, x in enumerate(t.labels.yes_ids))
-        ref_no = sum(float(lp[j, x]) for j, x in enumerate(t.labels.no_ids))
-        worst = max(worst, abs(ref_yes - r["logprob_yes"]), abs(ref_no - r["logprob_no"]))
-        assert abs(torch.sigmoid(torch.tensor(ref_yes - ref_no)).item() - r["p_yes"]) <= 1e-4
-    assert worst <= 1e-4, f"max |log-prob diff| {worst}"
+    assert_judgments_match_target_forwards(tiny_models["target"], picked)
     # The pass never wrote into the requests' own KV blocks.
     assert all(r["requests_kv_unchanged"] is True for r in records)
 

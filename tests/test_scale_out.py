@@ -19,8 +19,15 @@ import contextlib
 import os
 
 import pytest
-import torch
-from conftest import PROMPTS, WINDOW, close_llm, engine_kwargs, make_llm, parse_kwargs
+from conftest import (
+    PROMPTS,
+    WINDOW,
+    assert_judgments_match_target_forwards,
+    close_llm,
+    engine_kwargs,
+    make_llm,
+    parse_kwargs,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -142,11 +149,7 @@ def test_threshold_zero_takes_the_draft_whole(parse_tp2, prompt_ids, target_alon
 def test_judgments_equal_single_process_target_forwards(parse_tp2, prompt_ids, tiny_models):
     """The TP 2 verification pass's log P(label) equal a plain target forward
     over prompt + draft[:b] + suffix within 1e-4 (every recorded judgment)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     import parse_vllm
-    from parse_vllm.config import ParseConfig
-    from parse_vllm.templates import build_template
 
     parse_tp2.generate([{"prompt_token_ids": p} for p in prompt_ids], sp(40, extra_args={"parse_threshold": 0.5}))
     records = parse_vllm.get_judgments(parse_tp2)
@@ -158,19 +161,7 @@ def test_judgments_equal_single_process_target_forwards(parse_tp2, prompt_ids, t
     for other in per_rank[1:]:
         for a, b in zip(records, other):
             assert a["token_ids"] == b["token_ids"] and abs(a["p_yes"] - b["p_yes"]) <= 1e-6
-    tok = AutoTokenizer.from_pretrained(tiny_models["target"])
-    t = build_template(tok, ParseConfig())
-    model = AutoModelForCausalLM.from_pretrained(tiny_models["target"], dtype=torch.float32).eval()
-    worst = 0.0
-    for r in records:
-        with torch.no_grad():
-            logits = model(torch.tensor([r["token_ids"] + list(t.suffix_ids)])).logits[0]
-        lp = torch.log_softmax(logits[len(r["token_ids"]) + len(t.suffix_ids) - t.labels.rows :], -1)
-        ref_yes = sum(float(lp[j, x]) for j, x in enumerate(t.labels.yes_ids))
-        ref_no = sum(float(lp[j, x]) for j, x in enumerate(t.labels.no_ids))
-        worst = max(worst, abs(ref_yes - r["logprob_yes"]), abs(ref_no - r["logprob_no"]))
-        assert abs(torch.sigmoid(torch.tensor(ref_yes - ref_no)).item() - r["p_yes"]) <= 1e-4
-    assert worst <= 1e-4, f"max |log-prob diff| {worst}"
+    assert_judgments_match_target_forwards(tiny_models["target"], records)
 
 
 def test_scratch_blocks_agree_across_ranks(parse_tp2):
