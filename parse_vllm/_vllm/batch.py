@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 
 
@@ -106,8 +107,6 @@ def committed_tokens(runner):
 def rows_in_partial_prefill(runner, scheduler_output):
     """[B] bool: rows whose prompt is still being prefilled after this step
     (their sampled token is thrown away)."""
-    import numpy as np
-
     batch = runner.input_batch
     scheduled = np.array([scheduler_output.num_scheduled_tokens.get(r, 0) for r in batch.req_ids], dtype=np.int64)
     n = batch.num_reqs
