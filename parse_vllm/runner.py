@@ -422,12 +422,17 @@ def _make_runner(base, *mixins):
     return type(f"Parse{base.__name__}", (*mixins, ParseRunnerMixin, base), {"__module__": __name__})
 
 
-ParseCPUModelRunner = _make_runner(_vllm.cpu_model_runner_cls(), CpuSeededChunkedPrefillMixin)
+# Each runner is built when its platform's worker asks for it: the bases are
+# platform-specific vLLM modules (the GPU runner's imports CUDA-only code).
+_BUILDERS = {
+    "ParseCPUModelRunner": lambda: _make_runner(_vllm.cpu_model_runner_cls(), CpuSeededChunkedPrefillMixin),
+    "ParseGPUModelRunner": lambda: _make_runner(_vllm.gpu_model_runner_cls()),
+}
 
 
-def __getattr__(name):  # the GPU runner imports CUDA-only modules: on demand
-    if name == "ParseGPUModelRunner":
-        cls = _make_runner(_vllm.gpu_model_runner_cls())
-        globals()[name] = cls
-        return cls
-    raise AttributeError(name)
+def __getattr__(name):
+    build = _BUILDERS.get(name)
+    if build is None:
+        raise AttributeError(name)
+    cls = globals()[name] = build()
+    return cls

@@ -6,7 +6,9 @@ started with VLLM_SERVER_DEV_MODE=1, `POST /collective_rpc {"method": ...}`):
   parse_kv_blocks, parse_reset_kv_audit   the worker's view of the KV blocks
                     (leak checks; high-water marks with audit_kv_blocks)
   parse_scratch_ids   the scratch KV block ids this rank holds back (with
-                    tensor parallelism every rank must hold back the same)"""
+                    tensor parallelism every rank must hold back the same)
+  parse_step_audit    per engine step, the most device-to-host copies and
+                    drafter calls since the last call (which resets them)"""
 
 from __future__ import annotations
 
@@ -63,6 +65,16 @@ class _StatsRPC:
     def parse_scratch_ids(self) -> list[int]:
         return [] if self._parse is None else [int(x) for x in self._parse.scratch_ids()]
 
+    def parse_step_audit(self) -> dict:
+        import dataclasses
+
+        from parse_vllm.transfers import StepAudit
+
+        if self._parse is None:
+            return {}
+        audit, self._parse.host.audit = self._parse.host.audit, StepAudit()
+        return dataclasses.asdict(audit)
+
     def parse_reset_kv_audit(self) -> None:
         from parse_vllm.metrics import KvAudit
 
@@ -70,40 +82,60 @@ class _StatsRPC:
             self._parse.kv_audit = KvAudit()
 
 
-class ParseCPUWorker(_StatsRPC, _vllm.cpu_worker_cls()):
-    def init_device(self):
-        from parse_vllm.runner import ParseCPUModelRunner
+def _cpu_worker():
+    class ParseCPUWorker(_StatsRPC, _vllm.cpu_worker_cls()):
+        def init_device(self):
+            from parse_vllm.runner import ParseCPUModelRunner
 
-        with _vllm.cpu_worker_builds_runner(ParseCPUModelRunner):
-            super().init_device()
+            with _vllm.cpu_worker_builds_runner(ParseCPUModelRunner):
+                super().init_device()
+
+    return ParseCPUWorker
 
 
-def __getattr__(name):  # CUDA-only (and Ray) imports stay lazy
-    if name in ("ParseCpuRayExecutor", "ParseCpuRayWorkerProc"):
-        # vLLM's Ray executor on CPU, for PARSE engines named with
-        # distributed_executor_backend="ray" (chosen by the PARSE CPU
-        # platform; see _vllm.cpu_ray_executor_cls). Module-level names, so
-        # the config and the Ray actors can refer to them by class path.
-        executor, proc = _vllm.cpu_ray_executor_cls()
-        for cls, cls_name in ((executor, "ParseCpuRayExecutor"), (proc, "ParseCpuRayWorkerProc")):
-            cls.__name__ = cls.__qualname__ = cls_name
-            cls.__module__ = __name__
-            globals()[cls_name] = cls
-        return globals()[name]
-    if name == "ParseGPUWorker":
+def _gpu_worker():
+    class ParseGPUWorker(_StatsRPC, _vllm.gpu_worker_cls()):
+        def _make_model_runner(self):
+            if self.use_v2_model_runner:
+                raise RuntimeError(
+                    "PARSE runs on vLLM's model runner V1; set VLLM_USE_V2_MODEL_RUNNER=0 "
+                    "(parse-vllm sets it when PARSE is named; something overrode it)"
+                )
+            from parse_vllm.runner import ParseGPUModelRunner
 
-        class ParseGPUWorker(_StatsRPC, _vllm.gpu_worker_cls()):
-            def _make_model_runner(self):
-                if self.use_v2_model_runner:
-                    raise RuntimeError(
-                        "PARSE runs on vLLM's model runner V1; set VLLM_USE_V2_MODEL_RUNNER=0 "
-                        "(parse-vllm sets it when PARSE is named; something overrode it)"
-                    )
-                from parse_vllm.runner import ParseGPUModelRunner
+            return ParseGPUModelRunner(self.vllm_config, self.device)
 
-                return ParseGPUModelRunner(self.vllm_config, self.device)
+    return ParseGPUWorker
 
-        ParseGPUWorker.__module__ = __name__
-        globals()[name] = ParseGPUWorker
-        return ParseGPUWorker
-    raise AttributeError(name)
+
+def _cpu_ray_classes():
+    # vLLM's Ray executor on CPU, for PARSE engines named with
+    # distributed_executor_backend="ray" (chosen by the PARSE CPU platform;
+    # see _vllm.cpu_ray_executor_cls).
+    executor, proc = _vllm.cpu_ray_executor_cls()
+    return {"ParseCpuRayExecutor": executor, "ParseCpuRayWorkerProc": proc}
+
+
+# Each class is built on first use, by the platform that names it: its vLLM
+# base is platform-specific, and importing it has effects on the whole process
+# (vllm.v1.worker.cpu_worker imports vllm.v1.worker.cpu.shm, which replaces
+# torch.cuda.Event, torch.cuda.Stream, Tensor.pin_memory and more with CPU
+# stand-ins). Module-level names, so the config and the Ray actors can refer
+# to them by class path.
+_BUILDERS = {
+    "ParseCPUWorker": lambda: {"ParseCPUWorker": _cpu_worker()},
+    "ParseGPUWorker": lambda: {"ParseGPUWorker": _gpu_worker()},
+    "ParseCpuRayExecutor": _cpu_ray_classes,
+    "ParseCpuRayWorkerProc": _cpu_ray_classes,
+}
+
+
+def __getattr__(name):
+    build = _BUILDERS.get(name)
+    if build is None:
+        raise AttributeError(name)
+    for cls_name, cls in build().items():
+        cls.__name__ = cls.__qualname__ = cls_name
+        cls.__module__ = __name__
+        globals()[cls_name] = cls
+    return globals()[name]

@@ -5,7 +5,16 @@
 2. nothing in parse_vllm/_vllm/ imports the rest of parse_vllm (relative
    imports resolved), so the adapter is one-way;
 3. vLLM is named by symbol, never by `file.py:LINE`;
-4. every `_vllm.<name>` the package reads is one the adapter exports.
+4. every `_vllm.<name>` the package reads is one the adapter exports;
+5. importing parse_vllm imports no platform-specific vLLM module: each
+   platform's worker and runner classes are built only when that platform's
+   engine names them (`parse_vllm.worker.<Cls>` resolved by vLLM), because
+   importing some of them changes the whole process (vLLM's CPU worker module
+   imports vllm.v1.worker.cpu.shm, which swaps torch.cuda.Event/Stream,
+   Tensor.pin_memory, torch.accelerator.get_memory_info and
+   vllm.utils.torch_utils.async_tensor_h2d for CPU stand-ins). Checked by
+   importing the package in a fresh interpreter (rule 5 is about what runs,
+   so it is not an `ast` scan).
 
 Every import statement counts, wherever it is (module level, functions,
 methods), and so do `importlib.import_module("...")` / `__import__("...")`
@@ -202,6 +211,81 @@ def test_every_exported_name_resolves():
 
     unresolved = [name for name in _vllm.__all__ if not hasattr(_vllm, name)]
     assert not unresolved, f"parse_vllm._vllm.__all__ names that do not resolve: {unresolved}"
+
+
+# Rule 5: modules only the CPU, or only the GPU, worker process may import.
+PLATFORM_MODULES = {
+    "cpu": ("vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner", "vllm.v1.worker.cpu"),
+    "gpu": ("vllm.v1.worker.gpu_worker", "vllm.v1.worker.gpu_model_runner"),
+}
+
+_PLATFORM_PROBE = r"""
+import importlib, json, pkgutil, sys
+import torch
+import vllm
+import vllm.utils.torch_utils as torch_utils
+
+def patched_objects():
+    return {
+        "torch.cuda.Event": torch.cuda.Event,
+        "torch.cuda.Stream": torch.cuda.Stream,
+        "torch.Event": torch.Event,
+        "torch.accelerator.get_memory_info": torch.accelerator.get_memory_info,
+        "torch.Tensor.pin_memory": torch.Tensor.pin_memory,
+        "vllm.utils.torch_utils.async_tensor_h2d": torch_utils.async_tensor_h2d,
+    }
+
+def report(before):
+    now = patched_objects()
+    return {
+        "changed": sorted(k for k in before if now[k] is not before[k]),
+        "modules": sorted(m for m in sys.modules if m.startswith("vllm.v1.worker.")),
+    }
+
+import parse_vllm
+before = patched_objects()
+out = {}
+for m in pkgutil.walk_packages(parse_vllm.__path__, "parse_vllm."):
+    importlib.import_module(m.name)
+out["import"] = report(before)
+# What a GPU worker process resolves: its worker class, which builds its runner.
+from vllm.utils.import_utils import resolve_obj_by_qualname
+from parse_vllm.plugin import CPU_WORKER_CLS, GPU_WORKER_CLS
+resolve_obj_by_qualname(GPU_WORKER_CLS)
+importlib.import_module("parse_vllm.runner").ParseGPUModelRunner
+out["gpu"] = report(before)
+resolve_obj_by_qualname(CPU_WORKER_CLS)
+out["cpu"] = report(before)
+print(json.dumps(out))
+"""
+
+
+def _imported(modules: list[str], platform: str) -> list[str]:
+    return [m for m in modules if any(m == p or m.startswith(p + ".") for p in PLATFORM_MODULES[platform])]
+
+
+def test_importing_parse_vllm_leaves_torch_and_platform_modules_alone():
+    """Rule 5, in a fresh interpreter: every module of parse_vllm imported
+    leaves torch's CUDA objects (and vLLM's host-to-device helper) as they
+    were and imports no platform's worker or runner module; resolving the GPU
+    worker (what a GPU worker process does) imports no CPU module; resolving
+    the CPU worker does swap those objects, which shows the probe sees it."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _PLATFORM_PROBE], capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["import"]["changed"] == [], out["import"]
+    assert _imported(out["import"]["modules"], "cpu") == [] and _imported(out["import"]["modules"], "gpu") == []
+    assert out["gpu"]["changed"] == [], out["gpu"]
+    assert _imported(out["gpu"]["modules"], "cpu") == []
+    assert "vllm.v1.worker.gpu_worker" in out["gpu"]["modules"]
+    assert "vllm.v1.worker.cpu_worker" in out["cpu"]["modules"]
+    assert "torch.cuda.Event" in out["cpu"]["changed"] and "torch.Tensor.pin_memory" in out["cpu"]["changed"]
 
 
 # -- the walker itself -------------------------------------------------------------
