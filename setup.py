@@ -187,9 +187,10 @@ def _extensions():
             name="parse_vllm._C",
             sources=sources,
             extra_compile_args={
-                "cxx": cxx,
+                # PARSE_VLLM_WITH_CUDA: the bindings register the CUDA kernel too
+                "cxx": [*cxx, "-DPARSE_VLLM_WITH_CUDA"],
                 "nvcc": ["-O3", "--use_fast_math", "-lineinfo",
-                         "--expt-relaxed-constexpr"],
+                         "--expt-relaxed-constexpr", "-DPARSE_VLLM_WITH_CUDA"],
             },
             extra_link_args=link,
         )

@@ -1,41 +1,49 @@
-// Declarations shared by the bindings (csrc/torch_bindings.cpp), the CPU twin
-// (csrc/cpu/prefix_verify_attention.cpp) and the CUDA kernel
-// (csrc/cuda/prefix_verify_attention.cu).  The op's contract (shapes, dtypes,
-// semantics) is documented once, in parse_vllm/ops/__init__.py, and mirrored in
-// csrc/README.md.
+// The op's one argument contract, shared by the bindings (csrc/torch_bindings.cpp),
+// the CPU twin (csrc/cpu/prefix_verify_attention.cpp) and the CUDA kernel
+// (csrc/cuda/prefix_verify_attention.cu).  What each field means is documented
+// once, in parse_vllm/ops/__init__.py (PrefixVerifyMetadata and
+// prefix_verify_attention), and mirrored in csrc/README.md.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
+
 namespace parse_vllm {
 
-// Metadata checks (shapes, dtypes, devices, strides) common to every backend.
-// Throws c10::Error (RuntimeError in Python) with a message naming the bad
-// argument.  Does not look at tensor values (that would sync a GPU).
-void check_prefix_verify_inputs(
-    const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_new,
-    const at::Tensor& v_new, const at::Tensor& key_cache,
-    const at::Tensor& value_cache, const at::Tensor& block_table,
-    const at::Tensor& copy_req, const at::Tensor& copy_prefix_len,
-    const at::Tensor& cu_copy_lens, double scale, double softcap,
-    int64_t sliding_window);
+// Head sizes the kernels are instantiated for (exposed as
+// torch.ops.parse_vllm.supported_head_sizes()).
+inline constexpr std::array<int64_t, 6> kSupportedHeadSizes = {32, 64, 80, 96, 128, 256};
 
-void prefix_verify_attention_cpu(
-    at::Tensor& out, const at::Tensor& q, const at::Tensor& k_new,
-    const at::Tensor& v_new, const at::Tensor& key_cache,
-    const at::Tensor& value_cache, const at::Tensor& block_table,
-    const at::Tensor& copy_req, const at::Tensor& copy_prefix_len,
-    const at::Tensor& cu_copy_lens, double scale, double softcap,
-    int64_t sliding_window);
+// The arguments of one call, built once from the op's flat schema.
+struct PrefixVerifyArgs {
+  at::Tensor out;              // [T, Hq, D], written
+  at::Tensor q;                // [T, Hq, D]
+  at::Tensor k_new, v_new;     // [T, Hkv, D], the suffix tokens' keys / values (scratch)
+  at::Tensor key_cache;        // [num_blocks, block_size, Hkv, D] strided view
+  at::Tensor value_cache;      // same shape as key_cache
+  at::Tensor block_table;      // [R, max_blocks] int32
+  at::Tensor copy_req;         // [C] int32, block-table row of copy c
+  at::Tensor copy_prefix_len;  // [C] int32, cached tokens copy c sees
+  at::Tensor cu_copy_lens;     // [C + 1] int32, copy c owns suffix tokens [cu[c], cu[c+1])
+  double scale;                // > 0
+  double softcap;              // 0 = off
+  int64_t sliding_window;      // 0 = off
+};
 
-// Only in builds with the CUDA kernel (csrc/cuda/prefix_verify_attention.cu).
-void prefix_verify_attention_cuda(
-    at::Tensor& out, const at::Tensor& q, const at::Tensor& k_new,
-    const at::Tensor& v_new, const at::Tensor& key_cache,
-    const at::Tensor& value_cache, const at::Tensor& block_table,
-    const at::Tensor& copy_req, const at::Tensor& copy_prefix_len,
-    const at::Tensor& cu_copy_lens, double scale, double softcap,
-    int64_t sliding_window);
+// The one check of a call's arguments (csrc/torch_bindings.cpp), before any
+// kernel: shapes, dtypes, devices, strides, head size, scalars always; index
+// values (cu_copy_lens consistent with T, copy_req within the block table,
+// prefixes the block table holds, block ids within the cache) when the index
+// tensors are on the host, where reading them costs nothing (on a GPU it would
+// synchronise).  Throws c10::Error whose message starts with
+// "prefix_verify_attention: " (the Python face turns it into ValueError).
+void check_prefix_verify_args(const PrefixVerifyArgs& a);
+
+void prefix_verify_attention_cpu(const PrefixVerifyArgs& a);
+
+// Only in builds with the CUDA kernel (PARSE_VLLM_WITH_CUDA).
+void prefix_verify_attention_cuda(const PrefixVerifyArgs& a);
 
 // Which SIMD flavour the CPU twin was compiled for ("avx512", "avx2",
 // "default"); exposed as torch.ops.parse_vllm.cpu_isa().

@@ -1,6 +1,6 @@
-// Registers the parse_vllm op library.  The schema lives here; the CPU kernel
-// registers its implementation in csrc/cpu/prefix_verify_attention.cpp and the
-// CUDA kernel in csrc/cuda/prefix_verify_attention.cu (only when built).
+// The parse_vllm op library: the schema, the one entry point (flat schema
+// arguments -> PrefixVerifyArgs, checked once, handed to the device's kernel)
+// and its registrations, and the `parse_vllm._C` Python module.
 //
 // Built into the Python extension module `parse_vllm._C`.  Importing it (done
 // by `import parse_vllm.ops`) runs the static registrations below.
@@ -8,75 +8,132 @@
 
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 #include "ops.h"
 
 namespace parse_vllm {
 
-void check_prefix_verify_inputs(
-    const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_new,
-    const at::Tensor& v_new, const at::Tensor& key_cache,
-    const at::Tensor& value_cache, const at::Tensor& block_table,
-    const at::Tensor& copy_req, const at::Tensor& copy_prefix_len,
-    const at::Tensor& cu_copy_lens, double scale, double softcap,
-    int64_t sliding_window) {
-  TORCH_CHECK(q.dim() == 3, "prefix_verify_attention: q must be [T, Hq, D], got ", q.sizes());
-  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
-  TORCH_CHECK(k_new.dim() == 3 && v_new.dim() == 3,
-              "prefix_verify_attention: k_new/v_new must be [T, Hkv, D]");
-  const int64_t Hkv = k_new.size(1);
-  TORCH_CHECK(k_new.size(0) == T && k_new.size(2) == D && v_new.sizes() == k_new.sizes(),
-              "prefix_verify_attention: k_new ", k_new.sizes(), " / v_new ", v_new.sizes(),
-              " do not match q ", q.sizes());
-  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "prefix_verify_attention: Hq=", Hq,
-              " is not a multiple of Hkv=", Hkv);
-  TORCH_CHECK(out.sizes() == q.sizes(), "prefix_verify_attention: out ", out.sizes(),
-              " must have q's shape ", q.sizes());
-  TORCH_CHECK(key_cache.dim() == 4 && value_cache.dim() == 4,
-              "prefix_verify_attention: key_cache/value_cache must be 4-D views "
-              "[num_blocks, block_size, Hkv, D]");
-  TORCH_CHECK(key_cache.sizes() == value_cache.sizes(),
-              "prefix_verify_attention: key_cache ", key_cache.sizes(),
-              " and value_cache ", value_cache.sizes(), " differ");
-  TORCH_CHECK(key_cache.size(2) == Hkv && key_cache.size(3) == D,
-              "prefix_verify_attention: cache view ", key_cache.sizes(),
-              " does not match Hkv=", Hkv, ", D=", D);
-  TORCH_CHECK(block_table.dim() == 2, "prefix_verify_attention: block_table must be [R, max_blocks]");
-  TORCH_CHECK(copy_req.dim() == 1 && copy_prefix_len.dim() == 1 && cu_copy_lens.dim() == 1,
-              "prefix_verify_attention: copy_req/copy_prefix_len/cu_copy_lens must be 1-D");
-  const int64_t C = copy_req.size(0);
-  TORCH_CHECK(copy_prefix_len.size(0) == C && cu_copy_lens.size(0) == C + 1,
-              "prefix_verify_attention: need copy_prefix_len [C] and cu_copy_lens [C+1] "
-              "for C=", C, " copies");
-  const auto dt = q.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16,
-              "prefix_verify_attention: dtype ", dt, " not supported (float32/float16/bfloat16)");
-  for (const at::Tensor* t : {&out, &k_new, &v_new, &key_cache, &value_cache}) {
-    TORCH_CHECK(t->scalar_type() == dt, "prefix_verify_attention: all of out, q, k_new, v_new, "
-                "key_cache, value_cache must have one dtype; got ", t->scalar_type(), " and ", dt);
+#define PV_CHECK(cond, ...) TORCH_CHECK(cond, "prefix_verify_attention: ", __VA_ARGS__)
+
+void check_prefix_verify_args(const PrefixVerifyArgs& a) {
+  PV_CHECK(a.q.dim() == 3, "q must be [T, Hq, D], got shape ", a.q.sizes());
+  const int64_t T = a.q.size(0), Hq = a.q.size(1), D = a.q.size(2);
+  for (const auto& [t, name] : {std::pair{&a.k_new, "k_new"}, std::pair{&a.v_new, "v_new"}}) {
+    PV_CHECK(t->dim() == 3 && t->size(0) == T && t->size(2) == D, name, " must be [T=", T, ", Hkv, D=", D,
+             "], got shape ", t->sizes());
   }
-  for (const at::Tensor* t : {&block_table, &copy_req, &copy_prefix_len, &cu_copy_lens}) {
-    TORCH_CHECK(t->scalar_type() == at::kInt,
-                "prefix_verify_attention: block_table/copy_req/copy_prefix_len/cu_copy_lens "
-                "must be int32, got ", t->scalar_type());
-    TORCH_CHECK(t->stride(-1) == 1 || t->size(-1) <= 1,
-                "prefix_verify_attention: index tensors need a contiguous last dim");
+  PV_CHECK(a.k_new.sizes() == a.v_new.sizes(), "k_new ", a.k_new.sizes(), " and v_new ", a.v_new.sizes(),
+           " differ");
+  const int64_t Hkv = a.k_new.size(1);
+  PV_CHECK(Hkv > 0 && Hq % Hkv == 0, "Hq=", Hq, " query heads is not a multiple of Hkv=", Hkv, " kv heads");
+  PV_CHECK(std::find(kSupportedHeadSizes.begin(), kSupportedHeadSizes.end(), D) != kSupportedHeadSizes.end(),
+           "head size D=", D, " not supported (supported: 32, 64, 80, 96, 128, 256)");
+  PV_CHECK(a.out.sizes() == a.q.sizes(), "out must have q's shape ", a.q.sizes(), ", got ", a.out.sizes());
+  for (const auto& [t, name] :
+       {std::pair{&a.key_cache, "key_cache"}, std::pair{&a.value_cache, "value_cache"}}) {
+    PV_CHECK(t->dim() == 4 && t->size(2) == Hkv && t->size(3) == D, name,
+             " must be a [num_blocks, block_size, Hkv=", Hkv, ", D=", D, "] view, got shape ", t->sizes(),
+             " (HND caches: pass cache.transpose(1, 2); FlashInfer's [num_blocks, 2, block_size, Hkv, D]: "
+             "pass kv[:, 0] and kv[:, 1])");
   }
-  for (const at::Tensor* t : {&out, &q, &k_new, &v_new, &key_cache, &value_cache}) {
-    TORCH_CHECK(t->stride(-1) == 1 || t->size(-1) <= 1,
-                "prefix_verify_attention: the head dim (last) must be contiguous");
-    TORCH_CHECK(t->device() == q.device(), "prefix_verify_attention: all tensors must be on ",
-                q.device(), ", one is on ", t->device());
+  PV_CHECK(a.key_cache.sizes() == a.value_cache.sizes(), "key_cache ", a.key_cache.sizes(), " and value_cache ",
+           a.value_cache.sizes(), " differ");
+  PV_CHECK(a.block_table.dim() == 2, "block_table must be [R, max_blocks], got shape ", a.block_table.sizes());
+  for (const auto& [t, name] : {std::pair{&a.copy_req, "copy_req"}, std::pair{&a.copy_prefix_len, "copy_prefix_len"},
+                                std::pair{&a.cu_copy_lens, "cu_copy_lens"}}) {
+    PV_CHECK(t->dim() == 1, name, " must be 1-D, got shape ", t->sizes());
   }
-  for (const at::Tensor* t : {&block_table, &copy_req, &copy_prefix_len, &cu_copy_lens}) {
-    TORCH_CHECK(t->device() == q.device(), "prefix_verify_attention: index tensors must be on ",
-                q.device(), ", one is on ", t->device());
+  const int64_t C = a.copy_req.size(0);
+  PV_CHECK(a.copy_prefix_len.size(0) == C, "copy_prefix_len has ", a.copy_prefix_len.size(0),
+           " entries, copy_req has ", C);
+  PV_CHECK(a.cu_copy_lens.size(0) == C + 1, "cu_copy_lens must have C+1=", C + 1, " entries, got ",
+           a.cu_copy_lens.size(0));
+  const auto dt = a.q.scalar_type();
+  PV_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, "q has dtype ", dt,
+           "; supported: float32, float16, bfloat16");
+  for (const auto& [t, name] : {std::pair{&a.out, "out"}, std::pair{&a.k_new, "k_new"}, std::pair{&a.v_new, "v_new"},
+                                std::pair{&a.key_cache, "key_cache"}, std::pair{&a.value_cache, "value_cache"}}) {
+    PV_CHECK(t->scalar_type() == dt, name, " has dtype ", t->scalar_type(), ", q has ", dt, " (all must match)");
   }
-  TORCH_CHECK(scale > 0.0 && std::isfinite(scale), "prefix_verify_attention: scale must be > 0");
-  TORCH_CHECK(softcap >= 0.0 && std::isfinite(softcap),
-              "prefix_verify_attention: softcap must be >= 0 (0 = off)");
-  TORCH_CHECK(sliding_window >= 0, "prefix_verify_attention: sliding_window must be >= 0 (0 = off)");
+  for (const auto& [t, name] : {std::pair{&a.block_table, "block_table"}, std::pair{&a.copy_req, "copy_req"},
+                                std::pair{&a.copy_prefix_len, "copy_prefix_len"},
+                                std::pair{&a.cu_copy_lens, "cu_copy_lens"}}) {
+    PV_CHECK(t->scalar_type() == at::kInt, name, " must be int32, got ", t->scalar_type());
+    PV_CHECK(t->numel() <= 1 || t->stride(-1) == 1, name, " needs a contiguous last dim (strides ", t->strides(), ")");
+    PV_CHECK(t->device() == a.q.device(), name, " is on ", t->device(), ", q on ", a.q.device(),
+             " (all tensors must share a device)");
+  }
+  for (const auto& [t, name] : {std::pair{&a.out, "out"}, std::pair{&a.q, "q"}, std::pair{&a.k_new, "k_new"},
+                                std::pair{&a.v_new, "v_new"}, std::pair{&a.key_cache, "key_cache"},
+                                std::pair{&a.value_cache, "value_cache"}}) {
+    PV_CHECK(t->device() == a.q.device(), name, " is on ", t->device(), ", q on ", a.q.device(),
+             " (all tensors must share a device)");
+    PV_CHECK(t->size(-1) <= 1 || t->stride(-1) == 1, name,
+             " must have a contiguous head dim (last stride 1), got strides ", t->strides());
+  }
+  PV_CHECK(a.scale > 0.0 && std::isfinite(a.scale), "scale must be a finite float > 0, got ", a.scale);
+  PV_CHECK(a.softcap >= 0.0 && std::isfinite(a.softcap), "softcap must be >= 0 (0 = off), got ", a.softcap);
+  PV_CHECK(a.sliding_window >= 0, "sliding_window must be >= 0 (0 = off), got ", a.sliding_window);
+
+  if (!a.copy_req.device().is_cpu()) return;  // values: only where reading them is free
+  const int32_t* cu = a.cu_copy_lens.data_ptr<int32_t>();
+  const int32_t* req = a.copy_req.data_ptr<int32_t>();
+  const int32_t* plen = a.copy_prefix_len.data_ptr<int32_t>();
+  const int32_t* bt = a.block_table.data_ptr<int32_t>();
+  const int64_t R = a.block_table.size(0), max_blocks = a.block_table.size(1), bt_s0 = a.block_table.stride(0);
+  const int64_t num_blocks = a.key_cache.size(0), block_size = a.key_cache.size(1);
+  PV_CHECK(C == 0 || cu[0] == 0, "cu_copy_lens[0] must be 0, got ", cu[0]);
+  PV_CHECK(cu[C] == T, "cu_copy_lens[-1]=", cu[C], " must equal the number of suffix tokens T=", T);
+  for (int64_t c = 0; c < C; ++c) {
+    PV_CHECK(cu[c + 1] >= cu[c], "cu_copy_lens must be non-decreasing (cu[", c, "]=", cu[c], ", cu[", c + 1,
+             "]=", cu[c + 1], ")");
+    PV_CHECK(req[c] >= 0 && req[c] < R, "copy_req[", c, "]=", req[c], " is not a block-table row (R=", R, ")");
+    PV_CHECK(plen[c] >= 0, "copy_prefix_len[", c, "]=", plen[c], " is negative");
+    PV_CHECK(plen[c] <= max_blocks * block_size, "copy_prefix_len[", c, "]=", plen[c],
+             " is longer than the block table holds (", max_blocks, " blocks x ", block_size, " tokens = ",
+             max_blocks * block_size, ")");
+    const int64_t nb = (plen[c] + block_size - 1) / block_size;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int32_t pb = bt[req[c] * bt_s0 + b];
+      PV_CHECK(pb >= 0 && pb < num_blocks, "block_table row ", req[c], " names blocks outside the cache (0..",
+               num_blocks - 1, "): block_table[", req[c], ", ", b, "]=", pb);
+    }
+  }
 }
 
+#undef PV_CHECK
+
+namespace {
+
+void prefix_verify_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                             const at::Tensor& key_cache, const at::Tensor& value_cache,
+                             const at::Tensor& block_table, const at::Tensor& copy_req,
+                             const at::Tensor& copy_prefix_len, const at::Tensor& cu_copy_lens, double scale,
+                             double softcap, int64_t sliding_window) {
+  const PrefixVerifyArgs a{out,         q,        k_new,           v_new,        key_cache, value_cache,
+                           block_table, copy_req, copy_prefix_len, cu_copy_lens, scale,     softcap,
+                           sliding_window};
+  check_prefix_verify_args(a);
+  if (a.q.size(0) == 0) return;
+  if (a.q.is_cuda()) {
+#ifdef PARSE_VLLM_WITH_CUDA
+    prefix_verify_attention_cuda(a);
+#else
+    TORCH_CHECK(false, "prefix_verify_attention: this build has no CUDA kernel");
+#endif
+  } else {
+    prefix_verify_attention_cpu(a);
+  }
+}
+
+std::vector<int64_t> supported_head_sizes() {
+  return {kSupportedHeadSizes.begin(), kSupportedHeadSizes.end()};
+}
+
+}  // namespace
 }  // namespace parse_vllm
 
 TORCH_LIBRARY(parse_vllm, m) {
@@ -88,18 +145,24 @@ TORCH_LIBRARY(parse_vllm, m) {
   m.def("cpu_isa() -> str", []() { return std::string(parse_vllm::cpu_isa_name()); });
   m.def("cpu_uses_brgemm(ScalarType dtype) -> bool",
         [](c10::ScalarType dt) { return parse_vllm::cpu_uses_brgemm(dt); });
+  m.def("supported_head_sizes() -> int[]", &parse_vllm::supported_head_sizes);
 }
+
+TORCH_LIBRARY_IMPL(parse_vllm, CPU, m) { m.impl("prefix_verify_attention", &parse_vllm::prefix_verify_attention); }
+
+#ifdef PARSE_VLLM_WITH_CUDA
+TORCH_LIBRARY_IMPL(parse_vllm, CUDA, m) { m.impl("prefix_verify_attention", &parse_vllm::prefix_verify_attention); }
+#endif
 
 // Shape propagation for torch.compile / fake tensors: the op only writes `out`.
 TORCH_LIBRARY_IMPL(parse_vllm, Meta, m) {
   m.impl("prefix_verify_attention",
-         [](at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-            const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-            const at::Tensor&, const at::Tensor&, double, double, int64_t) {});
+         [](at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+            const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+            double, int64_t) {});
 }
 
 // A minimal Python module so that `import parse_vllm._C` loads this library
 // (no pybind11: keeps the build fast).
-static struct PyModuleDef parse_vllm_c_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, 0,
-                                                 nullptr};
+static struct PyModuleDef parse_vllm_c_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, 0, nullptr};
 PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&parse_vllm_c_module); }

@@ -5,7 +5,9 @@ the CUDA kernel with --device cuda.
 Side by side, in one process, on the same inputs, for each (context, K):
 
   op        parse_vllm.ops.prefix_verify_attention (the compiled op, called the
-            way KernelVerifier calls it: the Python wrapper, check_values=False)
+            way KernelVerifier calls it: through the Python face, with a
+            PrefixVerifyMetadata; the op's one check reads the index values
+            only when they are on the CPU)
   dense     all copies in ONE masked attention call with a dense [T, keys] mask
             (parse_vllm.ops.reference.prefix_verify_attention_dense_ref, SDPA)
   per-copy  K separate attention calls, one per copy: gather the copy's prefix
@@ -68,6 +70,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import parse_vllm.ops as ops  # noqa: E402
+from parse_vllm.ops import PrefixVerifyMetadata  # noqa: E402
 from parse_vllm.ops.reference import (  # noqa: E402
     gather_prefix,
     prefix_verify_attention_dense_ref,
@@ -166,9 +169,10 @@ def copy_bandwidth(device, nbytes=1 << 30, reps=10) -> float:
 
 
 def make_inputs(n_ctx, K, L, Hq, Hkv, D, bs, dtype, seed=0, device="cpu"):
-    """Inputs drawn on the CPU (same values on every device), then moved.  The
-    index lists are kept on the host as well (`lists`), so that the baselines'
-    loops never read a GPU tensor back."""
+    """Inputs drawn on the CPU (same values on every device), then moved: the
+    op's arguments (q, k_new, v_new, key_cache, value_cache, md: see
+    `op_inputs`).  The index lists are kept on the host as well (`lists`), so
+    that the baselines' loops never read a GPU tensor back."""
     g = torch.Generator().manual_seed(seed)
     n_blocks = -(-n_ctx // bs)
     num_blocks = n_blocks + 8
@@ -182,34 +186,35 @@ def make_inputs(n_ctx, K, L, Hq, Hkv, D, bs, dtype, seed=0, device="cpu"):
     q = torch.randn(T, Hq, D, generator=g).to(dtype)
     k_new = torch.randn(T, Hkv, D, generator=g).to(dtype)
     v_new = torch.randn(T, Hkv, D, generator=g).to(dtype)
-    x = dict(
-        q=q,
-        k_new=k_new,
-        v_new=v_new,
-        key_cache=key_cache,
-        value_cache=value_cache,
-        block_table=block_table,
-        copy_req=torch.zeros(K, dtype=torch.int32),
-        copy_prefix_len=torch.tensor(prefix, dtype=torch.int32),
-        cu_copy_lens=torch.arange(0, T + 1, L, dtype=torch.int32),
-    )
+    x = dict(q=q, k_new=k_new, v_new=v_new, key_cache=key_cache, value_cache=value_cache)
     x = {k: v.to(device) for k, v in x.items()}
-    x["scale"] = D**-0.5
+    x["md"] = PrefixVerifyMetadata(
+        block_table=block_table.to(device),
+        copy_req=torch.zeros(K, dtype=torch.int32, device=device),
+        copy_prefix_len=torch.tensor(prefix, dtype=torch.int32, device=device),
+        cu_copy_lens=torch.arange(0, T + 1, L, dtype=torch.int32, device=device),
+        num_actual_tokens=T,
+        scale=D**-0.5,
+    )
     x["lists"] = ([0] * K, prefix, list(range(0, T + 1, L)))
     return x
 
 
+def op_inputs(x) -> tuple:
+    """The arguments of the op's face and of the references, in their order:
+    (q, k_new, v_new, key_cache, value_cache, md)."""
+    return x["q"], x["k_new"], x["v_new"], x["key_cache"], x["value_cache"], x["md"]
+
+
 def bytes_moved(x) -> tuple[int, int]:
     """(bytes_min, bytes_per_copy_min): see the module docstring."""
-    q, kc = x["q"], x["key_cache"]
+    q, kc, md = x["q"], x["key_cache"], x["md"]
     e = q.element_size()
     T, Hq, D = q.shape
     Hkv = kc.shape[2]
     _, plens, _ = x["lists"]
     rest = 2 * T * Hq * D * e + 2 * T * Hkv * D * e
-    index = 4 * (
-        x["block_table"].numel() + x["copy_req"].numel() + x["copy_prefix_len"].numel() + x["cu_copy_lens"].numel()
-    )
+    index = 4 * (md.block_table.numel() + md.copy_req.numel() + md.copy_prefix_len.numel() + md.cu_copy_lens.numel())
     return (2 * max(plens) * Hkv * D * e + rest + index, 2 * sum(plens) * Hkv * D * e + rest)
 
 
@@ -217,20 +222,7 @@ def bytes_moved(x) -> tuple[int, int]:
 
 
 def run_twin(x, out):
-    ops.prefix_verify_attention(
-        out,
-        x["q"],
-        x["k_new"],
-        x["v_new"],
-        x["key_cache"],
-        x["value_cache"],
-        x["block_table"],
-        x["copy_req"],
-        x["copy_prefix_len"],
-        x["cu_copy_lens"],
-        x["scale"],
-        check_values=False,
-    )
+    ops.prefix_verify_attention(*op_inputs(x), out=out)
     return out
 
 
@@ -238,19 +230,7 @@ run_op = run_twin
 
 
 def run_dense(x, out):
-    return prefix_verify_attention_dense_ref(
-        x["q"],
-        x["k_new"],
-        x["v_new"],
-        x["key_cache"],
-        x["value_cache"],
-        x["block_table"],
-        x["copy_req"],
-        x["copy_prefix_len"],
-        x["cu_copy_lens"],
-        x["scale"],
-        use_sdpa=True,
-    )
+    return prefix_verify_attention_dense_ref(*op_inputs(x), use_sdpa=True)
 
 
 def _copies(x):
@@ -289,7 +269,7 @@ def make_per_copy_sdpa(x, form="mask_gqa"):
     gqa = group > 1 and not expand
 
     def run(x, out):
-        kc, vc, bt = x["key_cache"], x["value_cache"], x["block_table"]
+        kc, vc, bt = x["key_cache"], x["value_cache"], x["md"].block_table
         for t0, t1, r, p, bias in items:
             k = torch.cat([gather_prefix(kc, bt, r, p), k_new[t0:t1]])
             v = torch.cat([gather_prefix(vc, bt, r, p), v_new[t0:t1]])
@@ -301,7 +281,7 @@ def make_per_copy_sdpa(x, form="mask_gqa"):
                 k.transpose(0, 1)[None],
                 v.transpose(0, 1)[None],
                 attn_mask=bias,
-                scale=x["scale"],
+                scale=x["md"].scale,
                 **kw,
             )
             out[t0:t1] = o[0].transpose(0, 1)
@@ -317,12 +297,12 @@ def make_per_copy_flash(x, flash_attn):
     items = list(_copies(x))
 
     def run(x, out):
-        kc, vc, bt = x["key_cache"], x["value_cache"], x["block_table"]
+        kc, vc, bt = x["key_cache"], x["value_cache"], x["md"].block_table
         for t0, t1, r, p in items:
             k = torch.cat([gather_prefix(kc, bt, r, p), k_new[t0:t1]])
             v = torch.cat([gather_prefix(vc, bt, r, p), v_new[t0:t1]])
             out[t0:t1] = flash_attn.flash_attn_func(
-                q[t0:t1][None], k[None], v[None], softmax_scale=x["scale"], causal=True
+                q[t0:t1][None], k[None], v[None], softmax_scale=x["md"].scale, causal=True
             )[0]
         return out
 
@@ -434,9 +414,9 @@ def rel_err(got, ref):
 def attention_flops(x):
     """Multiply-adds of QK^T and PV that any exact method must do, x2."""
     Hq, D = x["q"].shape[1], x["q"].shape[2]
-    cu = x["cu_copy_lens"].tolist()
+    _, plens, cu = x["lists"]
     total = 0
-    for c, p in enumerate(x["copy_prefix_len"].tolist()):
+    for c, p in enumerate(plens):
         L = cu[c + 1] - cu[c]
         total += L * Hq * (p + (L + 1) / 2) * D * 4
     return total
@@ -514,18 +494,7 @@ def bench_one(n_ctx, K, dtype, args, device, flush=None, flash_attn=None, gpu_pa
     )
     ref = None
     if not args.no_check:
-        ref = prefix_verify_attention_ref(
-            x["q"],
-            x["k_new"],
-            x["v_new"],
-            x["key_cache"],
-            x["value_cache"],
-            x["block_table"],
-            x["copy_req"],
-            x["copy_prefix_len"],
-            x["cu_copy_lens"],
-            x["scale"],
-        ).float()
+        ref = prefix_verify_attention_ref(*op_inputs(x)).float()
 
     def check(fn):
         return rel_err(fn(x, torch.full_like(x["q"], float("nan"))), ref)

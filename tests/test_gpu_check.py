@@ -199,23 +199,7 @@ def test_bench_gpu_path_on_cpu(monkeypatch, capsys):
 def test_per_copy_sdpa_forms_match_the_reference(form, dtype):
     bk = _bench_module()
     x = bk.make_inputs(200, 3, 5, 4, 2, 32, 16, dtype)
-    ref = bk.prefix_verify_attention_ref(
-        *[
-            x[k]
-            for k in (
-                "q",
-                "k_new",
-                "v_new",
-                "key_cache",
-                "value_cache",
-                "block_table",
-                "copy_req",
-                "copy_prefix_len",
-                "cu_copy_lens",
-                "scale",
-            )
-        ]
-    ).float()
+    ref = bk.prefix_verify_attention_ref(*bk.op_inputs(x)).float()
     got = bk.make_per_copy_sdpa(x, form)(x, torch.full_like(x["q"], float("nan")))
     assert bk.rel_err(got, ref) <= (1e-5 if dtype == torch.float32 else 2e-2)
 

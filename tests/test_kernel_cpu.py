@@ -1,19 +1,25 @@
 """CPU twin of torch.ops.parse_vllm.prefix_verify_attention vs the plain-PyTorch reference.
 
-Every case draws fresh random inputs (never zeros), poisons `out` with NaN
-before the call and checks that every element was written.  Errors are
+A case is the face's arguments (q, k_new, v_new, key_cache, value_cache and
+md, a PrefixVerifyMetadata), so that `ops.prefix_verify_attention(**case)` and
+`prefix_verify_attention_ref(**case)` take it as it is; tests that call the
+compiled op directly spell its flat arguments with `ops.op_arguments(**case,
+out=out)`.  Every case draws fresh random inputs (never zeros), poisons `out`
+with NaN before the call and checks that every element was written.  Errors are
 normwise: max|out - ref| / max|ref|, with ref computed in fp32 from the same
 (rounded) inputs.  Budget: fp32 1e-5, bf16 2e-2, fp16 5e-3.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 import torch
 
 import parse_vllm.ops as ops
+from parse_vllm.ops import PrefixVerifyMetadata
 from parse_vllm.ops.reference import prefix_verify_attention_dense_ref, prefix_verify_attention_ref
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
@@ -85,30 +91,42 @@ def make_case(
         v_new=v_new,
         key_cache=key_cache,
         value_cache=value_cache,
-        block_table=block_table,
-        copy_req=torch.tensor([r for r, _, _ in copies], dtype=torch.int32),
-        copy_prefix_len=torch.tensor([p for _, p, _ in copies], dtype=torch.int32),
-        cu_copy_lens=torch.tensor(cu, dtype=torch.int32),
-        scale=D**-0.5 * 1.3,
-        softcap=softcap,
-        sliding_window=sliding_window,
+        md=PrefixVerifyMetadata(
+            block_table=block_table,
+            copy_req=torch.tensor([r for r, _, _ in copies], dtype=torch.int32),
+            copy_prefix_len=torch.tensor([p for _, p, _ in copies], dtype=torch.int32),
+            cu_copy_lens=torch.tensor(cu, dtype=torch.int32),
+            num_actual_tokens=T,
+            scale=D**-0.5 * 1.3,
+            softcap=softcap,
+            sliding_window=sliding_window,
+        ),
     )
 
 
-ARG_ORDER = (
-    "q",
-    "k_new",
-    "v_new",
-    "key_cache",
-    "value_cache",
-    "block_table",
-    "copy_req",
-    "copy_prefix_len",
-    "cu_copy_lens",
-    "scale",
-    "softcap",
-    "sliding_window",
-)
+def map_tensors(case, fn):
+    """The case with `fn` applied to every tensor, the metadata's included
+    (a new metadata object; the other fields as they were)."""
+    md = case["md"]
+    md = dataclasses.replace(
+        md,
+        **{
+            f.name: fn(getattr(md, f.name))
+            for f in dataclasses.fields(md)
+            if isinstance(getattr(md, f.name), torch.Tensor)
+        },
+    )
+    return {k: (md if k == "md" else fn(v) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+
+
+def tensors(case):
+    """name -> tensor for every tensor of the case, the metadata's as md.<field>."""
+    md = case["md"]
+    named = {k: v for k, v in case.items() if isinstance(v, torch.Tensor)}
+    for f in dataclasses.fields(md):
+        if isinstance(getattr(md, f.name), torch.Tensor):
+            named[f"md.{f.name}"] = getattr(md, f.name)
+    return named
 
 
 def run_op(case, out=None, strided_out=False):
@@ -121,14 +139,17 @@ def run_op(case, out=None, strided_out=False):
             out = torch.full_like(q, float("nan"))
     else:
         out.fill_(float("nan"))
-    res = ops.prefix_verify_attention(out, *[case[k] for k in ARG_ORDER])
+    res = ops.prefix_verify_attention(**case, out=out)
     assert res is out
     return out
 
 
+def _upcast(case):
+    return map_tensors(case, lambda t: t.float() if t.is_floating_point() else t)
+
+
 def reference(case):
-    up = {k: (v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in case.items()}
-    return prefix_verify_attention_ref(*[up[k] for k in ARG_ORDER])
+    return prefix_verify_attention_ref(**_upcast(case))
 
 
 def check(case, strided_out=False):
@@ -310,7 +331,7 @@ def test_reference_trivial_cases():
     case["key_cache"].fill_(0.5)
     case["k_new"].fill_(0.5)
     ref = reference(case)
-    vals = torch.cat([case["value_cache"][case["block_table"][0, 0]].float()[:10], case["v_new"].float()])
+    vals = torch.cat([case["value_cache"][case["md"].block_table[0, 0]].float()[:10], case["v_new"].float()])
     for j in range(3):
         torch.testing.assert_close(ref[j, 0], vals[: 10 + j + 1, 0].mean(0))
 
@@ -320,17 +341,18 @@ def test_reference_matches_dense_mask_reference():
     for kw in (dict(), dict(softcap=5.0), dict(sliding_window=9)):
         case = make_case(copies, seed=32, **kw)
         a = reference(case)
-        up = {k: (v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in case.items()}
-        b = prefix_verify_attention_dense_ref(*[up[k] for k in ARG_ORDER], use_sdpa=False)
+        b = prefix_verify_attention_dense_ref(**_upcast(case), use_sdpa=False)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_suffix_kv_never_written_and_inputs_untouched():
     case = make_case(nested(0, 40, 3, 5, 10), seed=33)
-    before = {k: v.clone() for k, v in case.items() if isinstance(v, torch.Tensor)}
+    before = {k: v.clone() for k, v in tensors(case).items()}
     run_op(case)
+    after = tensors(case)
+    assert after.keys() == before.keys()
     for k, v in before.items():
-        assert torch.equal(v, case[k]), f"{k} was modified"
+        assert torch.equal(v, after[k]), f"{k} was modified"
 
 
 # --------------------------------------------------------------------------- bad inputs
@@ -341,7 +363,23 @@ def _good():
 
 
 def _call(case, out=None):
-    return ops.prefix_verify_attention(out, *[case[k] for k in ARG_ORDER])
+    return ops.prefix_verify_attention(**case, out=out)
+
+
+def _md(**change):
+    """A mutation of the case's metadata: field -> function of the field's value."""
+
+    def mutate(c):
+        md = c["md"]
+        for name, fn in change.items():
+            setattr(md, name, fn(getattr(md, name)))
+
+    return mutate
+
+
+def _set(field, index, value):
+    """A mutation writing one value of a metadata index tensor."""
+    return lambda c: getattr(c["md"], field).__setitem__(index, value)
 
 
 @pytest.mark.parametrize(
@@ -359,8 +397,8 @@ def _call(case, out=None):
             ),
             "dtype",
         ),
-        (lambda c: c.update(block_table=c["block_table"].long()), "int32"),
-        (lambda c: c.update(cu_copy_lens=c["cu_copy_lens"].long()), "int32"),
+        (_md(block_table=lambda t: t.long()), "int32"),
+        (_md(cu_copy_lens=lambda t: t.long()), "int32"),
         (lambda c: c.update(q=c["q"][:-1]), r"\[T="),
         (lambda c: c.update(q=c["q"][:, :3]), "multiple"),
         (lambda c: c.update(q=c["q"].reshape(-1)), r"\[T, Hq, D\]"),
@@ -368,19 +406,19 @@ def _call(case, out=None):
         (lambda c: c.update(v_new=c["v_new"][:, :1]), "differ"),
         (lambda c: c.update(key_cache=c["key_cache"][..., :32]), "key_cache"),
         (lambda c: c.update(value_cache=c["value_cache"][:3]), "differ"),
-        (lambda c: c.update(block_table=c["block_table"][0]), "block_table"),
-        (lambda c: c.update(copy_prefix_len=c["copy_prefix_len"][:-1]), "copy_prefix_len"),
-        (lambda c: c.update(cu_copy_lens=c["cu_copy_lens"][:-1]), "C\\+1"),
-        (lambda c: c["cu_copy_lens"].__setitem__(-1, 99), "must equal the number of suffix tokens"),
-        (lambda c: c["cu_copy_lens"].__setitem__(0, 1), r"cu_copy_lens\[0\]"),
-        (lambda c: c["cu_copy_lens"].__setitem__(2, 1), "non-decreasing"),
-        (lambda c: c["copy_req"].__setitem__(0, 5), "not a block-table row"),
-        (lambda c: c["copy_prefix_len"].__setitem__(1, 10_000), "longer than the block table holds"),
-        (lambda c: c["copy_prefix_len"].__setitem__(1, -1), "negative"),
-        (lambda c: c["block_table"].__setitem__((0, 0), 10_000), "outside the cache"),
-        (lambda c: c.update(scale=0.0), "scale"),
-        (lambda c: c.update(softcap=-1.0), "softcap"),
-        (lambda c: c.update(sliding_window=-3), "sliding_window"),
+        (_md(block_table=lambda t: t[0]), "block_table"),
+        (_md(copy_prefix_len=lambda t: t[:-1]), "copy_prefix_len"),
+        (_md(cu_copy_lens=lambda t: t[:-1]), "C\\+1"),
+        (_set("cu_copy_lens", -1, 99), "must equal the number of suffix tokens"),
+        (_set("cu_copy_lens", 0, 1), r"cu_copy_lens\[0\]"),
+        (_set("cu_copy_lens", 2, 1), "non-decreasing"),
+        (_set("copy_req", 0, 5), "not a block-table row"),
+        (_set("copy_prefix_len", 1, 10_000), "longer than the block table holds"),
+        (_set("copy_prefix_len", 1, -1), "negative"),
+        (_set("block_table", (0, 0), 10_000), "outside the cache"),
+        (_md(scale=lambda _: 0.0), "scale"),
+        (_md(softcap=lambda _: -1.0), "softcap"),
+        (_md(sliding_window=lambda _: -3), "sliding_window"),
         (lambda c: c.update(key_cache=c["key_cache"].transpose(1, 2)), "key_cache"),
         (lambda c: c.update(q=c["q"].transpose(0, 2).contiguous().transpose(0, 2)), "contiguous head dim"),
     ],
@@ -404,25 +442,40 @@ def test_bad_head_size_and_out():
 
 
 def test_compiled_op_checks_values_itself():
-    """Called directly (no Python checks), the C++ CPU kernel still refuses bad values."""
+    """Called directly (not through the face), the compiled op still refuses
+    bad values (its one check reads them: the index tensors are on the CPU)."""
     case = _good()
-    case["copy_prefix_len"][1] = 10_000
+    case["md"].copy_prefix_len[1] = 10_000
     out = torch.empty_like(case["q"])
-    args = [case[k] for k in ARG_ORDER[:-1]] + [0]
-    with pytest.raises(RuntimeError, match="exceeds what the block table holds"):
-        torch.ops.parse_vllm.prefix_verify_attention(out, *args)
+    with pytest.raises(RuntimeError, match="longer than the block table holds"):
+        torch.ops.parse_vllm.prefix_verify_attention(*ops.op_arguments(**case, out=out))
     case = _good()
-    case["cu_copy_lens"][-1] = 3
+    case["md"].cu_copy_lens[-1] = 3
     with pytest.raises(RuntimeError, match="cu_copy_lens"):
-        torch.ops.parse_vllm.prefix_verify_attention(out, *[case[k] for k in ARG_ORDER[:-1]], 0)
+        torch.ops.parse_vllm.prefix_verify_attention(*ops.op_arguments(**case, out=out))
 
 
 def test_op_metadata():
     assert ops.has_compiled_op(), ops.compiled_op_error()
     assert ops.cpu_isa() in ("avx512", "avx2", "default")
     case = _good()
-    out = ops.prefix_verify_attention(None, *[case[k] for k in ARG_ORDER])
+    out = ops.prefix_verify_attention(**case)
     assert out.shape == case["q"].shape and not torch.isnan(out).any()
+
+
+def test_rows_past_num_actual_tokens_are_left_alone():
+    """q / k_new / v_new / out may have padding rows past md.num_actual_tokens:
+    the op reads and writes rows [0, T) only."""
+    case = _good()
+    T = case["md"].num_actual_tokens
+    padded = {k: torch.cat([case[k], torch.full_like(case[k][:5], float("nan"))]) for k in ("q", "k_new", "v_new")}
+    out = torch.full((T + 5, *case["q"].shape[1:]), 7.0)
+    res = ops.prefix_verify_attention(**{**case, **padded}, out=out)
+    assert res is out
+    assert torch.equal(out[T:], torch.full_like(out[T:], 7.0))
+    ref = reference(case)
+    assert ((out[:T] - ref).abs().max() / ref.abs().max()).item() <= TOL[torch.float32]
+    assert ops.prefix_verify_attention(**{**case, **padded}).shape == case["q"].shape
 
 
 # --------------------------------------------------------------------------- both bf16 paths

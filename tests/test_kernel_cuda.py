@@ -19,7 +19,7 @@ import random
 
 import pytest
 import torch
-from test_kernel_cpu import ARG_ORDER, LAYOUTS, TOL, make_case, nested, reference
+from test_kernel_cpu import LAYOUTS, TOL, make_case, map_tensors, nested, reference
 
 import parse_vllm.ops as ops
 from parse_vllm.ops.reference import gather_prefix
@@ -39,23 +39,21 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_skip is not None, reason=_sk
 
 
 def to_cuda(case):
-    return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    return map_tensors(case, lambda t: t.cuda())
+
+
+def _to_cuda_keeping_view(v):
+    if v.untyped_storage().nbytes() > v.numel() * v.element_size():
+        base = torch.empty(0, dtype=v.dtype).set_(
+            v.untyped_storage(), 0, (v.untyped_storage().nbytes() // v.element_size(),)
+        )
+        return base.cuda().as_strided(v.shape, v.stride(), v.storage_offset())
+    return v.cuda()
 
 
 def to_cuda_strided(case):
     """Moves to the GPU keeping the views: caches/q that are views stay views."""
-    out = {}
-    for k, v in case.items():
-        if isinstance(v, torch.Tensor) and v.untyped_storage().nbytes() > v.numel() * v.element_size():
-            base = torch.empty(0, dtype=v.dtype).set_(
-                v.untyped_storage(), 0, (v.untyped_storage().nbytes() // v.element_size(),)
-            )
-            out[k] = base.cuda().as_strided(v.shape, v.stride(), v.storage_offset())
-        elif isinstance(v, torch.Tensor):
-            out[k] = v.cuda()
-        else:
-            out[k] = v
-    return out
+    return map_tensors(case, _to_cuda_keeping_view)
 
 
 def record_error(dtype, err, tol):
@@ -70,7 +68,7 @@ def record_error(dtype, err, tol):
 def check_cuda(case_cpu, strided=True):
     case = to_cuda_strided(case_cpu) if strided else to_cuda(case_cpu)
     out = torch.full_like(case["q"], float("nan"))
-    ops.prefix_verify_attention(out, *[case[k] for k in ARG_ORDER])
+    ops.prefix_verify_attention(**case, out=out)
     torch.cuda.synchronize()
     assert not torch.isnan(out).any(), "output not fully written"
     ref = reference(case_cpu).cuda()
@@ -140,13 +138,14 @@ def test_random(seed):
 
 
 def _per_copy_inputs(case):
-    cu = case["cu_copy_lens"].tolist()
-    for c, (r, p) in enumerate(zip(case["copy_req"].tolist(), case["copy_prefix_len"].tolist())):
+    md = case["md"]
+    cu = md.cu_copy_lens.tolist()
+    for c, (r, p) in enumerate(zip(md.copy_req.tolist(), md.copy_prefix_len.tolist())):
         t0, t1 = cu[c], cu[c + 1]
         if t1 == t0:
             continue
-        k = torch.cat([gather_prefix(case["key_cache"], case["block_table"], r, p), case["k_new"][t0:t1]])
-        v = torch.cat([gather_prefix(case["value_cache"], case["block_table"], r, p), case["v_new"][t0:t1]])
+        k = torch.cat([gather_prefix(case["key_cache"], md.block_table, r, p), case["k_new"][t0:t1]])
+        v = torch.cat([gather_prefix(case["value_cache"], md.block_table, r, p), case["v_new"][t0:t1]])
         yield t0, t1, case["q"][t0:t1], k, v
 
 
@@ -170,7 +169,7 @@ def test_matches_flash_attn_per_copy(softcap, window):
             q[None].contiguous(),
             k[None].contiguous(),
             v[None].contiguous(),
-            softmax_scale=case["scale"],
+            softmax_scale=case["md"].scale,
             causal=True,
             softcap=softcap,
             window_size=((window - 1) if window else -1, 0),
@@ -187,7 +186,7 @@ def test_matches_xformers_per_copy():
             q[None].contiguous(),
             k[None].contiguous(),
             v[None].contiguous(),
-            scale=case["scale"],
+            scale=case["md"].scale,
             attn_bias=xops.fmha.attn_bias.LowerTriangularFromBottomRightMask(),
         )[0]
         torch.testing.assert_close(out[t0:t1].float(), o.float(), rtol=2e-2, atol=2e-2)
@@ -196,15 +195,15 @@ def test_matches_xformers_per_copy():
 def test_cuda_graph_capture():
     case = to_cuda(make_case(nested(0, 500, 4, 8, 50), dtype=torch.float16, seed=11))
     out = torch.empty_like(case["q"])
-    args = [case[k] for k in ARG_ORDER[:-1]] + [0]
-    torch.ops.parse_vllm.prefix_verify_attention(out, *args)  # warm-up (kernel attributes)
+    args = ops.op_arguments(**case, out=out)
+    torch.ops.parse_vllm.prefix_verify_attention(*args)  # warm-up (kernel attributes)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        torch.ops.parse_vllm.prefix_verify_attention(out, *args)
+        torch.ops.parse_vllm.prefix_verify_attention(*args)
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
-    ref = reference({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in case.items()}).cuda()
+    ref = reference(map_tensors(case, lambda t: t.cpu())).cuda()
     err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
     record_error(torch.float16, err, TOL[torch.float16])
     assert err <= TOL[torch.float16]

@@ -14,9 +14,11 @@ loads): those are covered only by tests/test_kernel_cuda.py on a GPU.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from test_kernel_cpu import ARG_ORDER, make_case, nested, reference
+from test_kernel_cpu import make_case, nested, reference
 
 KT = 32
 MIN_SPLIT_KEYS = 256
@@ -39,11 +41,13 @@ def window_lo(P, j, W):
 
 
 def emulate(case, sms=108):
-    q, k_new, v_new = case["q"].float(), case["k_new"].float(), case["v_new"].float()
+    md = case["md"]
+    T = md.num_actual_tokens  # the op gets rows [0, T) (parse_vllm.ops.op_arguments)
+    q, k_new, v_new = case["q"][:T].float(), case["k_new"][:T].float(), case["v_new"][:T].float()
     kc, vc = case["key_cache"].float(), case["value_cache"].float()
-    bt = case["block_table"].tolist()
-    copy_req, plen, cu = case["copy_req"].tolist(), case["copy_prefix_len"].tolist(), case["cu_copy_lens"].tolist()
-    scale, softcap, W = case["scale"], case["softcap"], case["sliding_window"] or 0
+    bt = md.block_table.tolist()
+    copy_req, plen, cu = md.copy_req.tolist(), md.copy_prefix_len.tolist(), md.cu_copy_lens.tolist()
+    scale, softcap, W = md.scale, md.softcap, md.sliding_window or 0
     T, Hq, D = q.shape
     Hkv = k_new.shape[1]
     G = Hq // Hkv
@@ -203,17 +207,33 @@ def test_cuda_schedule_model_matches_reference(copies, kw, sms, want_split):
     assert not torch.isnan(got).any(), "a row was never written"
     err = ((got - ref).abs().max() / ref.abs().max()).item()
     assert err < 1e-5, err
-    # the emulation read every argument the kernel takes (none ignored)
-    assert [k for k in ARG_ORDER if k not in reads.read] == []
+    # the emulation read every argument the kernel takes (none ignored): every
+    # tensor of the case and every field of its metadata
+    want = {k for k in case if k != "md"} | {f"md.{f.name}" for f in dataclasses.fields(case["md"])}
+    assert sorted(want - reads.read) == []
 
 
 class _ReadLog(dict):
-    """A case that records which arguments were read."""
+    """A case that records which arguments were read (metadata fields as md.<name>)."""
 
     def __init__(self, case):
         super().__init__(case)
         self.read: set[str] = set()
 
     def __getitem__(self, key):
+        value = super().__getitem__(key)
+        if key == "md":
+            return _MetadataReadLog(value, self.read)
         self.read.add(key)
-        return super().__getitem__(key)
+        return value
+
+
+class _MetadataReadLog:
+    """A PrefixVerifyMetadata that records which fields were read."""
+
+    def __init__(self, md, read: set[str]):
+        self._md, self._read = md, read
+
+    def __getattr__(self, name):
+        self._read.add(f"md.{name}")
+        return getattr(self._md, name)

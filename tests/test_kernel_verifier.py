@@ -33,12 +33,9 @@ import pytest
 import torch
 
 from parse_vllm import ops
+from parse_vllm.ops import PrefixVerifyMetadata
 from parse_vllm.verify import CopyBatch
-from parse_vllm.verify.kernel import (
-    KernelVerifier,
-    PrefixVerifyAttentionImpl,
-    PrefixVerifyMetadata,
-)
+from parse_vllm.verify.kernel import KernelVerifier, PrefixVerifyAttentionImpl
 
 NUM_LAYERS, HQ, HKV, D = 2, 4, 2, 32
 TOL = 1e-4

@@ -429,15 +429,15 @@ void launch(Params<scalar_t>& p, int64_t max_prefix_bound, cudaStream_t stream, 
 
 }  // namespace
 
-void prefix_verify_attention_cuda(
-    at::Tensor& out, const at::Tensor& q, const at::Tensor& k_new,
-    const at::Tensor& v_new, const at::Tensor& key_cache,
-    const at::Tensor& value_cache, const at::Tensor& block_table,
-    const at::Tensor& copy_req, const at::Tensor& copy_prefix_len,
-    const at::Tensor& cu_copy_lens, double scale, double softcap,
-    int64_t sliding_window) {
-  check_prefix_verify_inputs(out, q, k_new, v_new, key_cache, value_cache, block_table, copy_req,
-                             copy_prefix_len, cu_copy_lens, scale, softcap, sliding_window);
+void prefix_verify_attention_cuda(const PrefixVerifyArgs& a) {
+  // Arguments checked by check_prefix_verify_args (csrc/torch_bindings.cpp);
+  // index values are not read here (that would synchronise): bad values are
+  // undefined behaviour.
+  const at::Tensor &out = a.out, &q = a.q, &k_new = a.k_new, &v_new = a.v_new;
+  const at::Tensor &key_cache = a.key_cache, &value_cache = a.value_cache, &block_table = a.block_table;
+  const at::Tensor &copy_req = a.copy_req, &copy_prefix_len = a.copy_prefix_len, &cu_copy_lens = a.cu_copy_lens;
+  const double scale = a.scale, softcap = a.softcap;
+  const int64_t sliding_window = a.sliding_window;
   TORCH_CHECK(q.is_cuda(), "prefix_verify_attention (CUDA): tensors must be on a CUDA device");
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_new.size(1);
@@ -506,7 +506,3 @@ void prefix_verify_attention_cuda(
 }
 
 }  // namespace parse_vllm
-
-TORCH_LIBRARY_IMPL(parse_vllm, CUDA, m) {
-  m.impl("prefix_verify_attention", &parse_vllm::prefix_verify_attention_cuda);
-}

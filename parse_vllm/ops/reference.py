@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from parse_vllm.ops.metadata import PrefixVerifyMetadata
+
 __all__ = ["prefix_verify_attention_ref", "prefix_verify_attention_dense_ref", "gather_prefix"]
 
 
@@ -58,32 +60,28 @@ def prefix_verify_attention_ref(
     v_new: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    copy_req: torch.Tensor,
-    copy_prefix_len: torch.Tensor,
-    cu_copy_lens: torch.Tensor,
-    scale: float,
-    softcap: float = 0.0,
-    sliding_window: int | None = None,
+    md: PrefixVerifyMetadata,
 ) -> torch.Tensor:
     """Reference result, [T, Hq, D] in q's dtype (computed in fp32), one copy at a time.
 
     Same arguments and meaning as `parse_vllm.ops.prefix_verify_attention`
     (without `out`).
     """
-    window = int(sliding_window or 0)
+    T = md.num_actual_tokens
+    q, k_new, v_new = q[:T], k_new[:T], v_new[:T]
+    window = int(md.sliding_window or 0)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    cu = cu_copy_lens.tolist()
-    for c, (req, plen) in enumerate(zip(copy_req.tolist(), copy_prefix_len.tolist())):
+    cu = md.cu_copy_lens.tolist()
+    for c, (req, plen) in enumerate(zip(md.copy_req.tolist(), md.copy_prefix_len.tolist())):
         t0, t1 = cu[c], cu[c + 1]
         if t1 == t0:
             continue
-        k = torch.cat([gather_prefix(key_cache, block_table, req, plen), k_new[t0:t1]]).float()
-        v = torch.cat([gather_prefix(value_cache, block_table, req, plen), v_new[t0:t1]]).float()
+        k = torch.cat([gather_prefix(key_cache, md.block_table, req, plen), k_new[t0:t1]]).float()
+        v = torch.cat([gather_prefix(value_cache, md.block_table, req, plen), v_new[t0:t1]]).float()
         # absolute positions: cached key i at i, suffix token j at plen + j
         q_pos = plen + torch.arange(t1 - t0, device=q.device)
         k_pos = torch.arange(plen + t1 - t0, device=q.device)
-        out[t0:t1] = _attend(q[t0:t1].float(), k, v, _visible(q_pos, k_pos, window), scale, softcap)
+        out[t0:t1] = _attend(q[t0:t1].float(), k, v, _visible(q_pos, k_pos, window), md.scale, md.softcap)
     return out.to(q.dtype)
 
 
@@ -93,13 +91,7 @@ def prefix_verify_attention_dense_ref(
     v_new: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    copy_req: torch.Tensor,
-    copy_prefix_len: torch.Tensor,
-    cu_copy_lens: torch.Tensor,
-    scale: float,
-    softcap: float = 0.0,
-    sliding_window: int | None = None,
+    md: PrefixVerifyMetadata,
     use_sdpa: bool = True,
 ) -> torch.Tensor:
     """All copies in one masked attention call over a dense [T, keys] mask.
@@ -109,11 +101,12 @@ def prefix_verify_attention_dense_ref(
     torch.nn.functional.scaled_dot_product_attention with a boolean mask;
     otherwise an explicit fp32 softmax.  Memory grows with T * keys.
     """
-    window = int(sliding_window or 0)
-    reqs = copy_req.tolist()
-    plens = copy_prefix_len.tolist()
-    cu = cu_copy_lens.tolist()
-    T = q.shape[0]
+    T = md.num_actual_tokens
+    q, k_new, v_new = q[:T], k_new[:T], v_new[:T]
+    block_table, scale, softcap, window = md.block_table, md.scale, md.softcap, int(md.sliding_window or 0)
+    reqs = md.copy_req.tolist()
+    plens = md.copy_prefix_len.tolist()
+    cu = md.cu_copy_lens.tolist()
     longest: dict[int, int] = {}
     for r, p in zip(reqs, plens):
         longest[r] = max(longest.get(r, 0), p)

@@ -35,6 +35,7 @@ import torch
 
 from parse_vllm import _vllm
 from parse_vllm import ops as _ops
+from parse_vllm.ops import PrefixVerifyMetadata
 from parse_vllm.verify.base import CopyBatch, VerifierBase
 
 __all__ = [
@@ -45,26 +46,6 @@ __all__ = [
     "pack_copies",
     "prefix_verify_layer_attention",
 ]
-
-
-@dataclass
-class PrefixVerifyMetadata:
-    """Attention metadata of one layer in a kernel verification forward.
-
-    Tensors live on the model's device; several layers share them (only the
-    scalars are per layer). Arguments of `parse_vllm.ops.prefix_verify_attention`.
-    """
-
-    block_table: torch.Tensor  # [R, max_blocks] int32, block ids as the layer's bound cache counts them
-    copy_req: torch.Tensor  # [C] int32, row of block_table of copy c
-    copy_prefix_len: torch.Tensor  # [C] int32, cached tokens copy c sees
-    cu_copy_lens: torch.Tensor  # [C + 1] int32, copy c owns suffix tokens [cu[c], cu[c+1])
-    num_actual_tokens: int  # T = cu[C]; query rows past T (padding) are left alone
-    scale: float
-    softcap: float = 0.0  # 0 = off
-    sliding_window: int | None = None  # None = off
-    # Check index values in the op's wrapper (None: only when they are on the CPU).
-    check_values: bool | None = None
 
 
 def prefix_verify_layer_attention(
@@ -79,25 +60,8 @@ def prefix_verify_layer_attention(
     suffix token t of copy c, softmax attention over the first
     copy_prefix_len[c] cached tokens of its request and copy c's suffix tokens
     up to t. The cache is only read. Returns `output` (or a new [T, Hq, D])."""
-    T = md.num_actual_tokens
     key_cache, value_cache = _vllm.standard_kv_cache_views(kv_cache, query.shape[-1])
-    out = _ops.prefix_verify_attention(
-        None if output is None else output[:T],
-        query[:T],
-        key[:T],
-        value[:T],
-        key_cache,
-        value_cache,
-        md.block_table,
-        md.copy_req,
-        md.copy_prefix_len,
-        md.cu_copy_lens,
-        md.scale,
-        md.softcap,
-        md.sliding_window,
-        check_values=md.check_values,
-    )
-    return out if output is None else output
+    return _ops.prefix_verify_attention(query, key, value, key_cache, value_cache, md, out=output)
 
 
 class PrefixVerifyAttentionImpl:
