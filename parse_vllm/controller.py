@@ -21,6 +21,7 @@ from parse_vllm.metrics import KvAudit, ParseStats, PromExporter
 from parse_vllm.policy import Phase, RequestState
 from parse_vllm.step import DraftBatch, StepResult, StepSettings
 from parse_vllm.templates import VerificationTemplate
+from parse_vllm.transfers import HostCopies
 from parse_vllm.verify import CopyBatch, Verifier
 
 
@@ -33,9 +34,11 @@ class ParseController:
     template: VerificationTemplate
     layer_names: list[str]
     served_model_name: str
+    device: str = "cpu"  # the model's
     verifier: Verifier | None = None  # set once the KV cache exists
 
     def __post_init__(self) -> None:
+        self.host = HostCopies(self.device)  # every device -> host copy of a step, counted
         self.states: dict[str, RequestState] = {}
         self.stats = ParseStats()
         self._exported = ParseStats()
@@ -55,6 +58,12 @@ class ParseController:
     def forget(self, req_ids) -> None:
         for req_id in req_ids:
             self.states.pop(req_id, None)
+
+    def rewriting(self, req_id: str) -> bool:
+        """Whether the target is writing for the request (REWRITE phase): its
+        tokens count towards the next draft."""
+        state = self.states.get(req_id)
+        return state is not None and state.phase is Phase.REWRITE
 
     def draft_len(self, state: RequestState) -> int:
         """Draft tokens to schedule for the request next step."""

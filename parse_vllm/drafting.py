@@ -117,3 +117,38 @@ def _pack(spans: list[tuple[int, int, int]], num_draft: int, max_tokens: int, ma
 def _as_pass(spans: list[tuple[int, int, int]], num_draft: int) -> DrafterPass:
     a = np.array(spans, dtype=np.int64).reshape(-1, 3)
     return DrafterPass(row=a[:, 0], start=a[:, 1], end=a[:, 2], num_draft=num_draft)
+
+
+def draft_lengths(
+    wants: np.ndarray,  # [B] draft tokens each row's phase asks for (0: none)
+    known_len: np.ndarray,  # [B] tokens the row has after this step
+    tokens_left: np.ndarray,  # [B] output tokens its max_tokens still allows after this step's
+    max_len: int,  # the context: a token's position must stay below it
+    prefilling: np.ndarray,  # [B] bool: the prompt is still being prefilled
+) -> np.ndarray:
+    """Draft tokens each row gets this step: none where they could not be
+    taken (a prompt still being prefilled, past max_tokens), and no more than
+    the row's own room in the context (never a neighbour's)."""
+    n = np.minimum(np.minimum(wants, tokens_left), max_len - known_len)
+    n[prefilling] = 0
+    return np.maximum(n, 0)
+
+
+def pass_spans(
+    dp: DrafterPass,
+    tokens: np.ndarray,  # [max_reqs, max_len] the batch's token ids as of the step's start
+    committed: np.ndarray,  # [B] tokens per row as of the step's start
+    new: list[np.ndarray],  # [B] x [n] the tokens each row gained this step
+) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens of each of the pass's spans, packed [Σ L], and their
+    offsets cu [G + 1]. A row's positions below `committed` are in `tokens`,
+    the rest are this step's `new` tokens. Worked example: committed 5, new
+    [7, 8] (the row now has 7 tokens), span [4, 6]: tokens[4], 7, 8."""
+    span = [
+        np.concatenate(
+            [tokens[r, s : min(e + 1, committed[r])], new[r][max(0, s - committed[r]) : max(0, e + 1 - committed[r])]]
+        )
+        for r, s, e in zip(dp.row, dp.start, dp.end)
+    ]
+    cu = np.concatenate([[0], np.cumsum([t.shape[0] for t in span])]).astype(np.int64)
+    return np.concatenate(span).astype(np.int64) if span else np.zeros(0, dtype=np.int64), cu

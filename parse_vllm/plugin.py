@@ -66,12 +66,20 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
     if vllm_config.parallel_config.pipeline_parallel_size != 1:
         raise ParseConfigError("PARSE does not support pipeline parallelism yet")
 
-    if config.verifier == "kernel" and worker_cls == CPU_WORKER_CLS:
-        raise ParseConfigError(
-            "parse.verifier='kernel' needs a GPU attention backend (vLLM's CPU KV "
-            "cache is packed per instruction set); use 'auto' or 'forked' on CPU"
-        )
     pc = vllm_config.parallel_config
+    if pc.data_parallel_size > 1:
+        raise ParseConfigError(
+            f"PARSE does not support data parallelism (data_parallel_size={pc.data_parallel_size}): "
+            "verification passes run only on ranks that judged something, so the ranks' collectives "
+            "(an MoE target's all-to-all) would wait on each other; run one engine per replica"
+        )
+    # The verifier, chosen once here and written back, so that the scheduler
+    # (which holds scratch blocks back for the forked one) and the runner agree.
+    from parse_vllm.verify import factory
+
+    section = {**section, "verifier": factory.resolve(config.verifier, vllm_config, worker_cls == GPU_WORKER_CLS)}
+    vllm_config.additional_config["parse"] = section
+    config = ParseConfig.from_dict(section)
     if pc.worker_cls == "auto":
         pc.worker_cls = worker_cls
     elif pc.worker_cls != worker_cls:
@@ -105,6 +113,12 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
         raise ParseConfigError(
             f"speculative_config.num_speculative_tokens={window} (the PARSE window W) must be "
             f"below max_model_len={max_model_len}: no request could hold one window"
+        )
+    if config.spec_tokens > window:
+        raise ParseConfigError(
+            f"parse.spec_tokens={config.spec_tokens} is longer than the PARSE window "
+            f"W={window} (speculative_config.num_speculative_tokens): the scheduler reserves "
+            "W lookahead slots per request, so a token-level draft can be at most W tokens"
         )
     if sc.max_num_batched_tokens < window + 1:
         raise ParseConfigError(

@@ -28,11 +28,11 @@ from parse_vllm.acceptance import first_stop_index
 from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
 from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, request_options
 from parse_vllm.controller import ParseController
-from parse_vllm.drafting import plan_passes
+from parse_vllm.drafting import draft_lengths, pass_spans, plan_passes
 from parse_vllm.policy import RequestState
-from parse_vllm.step import DraftBatch, parse_step
+from parse_vllm.step import DraftBatch, draft_views, parse_step, token_checks
 from parse_vllm.templates import build_template
-from parse_vllm.verify import ForkedBlockTableVerifier, scratch_block_count
+from parse_vllm.verify import factory as verifiers
 
 logger = _vllm.init_logger("parse_vllm.runner")
 
@@ -42,6 +42,9 @@ class ParseRunnerMixin:
     `self.parse`: the engine's ParseController, None when PARSE is not named."""
 
     parse: ParseController | None = None
+    _parse_drafted = False  # this step's drafter ran (take_draft_token_ids)
+    _parse_sampled: np.ndarray | None = None  # [B, W+1] this step's sampled tokens on the host, once fetched
+    _parse_draft_lens: dict[str, int]  # this step's draft length per request
 
     # -- set-up -----------------------------------------------------------
 
@@ -64,6 +67,13 @@ class ParseRunnerMixin:
             template=template,
             layer_names=_vllm.attention_layer_names(self.model),
             served_model_name=str(self.vllm_config.model_config.served_model_name),
+            device=str(self.device),
+        )
+        self._parse_draft_lens = {}
+        # Every drafter call's inputs of a step, moved in one copy; sized for a
+        # step's first passes (catch-up beyond it grows it).
+        self._parse_staging = _vllm.DrafterStaging(
+            self.device, 4 * (self.scheduler_config.max_num_batched_tokens + self.scheduler_config.max_num_seqs)
         )
         self._rows_drafting_unsupported = _vllm.rows_drafting_unsupported(self)
         if self._rows_drafting_unsupported:
@@ -99,51 +109,12 @@ class ParseRunnerMixin:
             # (GPU CUDA-graph memory profiling builds a throwaway cache of a
             # few blocks first; the verifier is set up on the real one.)
             return
-        gid = _vllm.kv_cache_group_of_layers(kv_cache_config, p.layer_names)
-        num_blocks = kv_cache_config.num_blocks
-        scratch = scratch_block_count(p.config.scratch_blocks, num_blocks, p.config.verifier)
-        common = dict(
-            suffix_ids=p.template.suffix_ids,
-            labels=p.template.labels,
-            kv_cache_group_id=gid,
-            layer_names=p.layer_names,
-            layer_caches=[self._parse_caches_by_layer[n] for n in p.layer_names],
-            num_blocks=num_blocks,
-            block_size=kv_cache_config.kv_cache_groups[gid].kv_cache_spec.block_size,
-            check_isolation=p.config.record_judgments > 0,
-        )
-        p.verifier = None
-        if p.config.verifier in ("kernel", "auto") and self.device.type != "cpu":
-            # The fused prefix-verify kernel reads the backend's standard paged
-            # KV layout (GPU backends); it writes no scratch KV.
-            from parse_vllm.verify.kernel import KernelVerifier
-
-            try:
-                p.verifier = KernelVerifier(
-                    self, **common, max_tokens_per_pass=self.scheduler_config.max_num_batched_tokens
-                )
-            except (NotImplementedError, ValueError, RuntimeError) as e:
-                if p.config.verifier == "kernel":
-                    raise
-                logger.warning("PARSE: kernel verification unavailable (%s); using forked block tables", e)
-        if p.verifier is None:
-            # Rows of pseudo-requests per pass are bounded where the backend
-            # keeps per-request buffers sized max_num_seqs (kernel block
-            # tables, GPU backends).
-            needs_row_limit = self.device.type != "cpu" or any(
-                g.kernel_block_size is not None for g in self.attn_groups[gid]
-            )
-            p.verifier = ForkedBlockTableVerifier(
-                self,
-                **common,
-                scratch_ids=np.arange(num_blocks - scratch, num_blocks),
-                max_rows_per_pass=self.scheduler_config.max_num_seqs if needs_row_limit else None,
-            )
+        p.verifier = verifiers.build(self, p, kv_cache_config, self._parse_caches_by_layer)
         logger.info(
             "PARSE verification: %s, scratch %d of %d KV blocks",
             type(p.verifier).__name__,
-            scratch,
-            num_blocks,
+            p.scratch_ids().shape[0],
+            kv_cache_config.num_blocks,
         )
 
     # -- per-request state --------------------------------------------------
@@ -176,40 +147,60 @@ class ParseRunnerMixin:
 
     # -- drafting: how many draft tokens each request gets ------------------
 
+    def _input_fits_in_drafter(self, common_attn_metadata) -> bool:
+        """vLLM skips the drafter for the whole batch once its longest request
+        plus W would pass the drafter's max_model_len, and fills every draft
+        with token 0. The per-row drafter bounds each request by its own room
+        instead (propose_draft_token_ids), so it always runs."""
+        if self.parse is not None and self._rows_drafting_unsupported is None:
+            return common_attn_metadata is not None
+        return super()._input_fits_in_drafter(common_attn_metadata)
+
     def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
         """Draft tokens per request, the drafter run only over the requests
-        that draft this step, each at its own length (drafting.py)."""
+        that draft this step, each at its own length (drafting.py). Returns
+        them on the device, [B, longest]; vLLM copies them back
+        asynchronously and `take_draft_token_ids` cuts each to its length."""
         p = self.parse
-        if p is None or not self.input_batch.req_ids:
+        if p is None:
             return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
+        self._parse_drafted = True
         req_ids = list(self.input_batch.req_ids)
         states = [self._parse_state(r) for r in req_ids]
+        wants = np.array([p.draft_len(s) for s in states], dtype=np.int64)
         if self._rows_drafting_unsupported is not None:
             # vLLM's own proposer for the whole batch (it consumes this step's
             # tokens to keep the draft KV in sync, and cannot catch up later),
-            # as far as some request needs; skipped only once no request here
-            # drafts again.
-            if p.config.spec_tokens == 0 and not any(s.will_draft for s in states):
+            # as far as some request needs. Skipped once no request here
+            # drafts again, unless prefix caching is on: blocks filled in a
+            # skipped step would hold no draft KV, and a later request that
+            # hits them in the cache would draft over it.
+            self._parse_draft_lens = dict(zip(req_ids, wants.tolist()))
+            if (
+                p.config.spec_tokens == 0
+                and not any(s.will_draft for s in states)
+                and not self.cache_config.enable_prefix_caching
+            ):
                 return [[] for _ in req_ids]
-            wanted = max(p.draft_len(s) for s in states)
-            scheduler_output.num_spec_tokens_to_schedule = max(1, min(wanted, p.window))
+            scheduler_output.num_spec_tokens_to_schedule = max(1, min(int(wants.max(initial=0)), p.window))
             return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
 
         sampled, sampling_metadata, attn_metadata = _vllm.proposer_arguments(args, kwargs)
+        if not wants.any():
+            self._parse_draft_lens = {}
+            return torch.zeros((len(req_ids), 0), dtype=torch.int64, device=self.device)
         tokens, committed = _vllm.committed_tokens(self)  # [max_reqs, max_len], [B]
-        # This step's tokens per request (accepted draft tokens, then the sampled one).
-        new = [row[row != _vllm.PLACEHOLDER_TOKEN_ID] for row in sampled.cpu().numpy()]  # B x [≤ W+1]
-        known_len = committed + np.array([t.shape[0] for t in new], dtype=np.int64)  # [B]
-        wants = np.array([p.draft_len(s) for s in states], dtype=np.int64)
-        # No draft where its tokens could not be taken: a prompt still being
-        # prefilled, or past max_tokens.
-        left = np.array(
-            [_vllm.request_limits(self, r)[0] - _vllm.request_output_len(self, r) for r in req_ids], dtype=np.int64
-        ) - (known_len - committed)
-        wants = np.minimum(wants, left)
-        wants[_vllm.rows_in_partial_prefill(self, scheduler_output)] = 0
-        wants = np.maximum(wants, 0)
-
+        new = self._parse_new_tokens(sampled)  # B x [n]: this step's accepted draft tokens, then the sampled one
+        new_len = np.array([t.shape[0] for t in new], dtype=np.int64)
+        known_len = committed + new_len
+        limits = [_vllm.request_limits(self, r)[0] - _vllm.request_output_len(self, r) for r in req_ids]
+        wants = draft_lengths(
+            wants,
+            known_len,
+            np.array(limits, dtype=np.int64) - new_len,
+            min(self.max_model_len, self.effective_drafter_max_model_len),
+            _vllm.rows_in_partial_prefill(self, scheduler_output),
+        )
         passes, kv_len = plan_passes(
             wants,
             np.array([s.draft_kv_len for s in states], dtype=np.int64),
@@ -219,53 +210,52 @@ class ParseRunnerMixin:
             max_tokens=self.scheduler_config.max_num_batched_tokens,
             max_rows=self.scheduler_config.max_num_seqs,
         )
-        drafts: list[list[int]] = [[] for _ in req_ids]
-        for dp in passes:
-            # Positions below `committed` are in the batch's token ids, the rest are this step's.
-            span = [
-                np.concatenate(
-                    [tokens[r, s : min(e + 1, committed[r])], new[r][max(0, s - committed[r]) : e + 1 - committed[r]]]
-                )
-                for r, s, e in zip(dp.row, dp.start, dp.end)
-            ]
-            ids = _vllm.propose_rows(
-                self,
-                attn_metadata,
-                sampling_metadata,
-                dp.row,
-                np.concatenate(span).astype(np.int64),
-                np.concatenate([[0], np.cumsum([t.shape[0] for t in span])]),
-                dp.start,
-                dp.num_draft,
-            )
+        staged = self._parse_staging.stage(
+            [(dp.row, *pass_spans(dp, tokens, committed, new), dp.start) for dp in passes]
+        )
+        drafts = torch.zeros(
+            (len(req_ids), max((dp.num_draft for dp in passes), default=0)), dtype=torch.int64, device=self.device
+        )
+        for dp, inputs in zip(passes, staged):
+            ids = _vllm.propose_rows(self, attn_metadata, sampling_metadata, inputs, dp.num_draft)
             if dp.num_draft:
-                ids = ids.cpu().numpy()
-                for g, r in enumerate(dp.row):
-                    drafts[r] = ids[g, : wants[r]].tolist()
+                drafts[inputs.rows, : dp.num_draft] = ids
+            p.host.count_drafter_call()
             p.stats.drafter_passes += 1
             p.stats.drafter_rows += int(dp.row.shape[0])
             p.stats.drafter_tokens += dp.num_tokens
         for state, n in zip(states, kv_len):
             state.draft_kv_len = int(n)
+        self._parse_draft_lens = dict(zip(req_ids, wants.tolist()))
         return drafts
+
+    def _parse_new_tokens(self, sampled: torch.Tensor) -> list[np.ndarray]:
+        """Each row's tokens from this step (accepted draft tokens, then the
+        sampled one) on the host: as `_sample` fetched them, or fetched here
+        (at most once a step)."""
+        if self._parse_sampled is None:
+            (self._parse_sampled,) = self.parse.host.fetch(sampled)
+        return [row[row != _vllm.PLACEHOLDER_TOKEN_ID] for row in self._parse_sampled]
 
     def take_draft_token_ids(self):
         drafts = super().take_draft_token_ids()
         p = self.parse
         if p is None or drafts is None:
             return drafts
+        if not self._parse_drafted:
+            # vLLM skipped the drafter this step and left placeholder drafts
+            # (token 0): they are no one's draft.
+            drafts.draft_token_ids = [[] for _ in drafts.req_ids]
+            return drafts
         for i, req_id in enumerate(drafts.req_ids):
-            if req_id not in self.requests:
-                continue
-            draft = drafts.draft_token_ids[i]
-            n = p.draft_len(self._parse_state(req_id))
-            # A draft ends at its first stop token: what the drafter wrote
-            # after it is not part of the answer and need not be verified.
-            stop = first_stop_index(draft[:n], _vllm.request_limits(self, req_id)[2])
-            if stop >= 0:
-                n = stop + 1
-            if len(draft) > n:
-                drafts.draft_token_ids[i] = draft[:n]
+            draft = drafts.draft_token_ids[i][: self._parse_draft_lens.get(req_id, 0)]
+            if draft and req_id in self.requests:
+                # A draft ends at its first stop token: what the drafter wrote
+                # after it is not part of the answer and need not be verified.
+                stop = first_stop_index(draft, _vllm.request_limits(self, req_id)[2])
+                if stop >= 0:
+                    draft = draft[: stop + 1]
+            drafts.draft_token_ids[i] = draft
         return drafts
 
     # -- acceptance ---------------------------------------------------------
@@ -273,47 +263,59 @@ class ParseRunnerMixin:
     def _sample(self, logits, spec_decode_metadata):
         p = self.parse
         md = spec_decode_metadata
-        if p is None or md is None:
+        if p is None:
             return super()._sample(logits, md)
+        p.host.new_step()
+        self._parse_drafted = False  # until this step's drafter runs (propose_draft_token_ids)
+        self._parse_sampled = None  # this step's sampled tokens on the host, once fetched
+        if md is None:  # (with a speculative config, vLLM always passes metadata)
+            return super()._sample(logits, md)
+        req_ids = list(self.input_batch.req_ids)
+
+        # The drafts PARSE judges, and the target's checks of their tokens
+        # (guard, constraints), started on the device before sampling.
+        settings = p.settings(self.model_config.get_vocab_size(), self.model_config.max_model_len)
+        batch = self._draft_batch(logits, md)
+        batch.views = draft_views(batch, settings.vocab_size)
+        checks = token_checks(batch, batch.views)  # [2, R] on the device
 
         # 1. Token-level verification with vLLM's own rejection sampler (on at
         #    most its 128-token limit per request; longer drafts are judged).
         std_logits, std_md = _vllm.truncate_spec_decode(logits, md, _vllm.REJECTION_SAMPLER_MAX_SPEC_LEN)
         out = _vllm.widen_sampled(super()._sample(std_logits, std_md), md.max_spec_len + 1)  # [B, W+1]
-        out_cpu = out.sampled_token_ids.cpu().numpy()
-        l_tok = (out_cpu != _vllm.PLACEHOLDER_TOKEN_ID).sum(axis=1) - 1  # [B]
+        # The step's one read of its inputs: sampled tokens and the checks.
+        sampled, batch.checks = p.host.fetch(out.sampled_token_ids, checks)
+        batch.l_tok = ((sampled != _vllm.PLACEHOLDER_TOKEN_ID).sum(axis=1) - 1)[batch.row]
 
         # 2-3. The PARSE step over the drafts it judges.
-        req_ids = list(self.input_batch.req_ids)
-        cu_sampled = md.cu_num_sampled_tokens.cpu().numpy()  # [B] logits rows per request, cumulated
-        batch = self._draft_batch(logits, md, l_tok, cu_sampled)
         judged_ids = [req_ids[i] for i in batch.row]
         if batch.num_reqs:
-            settings = p.settings(self.model_config.get_vocab_size(), self.model_config.max_model_len)
             result = parse_step(batch, lambda copies: p.judge(copies, self._describe_copy(batch)), settings)
             p.apply(judged_ids, batch, result)
             # 4. draft[:accepted] plus one token sampled from the target there.
             if result.resample.any():
-                self._resample(logits, cu_sampled, batch, result, out, out_cpu)
+                self._resample(logits, md, batch, result, out, sampled)
+        self._parse_sampled = sampled
 
         # Requests the target is writing (REWRITE phase) count its tokens; a
         # request judged this step starts counting from the next one.
         judged = set(judged_ids)
         for i, req_id in enumerate(req_ids):
-            if req_id not in judged:
-                p.after_tokens(req_id, [int(t) for t in out_cpu[i] if t != _vllm.PLACEHOLDER_TOKEN_ID])
+            if req_id not in judged and p.rewriting(req_id):
+                p.after_tokens(req_id, sampled[i][sampled[i] != _vllm.PLACEHOLDER_TOKEN_ID].tolist())
         p.export()
         self._parse_audit_kv()  # the tables as the verification left them
         return out
 
-    def _draft_batch(self, logits, md, l_tok: np.ndarray, cu_sampled: np.ndarray) -> DraftBatch:
+    def _draft_batch(self, logits, md) -> DraftBatch:
         """vLLM's batch -> the DraftBatch of requests PARSE judges this step
-        (those in the DRAFT phase with a draft)."""
+        (those in the DRAFT phase with a draft), all on the host but the
+        logits; `l_tok` is filled once the rejection sampler has run."""
         req_ids = self.input_batch.req_ids
         num_draft = np.asarray(md.num_draft_tokens)  # [B]
         cu_all = np.concatenate([[0], np.cumsum(num_draft)])
-        drafts = md.draft_token_ids.cpu().numpy().astype(np.int64)  # [Σd]
-        starts = cu_sampled - (num_draft + 1)  # logits row of each last token
+        drafts = _vllm.scheduled_drafts(self, md.num_draft_tokens)  # [Σd]
+        starts = _vllm.cu_sampled_tokens(md) - (num_draft + 1)  # logits row of each last token
         rows = np.array(
             [i for i, r in enumerate(req_ids) if num_draft[i] and self._parse_state(r).judging], dtype=np.int64
         )
@@ -334,7 +336,7 @@ class ParseRunnerMixin:
             max_tokens=np.array([m for m, _, _ in limits], dtype=np.int64),
             min_tokens=np.array([m for _, m, _ in limits], dtype=np.int64),
             stop_ids=[st for _, _, st in limits],
-            l_tok=l_tok[rows].astype(np.int64),
+            l_tok=np.zeros(rows.shape[0], dtype=np.int64),
             threshold=np.array([o.threshold for o in options], dtype=np.float64),
             guard=np.array([o.guard for o in options], dtype=np.int64),
             greedy=np.array([_vllm.request_is_greedy(self, req_ids[i]) for i in rows], dtype=bool),
@@ -357,27 +359,30 @@ class ParseRunnerMixin:
 
         return describe
 
-    def _resample(self, logits, cu_sampled: np.ndarray, batch: DraftBatch, result, out, out_cpu) -> None:
+    def _resample(self, logits, md, batch: DraftBatch, result, out, sampled_host: np.ndarray) -> None:
         """Rows that take more than L_tok: draft[:accepted], then one token
         sampled from the target at that position with the request's own
         parameters (penalties over its output plus the accepted prefix; only
-        these rows' seeded generators advance)."""
+        these rows' seeded generators advance). Updates `out` on the device
+        and `sampled_host`, its host copy."""
         ks = np.flatnonzero(result.resample)
         rows, n = batch.row[ks], result.accepted[ks]
         prefixes = {int(r): batch.draft_of(k)[:n_k].tolist() for k, r, n_k in zip(ks, rows, n)}
-        take = cu_sampled - 1  # default: each request's bonus row
+        take = _vllm.cu_sampled_tokens(md) - 1  # default: each request's bonus row
         take[rows] = batch.logits_start[ks] + n
+        dev = logits.device
         sampled = _vllm.sample_after_prefixes(
-            self.sampler, logits[torch.from_numpy(take).to(logits.device)], self.input_batch.sampling_metadata, prefixes
+            self.sampler, logits[torch.from_numpy(take).to(dev)], self.input_batch.sampling_metadata, prefixes
         )  # [B]
-        width = out_cpu.shape[1]
-        new = np.full((ks.shape[0], width), _vllm.PLACEHOLDER_TOKEN_ID, dtype=np.int64)
+        rows_t = torch.from_numpy(rows).to(dev)
+        (tail,) = self.parse.host.fetch(sampled[rows_t])
+        new = np.full((ks.shape[0], sampled_host.shape[1]), _vllm.PLACEHOLDER_TOKEN_ID, dtype=np.int64)
         for j, (r, n_k) in enumerate(zip(rows, n)):
             new[j, :n_k] = prefixes[int(r)]
-        new[np.arange(ks.shape[0]), n] = sampled[torch.from_numpy(rows).to(sampled.device)].cpu().numpy()
-        out_cpu[rows] = new
+        new[np.arange(ks.shape[0]), n] = tail
+        sampled_host[rows] = new
         ids = out.sampled_token_ids
-        ids[torch.from_numpy(rows).to(ids.device)] = torch.from_numpy(new).to(ids.device, ids.dtype)
+        ids[rows_t] = torch.from_numpy(new).to(dev, ids.dtype)
 
     # -- KV audit -------------------------------------------------------------
 

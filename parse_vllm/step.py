@@ -49,7 +49,10 @@ from parse_vllm.acceptance import (
     view_draft,
 )
 from parse_vllm.boundaries import BoundaryRule
+from parse_vllm.transfers import fetch
 from parse_vllm.verify import CopyBatch
+
+NO_LIMIT = np.iinfo(np.int64).max  # guard_len of a request without a guard
 
 
 @dataclass
@@ -81,6 +84,11 @@ class DraftBatch:
     bad_words: np.ndarray  # [R] bool: the request has bad_words (no draft token beyond L_tok)
     logits: torch.Tensor  # [N, vocab] the target's logits, constraints (grammar bitmask) applied
     forbidden: torch.Tensor | None = None  # [R, vocab] bool, allowed_token_ids as a mask (True = forbidden)
+    # What a caller that fetches the step's inputs together computed first
+    # (None: the step computes them): `draft_views`, and `token_checks` on the
+    # host, [2, R] guard_len and allowed_len.
+    views: list[DraftView] | None = None
+    checks: np.ndarray | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -124,23 +132,13 @@ def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
     l_tok = batch.l_tok.astype(np.int64)
 
     # 1. What each draft offers.
-    views = [
-        view_draft(
-            batch.draft_of(k),
-            batch.stop_ids[k],
-            int(batch.output_len[k]),
-            int(batch.max_tokens[k]),
-            int(batch.min_tokens[k]),
-            vocab_size=s.vocab_size,
-        )
-        for k in range(R)
-    ]
+    views = batch.views if batch.views is not None else draft_views(batch, s.vocab_size)
     text_len = np.array([v.text_len for v in views], dtype=np.int64)
     # Taken whole token-level, or nothing to judge: the judge is not asked.
     judged = (text_len > 0) & (l_tok < text_len)
 
     # 2. The guard and the constraints, for the whole batch at once.
-    guard_len, allowed_len = draft_token_checks(batch, views, judged)
+    guard_len, allowed_len = batch.checks if batch.checks is not None else draft_token_checks(batch, views)
 
     # 3. Boundaries. The guard first: no boundary past the first one at or
     #    beyond the guard's cut can add accepted tokens. Then the context: a
@@ -233,40 +231,62 @@ def _earlier_bounds(s: StepSettings, batch: DraftBatch, k: int, text_len: int, h
     return b[(b < holistic) & (b <= context_len)]
 
 
-def draft_token_checks(batch: DraftBatch, views: list[DraftView], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For the requests `rows` [R] bool: how many leading draft tokens (text
-    and the stop token after it) the token guard lets through, and how many
-    the request's constraints allow. One pass on the logits' device, one
-    transfer back.
+def draft_views(batch: DraftBatch, vocab_size: int) -> list[DraftView]:
+    """What each draft offers: its text (before a stop token, within
+    max_tokens) and the stop token after it."""
+    return [
+        view_draft(
+            batch.draft_of(k),
+            batch.stop_ids[k],
+            int(batch.output_len[k]),
+            int(batch.max_tokens[k]),
+            int(batch.min_tokens[k]),
+            vocab_size=vocab_size,
+        )
+        for k in range(batch.num_reqs)
+    ]
+
+
+def draft_token_checks(batch: DraftBatch, views: list[DraftView]) -> tuple[np.ndarray, np.ndarray]:
+    """`token_checks`, fetched: (guard_len [R], allowed_len [R]) on the host."""
+    (checks,) = fetch(token_checks(batch, views))
+    return checks[0], checks[1]
+
+
+def token_checks(batch: DraftBatch, views: list[DraftView]) -> torch.Tensor:
+    """[2, R] int64 on the logits' device, not read back: for every draft
+    with text, how many leading draft tokens (text and the stop token after
+    it) the token guard lets through (row 0), and how many the request's
+    constraints allow (row 1). One pass over the logits, no transfer: the
+    runner fetches it with the step's other inputs.
 
     guard_len: every token within the target's top-`guard` at its position
     (`guard` 1 = the greedy choice exactly, argmax; the strictest guard on a
     sampling request lets none through: token-level acceptance only); no
-    guard = no limit. allowed_len: a token whose logit is -inf (the grammar
-    bitmask, applied to the logits before sampling) or that allowed_token_ids
-    forbid ends it; bad_words depend on the tokens before each position, which
-    the sampler does not hold for draft tokens: such requests take none.
+    guard = no limit (NO_LIMIT). allowed_len: a token whose logit is -inf (the
+    grammar bitmask, applied to the logits before sampling) or that
+    allowed_token_ids forbid ends it; bad_words depend on the tokens before
+    each position, which the sampler does not hold for draft tokens: such
+    requests take none.
 
     Worked example: two requests checked, n = [3, 2] positions, guard [2, 0]:
         pos      [s0, s0+1, s0+2, s1, s1+1]   # logits rows, flat [Σn]
         in_guard [T,  F,    T,    T,  T   ]   # request 1 has no guard: all True
         padded   [[T, F, T], [T, T, F]]       # [R, max n], False past n
-        guard_len = cumprod(padded).sum(1) = [1, 2]
+        guard_len = cumprod(padded).sum(1) = [1, NO_LIMIT (no guard)]
     """
     R = batch.num_reqs
-    big = np.iinfo(np.int64).max
-    guard_len = np.full(R, big, dtype=np.int64)
-    allowed_len = np.full(R, big, dtype=np.int64)
-    ks = np.flatnonzero(rows)
+    dev = batch.logits.device
+    out = torch.full((2, R), NO_LIMIT, dtype=torch.int64, device=dev)
+    ks = np.array([k for k in range(R) if views[k].text_len > 0], dtype=np.int64)
     if ks.shape[0] == 0:
-        return guard_len, allowed_len
+        return out
     n = np.array([views[k].text_len + (views[k].stop_index == views[k].text_len) for k in ks], dtype=np.int64)
     cu_n = np.concatenate([[0], np.cumsum(n)])
     j = np.arange(cu_n[-1]) - np.repeat(cu_n[:-1], n)  # position within its draft
     req = np.repeat(np.arange(ks.shape[0]), n)  # index into ks
     pos = batch.logits_start[ks][req] + j
     tok = batch.draft[batch.cu_draft[ks][req] + j]
-    dev = batch.logits.device
     logits = batch.logits[torch.from_numpy(pos).to(dev)]  # [Σn, vocab]
     tok_t = torch.from_numpy(tok).to(dev)
     tok_logit = logits.gather(1, tok_t[:, None])[:, 0]
@@ -284,10 +304,12 @@ def draft_token_checks(batch: DraftBatch, views: list[DraftView], rows: np.ndarr
         in_guard = torch.where(guard_t == 0, in_guard, guard_mask(logits, tok_t, top_k))
         in_guard &= ~torch.from_numpy((top_k == 1) & ~batch.greedy[ks][req]).to(dev)  # sampling: none
 
-    lens = _leading_true_lengths(torch.stack([in_guard, allowed]), req, j, ks.shape[0]).cpu().numpy()  # [2, len(ks)]
-    guard_len[ks] = np.where(batch.guard[ks] > 0, lens[0], big)
-    allowed_len[ks] = lens[1]
-    return guard_len, allowed_len
+    lens = _leading_true_lengths(torch.stack([in_guard, allowed]), req, j, ks.shape[0])  # [2, len(ks)]
+    ks_t = torch.from_numpy(ks).to(dev)
+    guarded = torch.from_numpy(batch.guard[ks] > 0).to(dev)
+    out[0, ks_t] = torch.where(guarded, lens[0], NO_LIMIT)
+    out[1, ks_t] = lens[1]
+    return out
 
 
 def _leading_true_lengths(masks: torch.Tensor, req: np.ndarray, j: np.ndarray, R: int) -> torch.Tensor:

@@ -62,3 +62,35 @@ def test_passes_respect_their_token_and_row_limits():
 def test_bucket(n, want):
     # window 16 and spec_tokens 7 are kept exact; others round up to a power of two, at most the window
     assert bucket(n, 16, 7) == want
+
+
+def test_draft_lengths_bound_each_row_by_its_own_room():
+    from parse_vllm.drafting import draft_lengths
+
+    n = draft_lengths(
+        wants=np.array([16, 16, 16, 16, 4]),
+        known_len=np.array([10, 500, 509, 100, 512]),
+        tokens_left=np.array([100, 100, 100, 3, 100]),
+        max_len=512,
+        prefilling=np.array([False, False, False, False, False]),
+    )
+    # row 1 is 12 tokens from the limit: only its own draft is cut; row 2 has
+    # 3 positions left; max_tokens bounds row 3; row 4 is at the limit
+    assert n.tolist() == [16, 12, 3, 3, 0]
+    prefill = draft_lengths(np.array([8]), np.array([5]), np.array([9]), 512, np.array([True]))
+    assert prefill.tolist() == [0]
+
+
+def test_pass_spans_join_committed_and_new_tokens():
+    from parse_vllm.drafting import DrafterPass, pass_spans
+
+    tokens = np.arange(100).reshape(2, 50)  # row r, position j: token 50 r + j
+    committed = np.array([5, 3])
+    new = [np.array([1005, 1006]), np.array([2003])]
+    dp = DrafterPass(row=np.array([0, 1]), start=np.array([4, 0]), end=np.array([6, 3]), num_draft=2)
+    packed, cu = pass_spans(dp, tokens, committed, new)
+    assert cu.tolist() == [0, 3, 7]
+    assert packed.tolist() == [4, 1005, 1006, 50, 51, 52, 2003]
+    # a catch-up chunk that ends before the step's new tokens
+    dp = DrafterPass(row=np.array([0]), start=np.array([1]), end=np.array([3]), num_draft=0)
+    assert pass_spans(dp, tokens, committed, new)[0].tolist() == [1, 2, 3]

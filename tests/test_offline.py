@@ -215,6 +215,67 @@ def test_mixed_batch_equals_each_request_alone(ref, parse):
     assert [together[1], together[3]] == want_off
 
 
+def test_a_neighbour_at_the_context_limit_changes_nothing(parse):
+    """A request that runs to max_model_len (1024) beside a short one: the
+    short request drafts as it does alone, at τ = 0 (every draft taken) and
+    τ = 0.5 (judged). vLLM skips its drafter for the whole batch once the
+    longest request plus W no longer fits and fills every draft with token
+    0; here each request is bounded by its own room, and no judged draft is
+    such a placeholder."""
+    import parse_vllm
+
+    tok = parse.get_tokenizer()
+    short = tok.encode(PROMPTS[1])
+    long = (tok.encode(PROMPTS[4]) * 200)[: 1024 - 24]  # 24 < W + the short request's 40 tokens
+    for tau in (0.0, 0.5):
+        params = sp(40, ignore_eos=True, extra_args={"parse_threshold": tau})
+        alone = ids(parse.generate([{"prompt_token_ids": short}], params))[0]
+        parse_vllm.reset_stats(parse)
+        both = ids(
+            parse.generate(
+                [{"prompt_token_ids": long}, {"prompt_token_ids": short}],
+                [sp(100, ignore_eos=True, extra_args={"parse_threshold": tau}), params],
+            )
+        )
+        assert len(long) + len(both[0]) == 1024  # the neighbour ran to the limit
+        assert both[1] == alone, tau
+        st = parse_vllm.get_stats(parse)
+        assert st["drafts"] > 0
+        if tau == 0.5:
+            judged = [
+                j for j in parse_vllm.get_judgments(parse)[-st["copies"] :] if j["token_ids"][: len(short)] == short
+            ]
+            assert judged and all(set(j["token_ids"][len(short) :]) != {0} for j in judged if j["boundary"] > 1)
+
+
+def test_host_transfers_per_step_do_not_grow_with_the_batch(parse, parse_long):
+    """Device-to-host copies per engine step (counted by the worker, the
+    most in any step): the step's inputs once, each verification call, the
+    resampled tokens; the same at 2 and at 20 requests, and at most
+    transfers.MAX_PER_STEP. Drafter calls per step: one per draft length
+    bucket (and catch-up pass), at most log2(W) + 2 here."""
+    from parse_vllm.transfers import MAX_PER_STEP
+
+    def audit(llm, n, **extra):
+        llm.collective_rpc("parse_step_audit")
+        llm.generate((PROMPTS * 4)[:n], sp(32, ignore_eos=True, extra_args={"parse_threshold": 0.5, **extra}))
+        return llm.collective_rpc("parse_step_audit")[0]
+
+    small, large = audit(parse, 2), audit(parse, 20)
+    assert small["host_copies_max"] == large["host_copies_max"] == MAX_PER_STEP - 1, (small, large)  # one judge call
+    assert 1 <= large["drafter_calls_max"] <= int(np.log2(WINDOW)) + 2
+    two_stage = audit(parse_long, 8)  # holistic copies, then earlier boundaries: up to two judge calls
+    assert 3 <= two_stage["host_copies_max"] <= MAX_PER_STEP, two_stage
+
+
+def test_the_verifier_is_chosen_once_at_start(parse):
+    """`verifier: auto` is resolved in process 0 and written back, so the
+    scheduler and the runner read the same choice: forked on the CPU, with
+    its scratch blocks held back."""
+    assert parse.llm_engine.vllm_config.additional_config["parse"]["verifier"] == "forked"
+    assert len(parse.collective_rpc("parse_scratch_ids")[0]) > 0
+
+
 def test_limits_hold_inside_accepted_drafts(parse):
     """max_tokens, stop token ids, min_tokens and stop strings hold when whole
     drafts are accepted (τ = 0)."""
@@ -495,17 +556,32 @@ def test_redrafts_catch_the_draft_kv_up(draft, parse_rows):
     _assert_redrafts_are_the_drafts_own(parse_rows, draft)
 
 
-def test_whole_batch_drafter_keeps_rewriting_requests_in_sync(draft, tiny_models):
+def test_a_lone_request_redrafts_after_each_rewrite(parse_rows):
+    """Redraft mode without token-level speculation, one request: while the
+    target rewrites, no draft is scheduled (steps without spec-decode
+    metadata); the rewrite still counts its tokens and ends, and the request
+    drafts again, max_rounds times."""
+    import parse_vllm
+
+    parse_vllm.reset_stats(parse_rows)
+    parse_rows.generate(PROMPTS[:1], sp(120, ignore_eos=True, extra_args={"parse_threshold": 1.0}))
+    st = parse_vllm.get_stats(parse_rows)
+    assert st["rounds"] == 3 and st["drafts"] == 4 and st["rejections"] == 4, st
+
+
+def test_whole_batch_drafter_keeps_rewriting_requests_in_sync(ref, draft, tiny_models):
     """Where the drafter cannot run over chosen rows (here probabilistic draft
     sampling), vLLM's whole-batch proposer runs every step while some request
     will draft again, so a request that rewrote without drafting still drafts
-    from a draft KV in sync."""
+    from a draft KV in sync; and, with prefix caching on, also while none
+    will, so the blocks a later request finds in the cache hold draft KV."""
     kw = parse_kwargs(tiny_models, on_reject="redraft", redraft_tokens=8, max_rounds=3, labels=["Yes", "No"])
     kw["additional_config"]["parse"]["record_judgments"] = 4096
     kw["speculative_config"]["draft_sample_method"] = "probabilistic"
-    llm = make_llm(**kw)
+    llm = make_llm(**kw, enable_prefix_caching=True)
     try:
         _assert_redrafts_are_the_drafts_own(llm, draft)
+        _assert_cached_blocks_hold_draft_kv(llm, ref, draft, PROMPTS[3])
     finally:
         close_llm(llm)
 
@@ -527,27 +603,48 @@ def test_long_prompt_draft_kv_caught_up_in_chunks(ref, draft, parse_rows):
     assert st["drafter_tokens"] >= len(prompt)
 
 
-def test_tight_scratch_and_prefix_caching_judge_the_same(parse, tiny_models):
-    """Two scratch blocks (one copy per verification pass) and prefix caching
-    on: the same judgments and the same text as the roomy engine, in more
-    passes."""
+SHARED = "You are a careful assistant. Answer briefly and plainly. " * 4
+
+
+@pytest.fixture(scope="module")
+def parse_cached(tiny_models):
+    """Two scratch blocks (one copy per verification pass), prefix caching on."""
+    llm = make_llm(**parse_kwargs(tiny_models, scratch_blocks=2), enable_prefix_caching=True)
+    yield llm
+    close_llm(llm)
+
+
+def test_tight_scratch_and_prefix_caching_judge_the_same(parse, parse_cached):
+    """Two scratch blocks and prefix caching on: the same judgments and the
+    same text as the roomy engine, in more passes."""
     import parse_vllm
 
-    shared = "You are a careful assistant. Answer briefly and plainly. " * 4
-    prompts = [shared + q for q in PROMPTS[:4]]
+    prompts = [SHARED + q for q in PROMPTS[:4]]
     params = sp(32, extra_args={"parse_threshold": 0.5})
     parse_vllm.reset_stats(parse)
     want = ids(parse.generate(prompts, params))
     roomy = parse_vllm.get_stats(parse)
-    llm = make_llm(**parse_kwargs(tiny_models, scratch_blocks=2), enable_prefix_caching=True)
-    try:
-        got = ids(llm.generate(prompts, params))
-        tight = parse_vllm.get_stats(llm)
-    finally:
-        close_llm(llm)
+    parse_vllm.reset_stats(parse_cached)
+    got = ids(parse_cached.generate(prompts, params))
+    tight = parse_vllm.get_stats(parse_cached)
     assert got == want
     assert tight["copies"] == roomy["copies"] > 0
     assert tight["verification_passes"] > roomy["verification_passes"], (tight, roomy)
+
+
+def _assert_cached_blocks_hold_draft_kv(llm, ref, draft, question):
+    """Request A never drafts (τ > 1); B, with A's prompt, takes every draft
+    (τ = 0) over A's blocks from the prefix cache: its drafts must be the
+    draft model's own, so those blocks must hold the draft's KV."""
+    prompt = prompt_ids(llm, [SHARED * 3 + question])[0]
+    assert len(prompt) >= 3 * 32  # whole blocks to share
+    llm.generate([{"prompt_token_ids": prompt}], sp(8, extra_args={"parse_threshold": 1.5}))
+    got = ids(llm.generate([{"prompt_token_ids": prompt}], sp(40, extra_args={"parse_threshold": 0.0})))[0]
+    assert got == _accept_all_expected(ref, draft, prompt, 40)
+
+
+def test_prefix_cached_blocks_hold_draft_kv(ref, draft, parse_cached):
+    _assert_cached_blocks_hold_draft_kv(parse_cached, ref, draft, PROMPTS[2])
 
 
 def test_context_limit_judges_only_copies_that_fit(tiny_models):
@@ -616,7 +713,7 @@ def test_refusals_at_start(tiny_models, tmp_path):
         make_llm(**engine_kwargs(tiny_models["target"], additional_config={"parse": {}}))
     with pytest.raises(ParseConfigError, match="unknown PARSE option"):
         make_llm(**parse_kwargs(tiny_models, tau=0.3))
-    with pytest.raises(ParseConfigError, match="needs a GPU attention backend"):
+    with pytest.raises(ParseConfigError, match="parse.verifier=.kernel. cannot run here"):
         make_llm(**parse_kwargs(tiny_models, verifier="kernel"))
 
 
@@ -651,6 +748,8 @@ def _unreadable_draft(tiny_models, tmp_path):
         ("scheduler_cls", r"installs its own scheduler .* drop --scheduler-cls"),
         ("hybrid_kv_cache", r"one KV-cache group"),
         ("batched_tokens", r"max_num_batched_tokens=8 cannot hold one verification of a 16-token window"),
+        ("spec_tokens", r"parse\.spec_tokens=17 is longer than the PARSE window W=16"),
+        ("data_parallel", r"does not support data parallelism \(data_parallel_size=2\)"),
     ],
 )
 def test_bad_configuration_refused_at_start(tiny_models, tmp_path, case, want):
@@ -684,7 +783,18 @@ def test_bad_configuration_refused_at_start(tiny_models, tmp_path, case, want):
         kw["disable_hybrid_kv_cache_manager"] = False
     elif case == "batched_tokens":
         kw.update(max_num_batched_tokens=8, max_num_seqs=8, enable_chunked_prefill=True)
+    elif case == "spec_tokens":
+        kw["additional_config"] = {"parse": {"spec_tokens": 17}}
+    elif case == "data_parallel":
+        kw["data_parallel_size"] = 2
     before = _children()
     with pytest.raises(Exception, match=want):
-        make_llm(**kw)
+        if case == "data_parallel":
+            # LLM(...) refuses data parallelism itself; a server builds its
+            # config as EngineArgs does, where PARSE's check runs.
+            from vllm.engine.arg_utils import EngineArgs
+
+            EngineArgs(**kw).create_engine_config()
+        else:
+            make_llm(**kw)
     assert _children() <= before

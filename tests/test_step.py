@@ -209,7 +209,7 @@ def test_draft_token_checks_match_a_per_request_loop():
     b = batch_of(drafts, target=target, guard=[2, 0, 1, 5])
     b.logits += torch.from_numpy(rng.normal(size=b.logits.shape)).float()
     views = [view_draft(b.draft_of(k), frozenset(), 0, 0, 0, VOCAB) for k in range(4)]
-    g, a = draft_token_checks(b, views, np.ones(4, dtype=bool))
+    g, a = draft_token_checks(b, views)
     for k in range(4):
         n = views[k].text_len
         rows = b.logits[b.logits_start[k] : b.logits_start[k] + n]

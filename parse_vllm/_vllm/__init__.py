@@ -68,17 +68,21 @@ from .attention import (  # noqa: E402
     attention_backend_name,
     attention_layer_names,
     attention_layer_params,
+    attention_rows_limit,
     bound_kv_cache,
     copy_kv_blocks,
     current_layer_attn_metadata,
     is_cpu_attention_backend,
+    kernel_verify_config_unsupported,
     kernel_verify_unsupported,
     kv_cache_group_of_layers,
     kv_transfer_configured,
     layer_block_tables,
+    max_batched_tokens,
     replaced_attention_impls,
     standard_kv_cache_views,
     target_attention_layers,
+    target_head_size,
 )
 from .batch import (  # noqa: E402
     batch_request_block_ids,
@@ -92,14 +96,22 @@ from .batch import (  # noqa: E402
     request_output_len,
     request_wants_logprobs,
     rows_in_partial_prefill,
+    scheduled_drafts,
 )
-from .drafting import propose_rows, proposer_arguments, resumed_request_ids, rows_drafting_unsupported  # noqa: E402
+from .drafting import (  # noqa: E402
+    DrafterStaging,
+    StagedPass,
+    propose_rows,
+    proposer_arguments,
+    resumed_request_ids,
+    rows_drafting_unsupported,
+)
 from .executor import cpu_ray_executor_cls  # noqa: E402
 from .forward import run_target_forward, run_target_forward_with_layer_metadata, target_logits  # noqa: E402
 from .log import init_logger  # noqa: E402
 from .models import register_model, target_tokenizer  # noqa: E402
 from .platform import builtin_platform_qualname, cpu_platform_cls, cuda_platform_cls  # noqa: E402
-from .sampling import sample_after_prefixes, truncate_spec_decode, widen_sampled  # noqa: E402
+from .sampling import cu_sampled_tokens, sample_after_prefixes, truncate_spec_decode, widen_sampled  # noqa: E402
 from .serve import run_vllm_serve, speculative_config_fields, vllm_serve_parser  # noqa: E402
 from .workers import (  # noqa: E402
     cpu_model_runner_cls,
@@ -136,22 +148,27 @@ __all__ = [
     "SUPPORTED_VLLM",
     "VLLM_VERSION",
     "attention_backend_name",
+    "attention_rows_limit",
     "attention_layer_names",
     "attention_layer_params",
     "bound_kv_cache",
     "copy_kv_blocks",
     "current_layer_attn_metadata",
     "is_cpu_attention_backend",
+    "kernel_verify_config_unsupported",
     "kernel_verify_unsupported",
     "kv_cache_group_of_layers",
     "kv_transfer_configured",
     "layer_block_tables",
+    "max_batched_tokens",
     "replaced_attention_impls",
     "standard_kv_cache_views",
     "target_attention_layers",
+    "target_head_size",
     "batch_request_block_ids",
     "committed_tokens",
     "rows_in_partial_prefill",
+    "scheduled_drafts",
     "discarded_rows_cpu_generators",
     "generators_hidden",
     "request_block_table",
@@ -160,6 +177,8 @@ __all__ = [
     "request_limits",
     "request_output_len",
     "request_wants_logprobs",
+    "DrafterStaging",
+    "StagedPass",
     "propose_rows",
     "proposer_arguments",
     "resumed_request_ids",
@@ -174,6 +193,7 @@ __all__ = [
     "builtin_platform_qualname",
     "cpu_platform_cls",
     "cuda_platform_cls",
+    "cu_sampled_tokens",
     "sample_after_prefixes",
     "truncate_spec_decode",
     "widen_sampled",

@@ -274,3 +274,46 @@ def kv_transfer_configured(vllm_config) -> bool:
     which decorates unified_attention_with_output), which a verification forward
     must not do."""
     return getattr(vllm_config, "kv_transfer_config", None) is not None
+
+
+def kernel_verify_config_unsupported(vllm_config) -> str | None:
+    """Why the engine's configuration alone rules the prefix_verify_attention
+    kernel out (None: only the loaded layers can still, `kernel_verify_unsupported`):
+    a KV connector (`kv_transfer_configured`); attention fused with output
+    quantization by the compiler (vllm.config.compilation.PassConfig.fuse_attn_quant:
+    the fused op passes `output_scale` to the attention impl, which the kernel
+    does not produce); a quantized KV cache (vllm.config.cache.CacheConfig.cache_dtype);
+    decode context parallelism (the KV cache is sharded over ranks)."""
+    if kv_transfer_configured(vllm_config):
+        return "a KV connector (kv_transfer_config) would save the verification forward's KV"
+    cc = vllm_config.compilation_config
+    compiled = getattr(cc, "mode", None) not in (None, 0) and not vllm_config.model_config.enforce_eager
+    if compiled and getattr(cc.pass_config, "fuse_attn_quant", False):
+        return "attention fused with output quantization (compilation_config.pass_config.fuse_attn_quant)"
+    dtype = str(vllm_config.cache_config.cache_dtype)
+    if dtype not in ("auto", "bfloat16", "float16", "float32", "half", "float"):
+        return f"a quantized KV cache (kv_cache_dtype={dtype})"
+    if getattr(vllm_config.parallel_config, "decode_context_parallel_size", 1) > 1:
+        return "decode context parallelism (the KV cache is sharded across ranks)"
+    return None
+
+
+def target_head_size(vllm_config) -> int:
+    """vllm.config.model.ModelConfig.get_head_size."""
+    return vllm_config.model_config.get_head_size()
+
+
+def attention_rows_limit(runner, kv_cache_group_id: int) -> int | None:
+    """Rows (requests) one attention forward may have where the backend keeps
+    per-request buffers sized max_num_seqs (GPU backends, kernel block tables
+    vllm.v1.worker.utils.AttentionGroup.kernel_block_size); None: no limit
+    (vLLM's CPU backend)."""
+    limited = runner.device.type != "cpu" or any(
+        g.kernel_block_size is not None for g in runner.attn_groups[kv_cache_group_id]
+    )
+    return runner.scheduler_config.max_num_seqs if limited else None
+
+
+def max_batched_tokens(runner) -> int:
+    """vllm.config.scheduler.SchedulerConfig.max_num_batched_tokens of the runner's engine."""
+    return runner.scheduler_config.max_num_batched_tokens

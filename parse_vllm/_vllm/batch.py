@@ -104,6 +104,18 @@ def committed_tokens(runner):
     return batch.token_ids_cpu, batch.num_tokens_no_spec[: batch.num_reqs]
 
 
+def scheduled_drafts(runner, num_draft_tokens) -> np.ndarray:
+    """[Σd] int64: this step's scheduled draft tokens, row after row, on the
+    host (vllm.v1.worker.gpu_input_batch.InputBatch.spec_token_ids, set from
+    SchedulerOutput.scheduled_spec_decode_tokens): what
+    SpecDecodeMetadata.draft_token_ids holds on the device."""
+    batch = runner.input_batch
+    rows = [batch.spec_token_ids[i] for i in range(batch.num_reqs)]
+    if [len(r) for r in rows] != list(num_draft_tokens):
+        raise RuntimeError("PARSE: the input batch's draft tokens do not match the step's spec-decode metadata")
+    return np.array([t for r in rows for t in r], dtype=np.int64)
+
+
 def rows_in_partial_prefill(runner, scheduler_output):
     """[B] bool: rows whose prompt is still being prefilled after this step
     (their sampled token is thrown away)."""

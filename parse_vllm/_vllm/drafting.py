@@ -9,10 +9,13 @@ token drafting continues from (its "next token", the extra input slot of
 draft-model proposers: `needs_extra_input_slots`), and a
 vllm.v1.attention.backend.CommonAttentionMetadata for just those rows (their
 block-table rows; the proposer computes the slot mapping of the extended
-inputs itself, vllm.v1.spec_decode.utils.compute_new_slot_mapping).
+inputs itself, vllm.v1.spec_decode.utils.compute_new_slot_mapping). A
+step's calls are staged together (`DrafterStaging`): one host-to-device copy.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,8 +42,7 @@ def rows_drafting_unsupported(runner) -> str | None:
     """Why the drafter cannot run over chosen rows here (None: it can).
     Proposers other than the draft model's, parallel drafting, M-RoPE and
     multimodal drafters build their first pass differently; probabilistic
-    draft sampling keeps per-row probabilities for the rejection sampler;
-    data-parallel ranks must run the same number of drafter forwards."""
+    draft sampling keeps per-row probabilities for the rejection sampler."""
     from vllm.v1.spec_decode.draft_model import DraftModelProposer
 
     drafter = getattr(runner, "drafter", None)
@@ -54,66 +56,130 @@ def rows_drafting_unsupported(runner) -> str | None:
         return "probabilistic draft sampling (draft_sample_method='probabilistic')"
     if runner.speculative_config.disable_padded_drafter_batch:
         return "disable_padded_drafter_batch (the drafter runs after bookkeeping)"
-    if runner.parallel_config.data_parallel_size > 1:
-        return "data parallelism"
     return None
+
+
+@dataclass
+class StagedPass:
+    """One drafter call's inputs: device views of the step's staged buffer,
+    and the host values CommonAttentionMetadata keeps beside them."""
+
+    rows: torch.Tensor  # [G] int64, input-batch rows
+    target_tokens: torch.Tensor  # [Σ q] int32, each span without its last token
+    positions: torch.Tensor  # [Σ q] int64
+    next_tokens: torch.Tensor  # [G] int32, each span's last token (drafting continues from it)
+    query_start_loc: torch.Tensor  # [G + 1] int32
+    seq_lens: torch.Tensor  # [G] int32
+    query_start_loc_cpu: torch.Tensor  # [G + 1] int32
+    seq_lens_cpu: torch.Tensor  # [G] int32
+    max_query_len: int
+    max_seq_len: int
+
+
+class DrafterStaging:
+    """Every drafter call's inputs of one engine step, written into one host
+    buffer (pinned on a GPU, vllm.v1.utils.CpuGpuBuffer, kept and grown) and
+    moved to the device in one copy before the first call: no call waits for
+    a copy from pageable memory, and a later call's inputs never overwrite
+    an earlier call's in flight.
+
+    Per call, int64: [target tokens (Σq) | positions (Σq) | next tokens (G)
+    | query_start_loc (G + 1) | seq_lens (G) | rows (G)]."""
+
+    def __init__(self, device: torch.device, capacity: int):
+        self.device = device
+        self.buffer = None
+        self._grow(capacity)
+
+    def _grow(self, capacity: int) -> None:
+        from vllm.v1.utils import CpuGpuBuffer
+
+        self.buffer = CpuGpuBuffer(capacity, dtype=torch.int64, device=self.device)
+
+    def stage(self, calls: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> list[StagedPass]:
+        """calls: per drafter call (rows [G], tokens [Σ L] each row's span
+        packed, cu_tokens [G + 1], start [G] the position of each span's first
+        token)."""
+        parts, layout = [], []
+        for rows, tokens, cu_tokens, start in calls:
+            q_len = np.diff(cu_tokens) - 1  # [G] target tokens per row (the span without its next token)
+            last = cu_tokens[1:] - 1
+            keep = np.ones(tokens.shape[0], dtype=bool)
+            keep[last] = False
+            cu_q = np.concatenate([[0], np.cumsum(q_len)])
+            row_of = np.repeat(np.arange(rows.shape[0]), q_len)
+            positions = start[row_of] + np.arange(int(cu_q[-1])) - cu_q[row_of]
+            seq_lens = start + q_len  # tokens up to and including each row's last target token
+            fields = [tokens[keep], positions, tokens[last], cu_q, seq_lens, rows]
+            layout.append([f.shape[0] for f in fields])
+            parts += fields
+        flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+        n = flat.shape[0]
+        if n > self.buffer.np.shape[0]:
+            self._grow(max(n, 2 * self.buffer.np.shape[0]))
+        self.buffer.np[:n] = flat
+        dev = self.buffer.copy_to_gpu(n)
+        host = self.buffer.cpu
+        staged, at = [], 0
+        for sizes, (_, _, cu_tokens, start) in zip(layout, calls):
+            views, host_views = [], []
+            for k in sizes:
+                views.append(dev[at : at + k])
+                host_views.append(host[at : at + k])
+                at += k
+            q_len = np.diff(cu_tokens) - 1
+            staged.append(
+                StagedPass(
+                    rows=views[5],
+                    target_tokens=views[0].to(torch.int32),
+                    positions=views[1],
+                    next_tokens=views[2].to(torch.int32),
+                    query_start_loc=views[3].to(torch.int32),
+                    seq_lens=views[4].to(torch.int32),
+                    query_start_loc_cpu=host_views[3].to(torch.int32),
+                    seq_lens_cpu=host_views[4].to(torch.int32),
+                    max_query_len=int(q_len.max()),
+                    max_seq_len=int((start + q_len).max()),
+                )
+            )
+        return staged
 
 
 def propose_rows(
     runner,
     common_attn_metadata,  # this step's, for the whole batch
     sampling_metadata,
-    rows: np.ndarray,  # [G] input-batch rows
-    tokens: np.ndarray,  # [Σ L] each row's span, packed; the last of each is its next token
-    cu_tokens: np.ndarray,  # [G + 1]
-    start: np.ndarray,  # [G] position of each span's first token
+    inputs: StagedPass,
     num_draft: int,
 ) -> torch.Tensor:
-    """Run the drafter over the rows' spans; draft token ids [G, num_draft]
-    (num_draft 0: only the spans' draft KV is written)."""
-    drafter, device = runner.drafter, runner.device
-    span = np.diff(cu_tokens)  # [G] L
-    q_len = span - 1  # [G] target tokens per row (the span without its next token)
-    last = cu_tokens[1:] - 1
-    keep = np.ones(tokens.shape[0], dtype=bool)
-    keep[last] = False
-    # Positions of the target tokens: start, start + 1, ... per row.
-    row_of = np.repeat(np.arange(rows.shape[0]), q_len)
-    cu_q = np.concatenate([[0], np.cumsum(q_len)])
-    positions = start[row_of] + np.arange(int(cu_q[-1])) - cu_q[row_of]
-    seq_lens = start + q_len  # tokens up to and including each row's last target token
-
-    def dev(a, dtype):
-        return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
-
-    block_table = common_attn_metadata.block_table_tensor[dev(rows, torch.long)].contiguous()
-    query_start_loc_cpu = torch.from_numpy(cu_q.astype(np.int32))
-    seq_lens_cpu = torch.from_numpy(seq_lens.astype(np.int32))
-    n_tokens = int(cu_q[-1])
-    block_size = drafter.block_size
-    block_idx = dev(row_of, torch.long) * block_table.shape[1] + dev(positions // block_size, torch.long)
-    slot_mapping = block_table.view(-1)[block_idx] * block_size + dev(positions % block_size, torch.long)
+    """Run the drafter over the staged rows' spans; draft token ids
+    [G, num_draft] on the device (num_draft 0: only the spans' draft KV is
+    written)."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
+    drafter = runner.drafter
     sub = CommonAttentionMetadata(
-        query_start_loc=query_start_loc_cpu.to(device),
-        query_start_loc_cpu=query_start_loc_cpu,
-        seq_lens=seq_lens_cpu.to(device),
-        seq_lens_cpu_upper_bound=seq_lens_cpu,
-        num_reqs=int(rows.shape[0]),
-        num_actual_tokens=n_tokens,
-        max_query_len=int(q_len.max()),
-        max_seq_len=int(seq_lens.max()),
-        block_table_tensor=block_table,
-        slot_mapping=slot_mapping,
+        query_start_loc=inputs.query_start_loc,
+        query_start_loc_cpu=inputs.query_start_loc_cpu,
+        seq_lens=inputs.seq_lens,
+        seq_lens_cpu_upper_bound=inputs.seq_lens_cpu,
+        num_reqs=int(inputs.rows.shape[0]),
+        num_actual_tokens=int(inputs.target_tokens.shape[0]),
+        max_query_len=inputs.max_query_len,
+        max_seq_len=inputs.max_seq_len,
+        block_table_tensor=common_attn_metadata.block_table_tensor[inputs.rows].contiguous(),
+        # Draft-model proposers (extra input slots) compute the slot mapping
+        # of their extended inputs themselves and never read this one
+        # (SpecDecodeBaseProposer.set_inputs_first_pass, compute_new_slot_mapping).
+        slot_mapping=torch.empty(0, dtype=torch.int64, device=runner.device),
         causal=True,
     )
     return drafter.propose(
         num_speculative_tokens=num_draft,
-        target_token_ids=dev(tokens[keep], torch.int32),
-        target_positions=dev(positions, torch.long),
-        target_hidden_states=torch.empty(0, device=device),
-        next_token_ids=dev(tokens[last], torch.int32),
+        target_token_ids=inputs.target_tokens,
+        target_positions=inputs.positions,
+        target_hidden_states=torch.empty(0, device=runner.device),
+        next_token_ids=inputs.next_tokens,
         token_indices_to_sample=None,
         common_attn_metadata=sub,
         sampling_metadata=sampling_metadata,

@@ -15,6 +15,7 @@ def run_target_forward(
     input_ids: torch.Tensor,  # [num_tokens]
     positions: torch.Tensor,  # [num_tokens]
     query_start_loc: torch.Tensor,  # [num_rows + 1] int32
+    query_start_loc_cpu: torch.Tensor,  # the same on the host (no read back from the device)
     seq_lens: torch.Tensor,  # [num_rows] int32
     block_table: torch.Tensor,  # [num_rows, max_blocks] int32
     slot_mapping: torch.Tensor,  # [num_tokens] int64
@@ -34,7 +35,7 @@ def run_target_forward(
     num_tokens = int(input_ids.shape[0])
     cm = CommonAttentionMetadata(
         query_start_loc=query_start_loc,
-        query_start_loc_cpu=query_start_loc.cpu(),
+        query_start_loc_cpu=query_start_loc_cpu,
         seq_lens=seq_lens,
         num_reqs=num_rows,
         num_actual_tokens=num_tokens,

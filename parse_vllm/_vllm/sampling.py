@@ -48,6 +48,16 @@ def spec_decode_metadata(
     )
 
 
+def cu_sampled_tokens(md: SpecDecodeMetadata):
+    """SpecDecodeMetadata.cu_num_sampled_tokens on the host, without reading
+    the device: every request samples its draft tokens and one more
+    (vllm.v1.worker.gpu_model_runner.GPUModelRunner._calc_spec_decode_metadata,
+    num_sampled_tokens = num_draft_tokens + 1). [B] int64."""
+    import numpy as np
+
+    return np.cumsum(np.asarray(md.num_draft_tokens, dtype=np.int64) + 1)
+
+
 def sample_after_prefixes(
     sampler,
     logits: torch.Tensor,  # [num_reqs, vocab]: row i is the position after request i's prefix
@@ -91,7 +101,7 @@ def truncate_spec_decode(
 
     d = np.asarray(md.num_draft_tokens, dtype=np.int64)  # [B]
     n = np.minimum(d, limit)  # [B]
-    starts = md.cu_num_sampled_tokens.cpu().numpy().astype(np.int64) - (d + 1)
+    starts = cu_sampled_tokens(md) - (d + 1)
     keep = np.concatenate([np.arange(s, s + k + 1) for s, k in zip(starts, n)])
     cu_sampled = np.cumsum(n + 1)
     new_starts = cu_sampled - (n + 1)

@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from parse_vllm import _vllm
+from parse_vllm import _vllm, transfers
 from parse_vllm.templates import LabelScoring
 
 
@@ -70,8 +70,10 @@ class VerifierBase:
         num_blocks: int,
         block_size: int,
         check_isolation: bool = False,
+        fetch=transfers.fetch,
     ):
         self.runner = runner
+        self.fetch = fetch  # device -> host, one transfer (the runner's HostCopies.fetch counts them)
         self.suffix = np.asarray(suffix_ids, dtype=np.int64)  # [L]
         if self.suffix.shape[0] == 0:
             raise ValueError("empty verification suffix")
@@ -103,8 +105,10 @@ class VerifierBase:
         passes = self._passes(copies)
         before = self._request_blocks(copies) if self.check_isolation else None
         lp = [self._judge_pass(copies.req_row[s:e], copies.prefix_len[s:e]) for s, e in passes]
-        ly = torch.cat([y for y, _ in lp]).cpu()
-        ln = torch.cat([n for _, n in lp]).cpu()
+        ly, ln = (
+            torch.from_numpy(x).float()
+            for x in self.fetch(torch.cat([y for y, _ in lp]), torch.cat([n for _, n in lp]))
+        )
         unchanged = None
         if before is not None:
             after = self._request_blocks(copies)

@@ -116,6 +116,7 @@ class ForkedBlockTableVerifier(VerifierBase):
             input_ids=torch.from_numpy(input_ids.astype(np.int32)).to(dev),
             positions=torch.from_numpy(positions.astype(np.int64)).to(dev),
             query_start_loc=torch.from_numpy(qsl).to(dev),
+            query_start_loc_cpu=torch.from_numpy(qsl),
             seq_lens=torch.from_numpy(seq_lens).to(dev),
             block_table=torch.from_numpy(table).to(dev),
             slot_mapping=torch.from_numpy(slots).to(dev),
