@@ -36,6 +36,24 @@ def _one_core_per_xdist_worker() -> None:
 
 _one_core_per_xdist_worker()
 
+# Engines in the test's own process (vLLM's CPU default is an engine-core process spinning
+# beside a worker process; in one process nothing spins and an engine starts without
+# spawning two interpreters: README "CPU"). Servers and Ray started by the tests inherit it
+# (a server then runs its worker inside its engine-core process).
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_set_num_threads_restored():
+    """vLLM's CPU worker replaces torch.set_num_threads with a no-op in its process, which
+    is the test's process when the engine runs in it: modules after it (the kernel tests
+    set threads) get the real one back."""
+    import torch
+
+    real = torch.set_num_threads
+    yield
+    torch.set_num_threads = real
+
 WINDOW = 16  # draft window W of the test engines
 BLOCK = 32
 

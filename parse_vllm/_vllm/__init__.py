@@ -110,7 +110,12 @@ from .executor import cpu_ray_executor_cls  # noqa: E402
 from .forward import run_target_forward, run_target_forward_with_layer_metadata, target_logits  # noqa: E402
 from .log import init_logger  # noqa: E402
 from .models import register_model, target_tokenizer  # noqa: E402
-from .platform import builtin_platform_qualname, cpu_platform_cls, cuda_platform_cls  # noqa: E402
+from .platform import (  # noqa: E402
+    builtin_platform_qualname,
+    cpu_engine_in_one_process,
+    cpu_platform_cls,
+    cuda_platform_cls,
+)
 from .sampling import cu_sampled_tokens, sample_after_prefixes, truncate_spec_decode, widen_sampled  # noqa: E402
 from .serve import run_vllm_serve, speculative_config_fields, vllm_serve_parser  # noqa: E402
 from .workers import (  # noqa: E402
@@ -191,6 +196,7 @@ __all__ = [
     "register_model",
     "target_tokenizer",
     "builtin_platform_qualname",
+    "cpu_engine_in_one_process",
     "cpu_platform_cls",
     "cuda_platform_cls",
     "cu_sampled_tokens",

@@ -45,11 +45,37 @@ def rouge_l(a: list[int], b: list[int]) -> float:
     return 2 * p * r / (p + r)
 
 
-def setup_env() -> None:
+def setup_env() -> dict[str, Any]:
+    """The lab tools' environment, set before vLLM starts an engine; returns the engine mode
+    (`cpu_engine_setup`)."""
     # The probes are callables sent to the workers (collective_rpc), which vLLM
     # only unpickles when this is set.
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    return cpu_engine_setup()
+
+
+def cpu_engine_setup(world_size: int = 1) -> dict[str, Any]:
+    """How the lab tools run an engine here. On vLLM's CPU platform: in one process, so the
+    model gets every core (`_vllm.cpu_engine_in_one_process`; README "CPU"), and float32
+    weights (this project's CPUs have no native bf16). Elsewhere: vLLM's defaults, bf16.
+    Every report states the mode (`machine()["engine_mode"]`): compare figures within one."""
+    from parse_vllm import _vllm
+
+    on_cpu = _vllm.builtin_platform_qualname() == "vllm.platforms.cpu.CpuPlatform"
+    one = _vllm.cpu_engine_in_one_process(world_size) if on_cpu else False
+    if not on_cpu:
+        description = "GPU, vLLM's default processes"
+    elif one:
+        description = "CPU, engine in one process (VLLM_ENABLE_V1_MULTIPROCESSING=0: the model on every core)"
+    else:
+        description = "CPU, vLLM's default processes (the worker on the cores the engine core leaves it)"
+    return {
+        "device": "cpu" if on_cpu else "gpu",
+        "in_one_process": one,
+        "dtype": "float32" if on_cpu else "bfloat16",
+        "description": description,
+    }
 
 
 def resolve_models(target: Path | None, draft: Path | None) -> tuple[Path, Path]:
@@ -101,7 +127,19 @@ def machine() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         # vLLM's CPU worker pins its compute threads (one core here unless told otherwise)
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+        # the engine mode every figure of the report was measured in (cpu_engine_setup)
+        "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1"),
+        "engine_mode": "in one process"
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        else "multiprocessing",
     }
+
+
+def engine_mode(machine: dict) -> str:
+    """The engine mode a run was measured in (runs before it was recorded used vLLM's default)."""
+    if machine.get("engine_mode") == "in one process":
+        return "CPU engine in one process (VLLM_ENABLE_V1_MULTIPROCESSING=0: the model on every core)"
+    return "vLLM's default processes (VLLM_ENABLE_V1_MULTIPROCESSING=1: on 2 cores the model gets one)"
 
 
 def update_summary(results_dir: Path, values: dict[str, Any]) -> Path:

@@ -110,6 +110,7 @@ def render(results: Path, figures: str) -> str:
         f"bench_verify run {v['machine']['date']}. "
         f"Target `{Path(e['target']).name}`, draft `{Path(e['draft']).name}` ({_dtype(e)}, eager), "
         f"window W = {e['window']}, max_tokens {e['max_tokens']}. "
+        f"Engine mode: {common.engine_mode(m)}; compare figures within one mode only. "
         "This machine is shared and noisy: only ratios measured side by side in one run are reported.",
         "",
         "## Goals",
