@@ -138,12 +138,15 @@ def serve(argv: list[str]) -> None:
         prom_dir = tempfile.mkdtemp(prefix="parse-vllm-prom-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom_dir
         atexit.register(shutil.rmtree, prom_dir, True)
-    if preset is not None:
-        # A preset's values refused by vLLM's parser are reported against
-        # the preset's fields, before any engine starts.
-        check_with_vllm(preset, argv)
+    # vLLM's own parser and pre-start checks (a preset's values refused are
+    # reported against the preset's fields), before any engine starts.
+    args = check_with_vllm(preset, argv)
     from parse_vllm import _vllm
 
+    if args.data_parallel_size == 1 and args.distributed_executor_backend in (None, "uni"):
+        # On CPU with one worker: the worker in the engine-core process, so
+        # the model gets every core (README "CPU").
+        _vllm.cpu_engine_in_one_process(args.tensor_parallel_size * args.pipeline_parallel_size)
     _vllm.run_vllm_serve(argv)
 
 

