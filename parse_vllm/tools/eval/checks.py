@@ -158,7 +158,7 @@ def check(text: str, spec: dict[str, Any] | None, *, timeout: float = CODE_TIMEO
     if kind == "list":
         return check_list(text, spec["answer"])
     if kind == "code":
-        return run_code(extract_code(text), spec["test"], timeout)[0]
+        return run_code(spec.get("prelude", "") + extract_code(text), spec["test"], timeout)[0]
     if kind == "all":
         return all(check(text, s, timeout=timeout) for s in spec["checks"])
     raise ValueError(f"unknown check type {kind!r}")

