@@ -48,11 +48,13 @@ class BoundaryRule:
     max_boundaries: int  # K max
     sentence_end: np.ndarray  # [vocab] bool
 
-    def select(self, draft: np.ndarray) -> np.ndarray:
-        """Boundaries (sorted, unique, in 1..len(draft)) for one draft
-        `draft [d]` that already stops before any EOS. The last is len(draft)."""
+    def select(self, draft: np.ndarray, after: int = 0) -> np.ndarray:
+        """Boundaries (sorted, unique, in after+1..len(draft)) for one draft
+        `draft [d]` that already stops before any EOS. The last is len(draft).
+        `after`: the draft's first tokens that need no judgment (token-level
+        acceptance took them); the budget of boundaries is spread over the rest."""
         d = int(draft.shape[0])
-        if d == 0:
+        if d <= after:
             return np.zeros(0, dtype=np.int64)
         candidates = np.zeros(d + 1, dtype=bool)  # candidates[b]: cut after b tokens
         if self.mode in ("sentence", "both"):
@@ -60,7 +62,7 @@ class BoundaryRule:
             candidates[1:][ends] = True
         if self.mode in ("tokens", "both"):
             candidates[self.every :: self.every] = True
-        candidates[0] = False
+        candidates[: after + 1] = False
         candidates[d] = True  # the whole draft: the holistic check
         bounds = np.flatnonzero(candidates)
         if bounds.shape[0] > self.max_boundaries:

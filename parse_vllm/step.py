@@ -7,7 +7,8 @@ Terms, as in vLLM's RejectionSampler:
              (`acceptance.view_draft`); only text is judged.
   boundary   b: the judge reads draft[:b]; b_1 < ... < b_K = len(text).
   L_sem      the maximal valid prefix: the largest b_k with b_1..b_k all
-             passing (P(yes) >= τ), 0 if b_1 fails.
+             passing (P(yes) >= τ), 0 if b_1 fails; boundaries start past
+             L_tok.
   cut        a limit that is not the judge's: the token guard (the first draft
              token outside the target's top-k), the request's constraints
              (grammar bitmask, allowed token ids), or the context (a copy of
@@ -22,7 +23,9 @@ Terms, as in vLLM's RejectionSampler:
 The step, in order (`parse_step`):
   1. view each draft: text length, stop token             -> text_len [R]
   2. the guard and the constraints over the whole batch   -> guard_len, allowed_len [R]
-  3. boundaries, none past the guard's or the context's cut
+  3. boundaries, none within what token-level acceptance took (those
+     tokens are the target's own, taken either way), none past the guard's
+     or the context's cut
   4. one verification pass over the copies whose outcome τ leaves open
      (0 < τ <= 1; τ <= 0 passes and τ > 1 fails every boundary unjudged);
      two-stage: the holistic boundary first, earlier ones only where it failed
@@ -148,7 +151,13 @@ def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
     context_len = s.max_model_len - s.suffix_len - batch.cached_len  # [R] longest judgeable prefix
     bounds: list[np.ndarray] = []
     for k in range(R):
-        b = s.rule.select(batch.draft_of(k)[: text_len[k]]) if judged[k] else np.zeros(0, dtype=np.int64)
+        # Boundaries within what token-level acceptance took need no judgment:
+        # those tokens are the target's own and are taken either way.
+        b = (
+            s.rule.select(batch.draft_of(k)[: text_len[k]], after=int(l_tok[k]))
+            if judged[k]
+            else np.zeros(0, dtype=np.int64)
+        )
         if batch.guard[k]:
             b = b[:0] if guard_len[k] <= l_tok[k] else b[: np.searchsorted(b, guard_len[k]) + 1]
         if asked[k]:
@@ -174,7 +183,7 @@ def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
             passed[k] = p_yes >= tau[k]
     if s.two_stage:
         failed = [k for k in ks if not passed[k][0]]
-        earlier = {k: _earlier_bounds(s, batch, k, text_len[k], bounds[k][0], context_len[k]) for k in failed}
+        earlier = {k: _earlier_bounds(s, batch, k, text_len[k], bounds[k][0], context_len[k], l_tok[k]) for k in failed}
         earlier = {k: b for k, b in earlier.items() if b.shape[0]}
         if earlier:
             for k, p_yes in zip(earlier, ask(list(earlier), list(earlier.values()))):
@@ -226,8 +235,10 @@ def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
     )
 
 
-def _earlier_bounds(s: StepSettings, batch: DraftBatch, k: int, text_len: int, holistic: int, context_len: int):
-    b = s.rule.select(batch.draft_of(k)[:text_len])
+def _earlier_bounds(
+    s: StepSettings, batch: DraftBatch, k: int, text_len: int, holistic: int, context_len: int, l_tok: int
+):
+    b = s.rule.select(batch.draft_of(k)[:text_len], after=int(l_tok))
     return b[(b < holistic) & (b <= context_len)]
 
 

@@ -114,6 +114,21 @@ def test_a_draft_token_level_took_whole_is_not_judged():
     assert judge.calls == [] and not r.judged[0] and r.accepted[0] == 3 and not r.resample[0]
 
 
+def test_boundaries_within_what_token_level_took_are_not_judged():
+    """Token-level acceptance took draft[:3] (the target's own tokens): boundaries 2 and
+    (in two-stage's second call) anything up to 3 are not judged, so a judge that fails
+    an unfinished prefix there cannot reject the draft; the boundaries spread over the rest."""
+    d = [[1, 2, 3, 4, 5, 6, 7, 8]]
+    judge = Judge({(0, 2): 0.0})  # would fail draft[:2]
+    r = parse_step(batch_of(d, target=[[1, 2, 3, 9, 9, 9, 9, 9, 0]], l_tok=3), judge, settings())
+    assert judge.calls == [[(0, 4), (0, 6), (0, 8)]]
+    assert r.accepted.tolist() == [8] and not r.rejected[0]
+    judge = Judge({(0, 8): 0.0, (0, 2): 0.0})
+    r = parse_step(batch_of(d, l_tok=3), judge, settings(two_stage=True))
+    assert judge.calls == [[(0, 8)], [(0, 4), (0, 6)]]
+    assert r.accepted.tolist() == [6] and r.rejected[0]
+
+
 def test_two_stage_judges_earlier_boundaries_only_where_the_holistic_check_failed():
     d = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]]
     judge = Judge({(0, 6): 0.1, (0, 4): 0.3})  # request 0 fails whole and at 4; request 1 passes whole
