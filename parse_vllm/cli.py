@@ -150,140 +150,217 @@ def serve(argv: list[str]) -> None:
     _vllm.run_vllm_serve(argv)
 
 
-# The demo's PARSE setting for the bundled pair: what `parse-vllm eval`
-# recommends for it (bench/eval/summary.json; README "Quality").
-DEMO_THRESHOLD = 0.5
-DEMO_GUARD = 0
+# The demo's pairs. `coder` (the default, `make demo`): Qwen2.5-Coder-1.5B-Instruct judging
+# Qwen2.5-Coder-0.5B-Instruct on a coding question written here, with the PARSE setting
+# `parse-vllm eval` recommends for it on HumanEval (bench/eval-coder/, README "Quality").
+# `smollm2`: the bundled SmolLM2-135M-Instruct and its trained draft (what the tests run).
+DEMO_QUESTION = (
+    "Write a Python function `summarize_ranges(nums: list[int]) -> str` that takes a sorted list of "
+    "distinct integers and returns its consecutive runs as a comma-separated string of ranges: "
+    'a run of two or more numbers as "first-last", a single number as itself. For example '
+    '[0, 1, 2, 4, 6, 7] gives "0-2,4,6-7" and [] gives "".'
+)
+DEMO_TEST = """
+assert summarize_ranges([0, 1, 2, 4, 6, 7]) == "0-2,4,6-7"
+assert summarize_ranges([]) == ""
+assert summarize_ranges([5]) == "5"
+assert summarize_ranges([1, 3, 5]) == "1,3,5"
+assert summarize_ranges([10, 11]) == "10-11"
+assert summarize_ranges(list(range(100))) == "0-99"
+"""
+DEMO_PAIRS = {
+    "coder": dict(
+        target="qwen2.5-coder-1.5b-instruct",
+        draft="qwen2.5-coder-0.5b-instruct",
+        window=64,
+        threshold=0.5,
+        guard=0,
+        parse={"on_reject": "continue"},
+        prompt=DEMO_QUESTION,
+        test=DEMO_TEST,
+        max_tokens=256,
+    ),
+    "smollm2": dict(
+        target="smollm2-135m-instruct",
+        draft="smollm2-135m-instruct-draft",
+        window=48,
+        threshold=0.5,
+        guard=0,
+        parse={},
+        prompt="Explain in three sentences why the sky is blue.",
+        test=None,
+        max_tokens=96,
+    ),
+}
+
+
+def _demo_models(pair: dict, args) -> tuple[Path, Path]:
+    from parse_vllm import draft_vocab
+    from parse_vllm.tools.prepare_models import DEMO_DRAFT_NAME, prepare_demo_draft, prepare_models
+
+    target = Path(args.target) if args.target else prepare_models(names=(pair["target"],))[pair["target"]]
+    if args.draft:
+        draft = Path(args.draft)
+    elif pair["draft"] == DEMO_DRAFT_NAME:
+        draft = prepare_demo_draft()
+    else:
+        draft = prepare_models(names=(pair["draft"],))[pair["draft"]]
+    print(f"target: {target}")
+    meta_path = draft / "training.json"
+    if not meta_path.is_file():
+        print(f"draft:  {draft}")
+        return target, draft
+    meta = json.loads(meta_path.read_text())
+    dcfg = json.loads((draft / "config.json").read_text())
+    minutes, run = 0.0, meta
+    while run:  # a run continued from an earlier one (--init-from) records it as "previous"
+        minutes, run = minutes + run["train_minutes"], run.get("previous")
+    head = dcfg.get(draft_vocab.HEAD_VOCAB_KEY)
+    print(
+        f"draft:  {dcfg['num_hidden_layers']} layers"
+        f"{f' with an output head of the {head} tokens the target says most' if head else ''}"
+        f" distilled from the target's own answers "
+        f"({meta['data_answer_tokens']:,} answer tokens, {minutes:.0f} min on CPU; "
+        f"{meta['flops_per_token_target'] / meta['flops_per_token_draft']:.1f}x fewer MACs per token) ({draft})"
+    )
+    if meta.get("acceptance_mtbench"):
+        acc = meta["acceptance_mtbench"]
+        print(
+            f"        vLLM's own token-level speculation (draft_model, k={acc['k']}) on MT-Bench accepts "
+            f"{acc['acceptance_rate']:.1%} of its tokens (mean acceptance length {acc['mean_acceptance_length']:.2f})"
+        )
+    return target, draft
 
 
 def demo(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="parse-vllm demo")
-    ap.add_argument("--prompt", default="Explain in three sentences why the sky is blue.")
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--window", type=int, default=48, help="draft window W")
-    ap.add_argument("--threshold", type=float, default=DEMO_THRESHOLD, help="τ")
-    ap.add_argument("--guard", type=int, default=DEMO_GUARD, help="token guard (top-k, 0 = off)")
+    ap.add_argument(
+        "--pair",
+        choices=list(DEMO_PAIRS),
+        default="coder",
+        help="coder: Qwen2.5-Coder 1.5B judging 0.5B (`prepare-models --pair`); smollm2: the bundled pair",
+    )
+    ap.add_argument("--prompt", help="the question (default: the pair's; the coder's comes with tests)")
+    ap.add_argument("--max-tokens", type=int)
+    ap.add_argument("--window", type=int, help="draft window W")
+    ap.add_argument("--threshold", type=float, help="τ")
+    ap.add_argument("--guard", type=int, help="token guard (top-k, 0 = off)")
     ap.add_argument(
         "--compare",
         action="store_true",
         help="also run the target alone: both answers side by side with speed and quality",
     )
-    ap.add_argument("--target", help="another target model folder (default: the bundled SmolLM2-135M-Instruct)")
-    ap.add_argument("--draft", help="another draft model folder (default: the bundled trained draft)")
+    ap.add_argument("--target", help="another target model folder")
+    ap.add_argument("--draft", help="another draft model folder")
     args = ap.parse_args(argv)
+    pair = dict(DEMO_PAIRS[args.pair])
+    for key in ("prompt", "max_tokens", "window", "threshold", "guard"):
+        if getattr(args, key) is not None:
+            pair[key] = getattr(args, key)
+    if args.prompt is not None:
+        pair["test"] = None  # the pair's tests are for its own question
 
-    from parse_vllm import draft_vocab
-    from parse_vllm.tools.prepare_models import prepare_demo_draft, prepare_models
+    from parse_vllm import _vllm
+    from parse_vllm.tools.benchmarks.common import cpu_engine_setup
 
-    if args.target:
-        target = Path(args.target)
-        print(f"target: {target}")
-    else:
-        target = prepare_models(names=("smollm2-135m-instruct",))["smollm2-135m-instruct"]
-        print(f"target: SmolLM2-135M-Instruct ({target})")
-    draft = Path(args.draft) if args.draft else prepare_demo_draft()
-    meta_path = draft / "training.json"
-    if not meta_path.is_file():
-        print(f"draft:  {draft}")
-    else:
-        meta = json.loads(meta_path.read_text())
-        dcfg = json.loads((draft / "config.json").read_text())
-        minutes, run = 0.0, meta
-        while run:  # a run continued from an earlier one (--init-from) records it as "previous"
-            minutes, run = minutes + run["train_minutes"], run.get("previous")
-        head = dcfg.get(draft_vocab.HEAD_VOCAB_KEY)
-        print(
-            f"draft:  {dcfg['num_hidden_layers']} layers"
-            f"{f' with an output head of the {head} tokens the target says most' if head else ''}"
-            f" distilled from the target's own answers "
-            f"({meta['data_answer_tokens']:,} answer tokens, {minutes:.0f} min on CPU; "
-            f"{meta['flops_per_token_target'] / meta['flops_per_token_draft']:.1f}x fewer MACs per token) ({draft})"
-        )
-        if meta.get("acceptance_mtbench"):
-            acc = meta["acceptance_mtbench"]
-            print(
-                f"        vLLM's own token-level speculation (draft_model, k={acc['k']}) on MT-Bench accepts "
-                f"{acc['acceptance_rate']:.1%} of its tokens (mean acceptance length {acc['mean_acceptance_length']:.2f})"
-            )
+    mode = cpu_engine_setup()
+    target, draft = _demo_models(pair, args)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     import parse_vllm
-    from parse_vllm._vllm import LLM, SamplingParams
+    from parse_vllm.tools.engine import close
+    from parse_vllm.tools.eval import checks, metrics
 
     common = dict(
         model=str(target),
-        dtype="bfloat16",
+        dtype=mode["dtype"],
         enforce_eager=True,
         block_size=32,
         max_model_len=2048,
         kv_cache_memory_bytes=1 << 30,
         seed=0,
     )
-    setting = f"τ = {args.threshold:g}, guard {args.guard or 'off'}"
-    llm = LLM(
+    setting = f"τ = {pair['threshold']:g}, guard {pair['guard'] or 'off'}"
+    print(f"engine: {mode['description']}")
+    llm = _vllm.LLM(
         **common,
-        speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": args.window},
-        additional_config={"parse": {"threshold": args.threshold, "guard": args.guard}},
+        speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": pair["window"]},
+        additional_config={"parse": {**pair["parse"], "threshold": pair["threshold"], "guard": pair["guard"]}},
     )
-    messages = [{"role": "user", "content": args.prompt}]
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    messages = [{"role": "user", "content": pair["prompt"]}]
+    params = _vllm.SamplingParams(temperature=0.0, max_tokens=pair["max_tokens"])
+    llm.chat(messages, _vllm.SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
     t0 = time.perf_counter()
     result = llm.chat(messages, params, use_tqdm=False)[0]
     dt = time.perf_counter() - t0
     out = result.outputs[0]
     stats = parse_vllm.get_stats(llm)
     print(
-        f"\nprompt: {args.prompt}\n\nPARSE answer ({setting}; {len(out.token_ids)} tokens, {dt:.2f} s):\n{out.text}\n"
+        f"\nprompt: {pair['prompt']}\n\nPARSE answer (W = {pair['window']}, {setting}; {len(out.token_ids)} tokens, "
+        f"{dt:.2f} s):\n{out.text}\n"
     )
     print("PARSE statistics:")
     for key, value in stats.items():
         print(f"  {key}: {value}")
-    if args.compare:
-        from parse_vllm.tools.engine import close
-        from parse_vllm.tools.eval import metrics
 
+    def tested(text: str) -> str:
+        if not pair["test"]:
+            return "—"
+        ok, why = checks.run_code(checks.extract_code(text), pair["test"])
+        return "pass" if ok else f"FAIL ({why[:40]})"
+
+    if not args.compare:
+        print(f"\nPARSE's answer, run with the question's tests: {tested(out.text)}")
         close(llm)
-        base = LLM(**common)
-        t0 = time.perf_counter()
-        ref = base.chat(messages, params, use_tqdm=False)[0].outputs[0]
-        dt_ref = time.perf_counter() - t0
-        prompt = list(result.prompt_token_ids)
-        answers = {"target alone": (list(ref.token_ids), dt_ref), f"PARSE ({setting})": (list(out.token_ids), dt)}
-        # How likely the target finds each answer: one prompt-logprobs pass of
-        # the target over prompt + answer.
-        scored = base.generate(
-            [{"prompt_token_ids": prompt + ids} for ids, _ in answers.values()],
-            SamplingParams(max_tokens=1, prompt_logprobs=0),
-            use_tqdm=False,
-        )
-        close(base)
-        print(f"\ntarget alone ({len(ref.token_ids)} tokens, {dt_ref:.2f} s):\n{ref.text}\n")
+        return 0
+    close(llm)
+    base = _vllm.LLM(**common)
+    base.chat(messages, _vllm.SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
+    t0 = time.perf_counter()
+    ref = base.chat(messages, params, use_tqdm=False)[0].outputs[0]
+    dt_ref = time.perf_counter() - t0
+    prompt = list(result.prompt_token_ids)
+    answers = {
+        "target alone": (list(ref.token_ids), dt_ref, ref.text),
+        f"PARSE ({setting})": (list(out.token_ids), dt, out.text),
+    }
+    # How likely the target finds each answer: one prompt-logprobs pass of the target over
+    # prompt + answer.
+    scored = base.generate(
+        [{"prompt_token_ids": prompt + ids} for ids, _, _ in answers.values()],
+        _vllm.SamplingParams(max_tokens=1, prompt_logprobs=0),
+        use_tqdm=False,
+    )
+    close(base)
+    print(f"\ntarget alone ({len(ref.token_ids)} tokens, {dt_ref:.2f} s):\n{ref.text}\n")
+    print(
+        f"{'':34s} {'tokens':>6s} {'seconds':>8s} {'tok/s':>6s} {'NLL/token':>9s} {'ROUGE-L':>7s} "
+        f"{'repeated 3-grams':>16s}  tests"
+    )
+    rates = {}
+    for (name, (ids, secs, text)), s in zip(answers.items(), scored):
+        nll = metrics.nll_per_token([metrics.output_logprobs(s.prompt_logprobs, prompt + ids, len(prompt))])
+        rep = metrics.repeat_3gram([ids])
+        rates[name] = len(ids) / secs
         print(
-            f"{'':34s} {'tokens':>6s} {'seconds':>8s} {'tok/s':>6s} {'NLL/token':>9s} {'ROUGE-L':>7s} {'repeated 3-grams':>16s}"
+            f"{name:34s} {len(ids):6d} {secs:8.2f} {rates[name]:6.1f} {nll:9.3f} "
+            f"{metrics.mean_rouge_l([ids], [list(ref.token_ids)]):7.2f} {'—' if rep is None else f'{rep:.2f}':>16s}"
+            f"  {tested(text)}"
         )
-        for (name, (ids, secs)), s in zip(answers.items(), scored):
-            nll = metrics.nll_per_token([metrics.output_logprobs(s.prompt_logprobs, prompt + ids, len(prompt))])
-            rep = metrics.repeat_3gram([ids])
-            print(
-                f"{name:34s} {len(ids):6d} {secs:8.2f} {len(ids) / secs:6.1f} {nll:9.3f} "
-                f"{metrics.mean_rouge_l([ids], [list(ref.token_ids)]):7.2f} {'—' if rep is None else f'{rep:.2f}':>16s}"
-            )
-        print(
-            f"\nspeed-up (wall time, this machine, one request): {dt_ref / dt:.2f}x. NLL/token: the target's "
-            "negative log-likelihood of the answer (lower = closer to what the target would say); ROUGE-L: "
-            "agreement with the target's own answer."
-        )
-        if list(ref.token_ids) == list(out.token_ids):
-            print("PARSE's answer is identical to the target's own.")
-        else:
-            print(
-                f"PARSE's answer differs from the target's own: at {setting} the judge and guard passed draft text "
-                "the target would not have written. `parse-vllm eval` measures what each setting costs "
-                '(README, "Quality").'
-            )
+    speedup = rates[f"PARSE ({setting})"] / rates["target alone"]
+    print(
+        f"\nspeed-up on equal work (tokens per second, one request each, this machine): {speedup:.2f}x. "
+        "NLL/token: the target's negative log-likelihood of the answer (lower = closer to what the target "
+        "would say); ROUGE-L: agreement with the target's own answer; tests: the answer's code run with the "
+        "question's asserts."
+    )
+    if list(ref.token_ids) == list(out.token_ids):
+        print("PARSE's answer is identical to the target's own.")
     else:
-        from parse_vllm.tools.engine import close
-
-        close(llm)
+        print(
+            f"PARSE's answer differs from the target's own: at {setting} the judge and guard passed draft text "
+            "the target would not have written. `parse-vllm eval` measures what each setting costs "
+            '(README, "Quality").'
+        )
     return 0
 
 

@@ -1,4 +1,4 @@
-"""`parse-vllm demo --compare`, as `make demo` runs it, on the tiny models:
+"""`parse-vllm demo --compare`, as `make demo` runs it (there on the Qwen2.5-Coder pair), on the tiny models:
 both answers side by side with speed and quality figures that are the
 target's own (NLL from its prompt logprobs, ROUGE-L against its answer)."""
 
@@ -16,6 +16,8 @@ def test_demo_compare_prints_both_answers_with_quality(tiny_models, capsys):
 
     argv = [
         "demo",
+        "--pair",
+        "smollm2",
         "--compare",
         "--target",
         str(tiny_models["target"]),
@@ -34,7 +36,9 @@ def test_demo_compare_prints_both_answers_with_quality(tiny_models, capsys):
     rows = {
         m.group(1).strip(): m.groups()[1:]
         for m in re.finditer(
-            r"^(target alone|PARSE \(.*?\))\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)$", text, re.M
+            r"^(target alone|PARSE \(.*?\))\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+(\S+)$",
+            text,
+            re.M,
         )
     }
     assert set(rows) == {"target alone", "PARSE (τ = 1.5, guard off)"}, text
@@ -46,17 +50,18 @@ def test_demo_compare_prints_both_answers_with_quality(tiny_models, capsys):
 
 
 def test_demo_runs_the_bundled_pair_under_parse(capsys):
-    """`parse-vllm demo` as `make demo` runs it, on the bundled pair (SmolLM2-
-    135M-Instruct in bf16 judging and verifying the shipped head-pruned draft):
+    """`parse-vllm demo --pair smollm2`: the bundled pair (SmolLM2-135M-Instruct
+    judging and verifying the shipped head-pruned draft; `make demo` runs the
+    Qwen2.5-Coder pair, too big for every test run):
     the draft loads through its own model class, the judge's pass runs on the
     real chat template, and token-level acceptance takes some of the trained
     draft's tokens."""
     from parse_vllm import cli
 
-    assert cli.main(["demo", "--max-tokens", "32", "--threshold", "0.5"]) == 0
+    assert cli.main(["demo", "--pair", "smollm2", "--max-tokens", "32", "--threshold", "0.5"]) == 0
     text = capsys.readouterr().out
     stats = {k: int(v) for k, v in re.findall(r"^  (\w+): (\d+)$", text, re.M)}
     assert "with an output head of the" in text  # the head-pruned draft
     assert stats["drafts"] > 0 and stats["copies"] > 0 and stats["verification_passes"] > 0, text
     assert stats["tokens_accepted_token_level"] + stats["tokens_accepted_semantic"] > 0, text
-    assert re.search(r"PARSE answer \(τ = 0\.5, guard off; \d+ tokens", text), text
+    assert re.search(r"PARSE answer \(W = 48, τ = 0\.5, guard off; \d+ tokens", text), text
