@@ -54,6 +54,7 @@ def _torch_set_num_threads_restored():
     yield
     torch.set_num_threads = real
 
+
 WINDOW = 16  # draft window W of the test engines
 BLOCK = 32
 
@@ -168,19 +169,53 @@ def running_server(cmd: list[str], log_path: Path, env: dict, timeout: float = 6
         log.close()
 
 
+_LIVE_ENGINES: set[int] = set()  # id() of the LLMs made here and not closed yet
+
+
 def make_llm(**kw):
     from vllm import LLM
 
-    return LLM(**kw)
+    llm = LLM(**kw)
+    _LIVE_ENGINES.add(id(llm))
+    return llm
+
+
+def _in_process(llm) -> bool:
+    """The engine core runs in this process (vllm.v1.engine.core_client.InprocClient)."""
+    return hasattr(llm.llm_engine.engine_core, "engine_core")
 
 
 def close_llm(llm) -> None:
+    """Shut the engine down. Engines in this process share vLLM's distributed state, which
+    EngineCore.shutdown tears down (cleanup_dist_env_and_memory): while another of them
+    is alive, only this one's executor and scheduler are shut down."""
+    _LIVE_ENGINES.discard(id(llm))
     try:
-        llm.llm_engine.engine_core.shutdown()
+        if _in_process(llm) and _LIVE_ENGINES:
+            core = llm.llm_engine.engine_core.engine_core  # vllm.v1.engine.core.EngineCore
+            core.model_executor.shutdown()
+            core.scheduler.shutdown()
+            gc.unfreeze()  # what EngineCore.shutdown does besides, so the engine's memory is freed
+        else:
+            llm.llm_engine.engine_core.shutdown()
     except Exception:
         pass
     del llm
     gc.collect()
+
+
+def finish_engine_steps(llm, timeout: float = 30.0) -> None:
+    """generate() returns when the requests are done, before the engine step that tells
+    the workers which requests finished. In this process, run that step; with an
+    engine-core process of its own, wait for it (it runs on its own, soon)."""
+    import time
+
+    if _in_process(llm):
+        llm.llm_engine.step()  # returns at once when nothing is left to do
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(b["request_blocks_held"] for b in llm.collective_rpc("parse_kv_blocks")):
+        time.sleep(0.2)
 
 
 PROMPTS = [

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 
 import pytest
 from conftest import (
@@ -26,6 +25,7 @@ from conftest import (
     assert_judgments_match_target_forwards,
     close_llm,
     engine_kwargs,
+    finish_engine_steps,
     make_llm,
     parse_kwargs,
 )
@@ -182,13 +182,7 @@ def test_no_kv_block_leak_after_100_requests(parse_tp2):
     assert len(outs) == 100 and all(o.finished for o in outs)
     usage = [m for m in parse_tp2.get_metrics() if m.name == "vllm:kv_cache_usage_perc"]
     assert usage and usage[0].value == 0.0
-    # The workers learn of the last finished requests in one more engine step,
-    # which generate() does not wait for (under load this RPC can overtake it).
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(
-        b["request_blocks_held"] for b in parse_tp2.collective_rpc("parse_kv_blocks")
-    ):
-        time.sleep(0.2)
+    finish_engine_steps(parse_tp2)  # the step that tells the workers of the last finished requests
     for b in parse_tp2.collective_rpc("parse_kv_blocks"):
         assert b["request_blocks_held"] == 0 and b["runner_requests"] == 0 and b["parse_request_states"] == 0
         assert b["audit"]["steps"] > 0 and b["audit"]["request_blocks_held_max"] > 0
