@@ -192,7 +192,9 @@ def close_llm(llm) -> None:
     _LIVE_ENGINES.discard(id(llm))
     try:
         if _in_process(llm) and _LIVE_ENGINES:
-            core = llm.llm_engine.engine_core.engine_core  # vllm.v1.engine.core.EngineCore
+            client = llm.llm_engine.engine_core  # vllm.v1.engine.core_client.InprocClient
+            client._finalizer.detach()  # it would run EngineCore.shutdown when the client is collected
+            core = client.engine_core  # vllm.v1.engine.core.EngineCore
             core.model_executor.shutdown()
             core.scheduler.shutdown()
             gc.unfreeze()  # what EngineCore.shutdown does besides, so the engine's memory is freed
