@@ -41,6 +41,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Draft tokens per drafter call. A pass drafting more makes several calls, and
+# between calls the rows whose draft has ended (a stop token, or as many as the
+# row wants) stop: a window is not drafted on past the end of the answer. Each
+# later call passes each row's last two draft tokens again (the first one's KV
+# is the drafter's own; the second is where drafting continues).
+DRAFT_CHUNK = 16
+
 
 @dataclass
 class DrafterPass:
@@ -119,19 +126,41 @@ def _as_pass(spans: list[tuple[int, int, int]], num_draft: int) -> DrafterPass:
     return DrafterPass(row=a[:, 0], start=a[:, 1], end=a[:, 2], num_draft=num_draft)
 
 
+def credit_drafted_kv(draft_kv_len: np.ndarray, draft_ahead: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+    """Each row's valid draft KV after a step that took `accepted` [B] draft tokens, when
+    the drafter had written `draft_ahead` [B] positions past `draft_kv_len` [B] while
+    drafting them (its KV of the draft tokens it was given, all but the last one drafted).
+    Worked example: draft_kv_len 40 (the last known token at 40), 16 drafted (KV written
+    for 41..55: ahead 15), 9 accepted then one target token at 50: valid up to 49, so 49
+    (the token at 49 is passed again, as at 40 before)."""
+    return draft_kv_len + np.minimum(draft_ahead, np.maximum(accepted, 0))
+
+
 def draft_lengths(
     wants: np.ndarray,  # [B] draft tokens each row's phase asks for (0: none)
     known_len: np.ndarray,  # [B] tokens the row has after this step
     tokens_left: np.ndarray,  # [B] output tokens its max_tokens still allows after this step's
     max_len: int,  # the context: a token's position must stay below it
     prefilling: np.ndarray,  # [B] bool: the prompt is still being prefilled
+    ended: np.ndarray | None = None,  # [B] bool: this step's tokens end the answer (ends_answer)
 ) -> np.ndarray:
     """Draft tokens each row gets this step: none where they could not be
-    taken (a prompt still being prefilled, past max_tokens), and no more than
-    the row's own room in the context (never a neighbour's)."""
+    taken (a prompt still being prefilled, past max_tokens, an answer that
+    just ended), and no more than the row's own room in the context (never a
+    neighbour's)."""
     n = np.minimum(np.minimum(wants, tokens_left), max_len - known_len)
     n[prefilling] = 0
+    if ended is not None:
+        n[ended] = 0
     return np.maximum(n, 0)
+
+
+def ends_answer(new: np.ndarray, stops: frozenset[int]) -> bool:
+    """Whether the tokens a row gained this step end its answer: vLLM's
+    check_stop ends a request at a stop token (EOS, stop_token_ids) before it
+    looks at min_tokens, whose logits processor keeps them from being sampled
+    early. (A row judged ended that goes on only skips one step's draft.)"""
+    return any(int(t) in stops for t in new)
 
 
 def pass_spans(

@@ -23,7 +23,9 @@ Requests with PARSE off behave as vLLM's own draft-model speculation with
 
 `draft_kv_len` is how far the draft model's KV is valid for the request: the
 drafter runs only over requests that draft, and a request catches up from
-there when it drafts next (drafting.py).
+there when it drafts next (drafting.py). While drafting, the drafter writes
+its own draft tokens' KV (`draft_ahead` positions past it): as much of that
+as the next step accepts stays valid and is not passed again.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class RequestState:
     rewrite_left: int = 0  # tokens the target still writes before redrafting
     window_cap: int = 0  # after a guard cut: the next windows' length (0 = W)
     draft_kv_len: int = 0  # leading positions whose draft KV is valid
+    # Positions after draft_kv_len whose draft KV the drafter wrote while drafting
+    # (its own draft tokens): valid as far as the next step accepts that draft.
+    draft_ahead: int = 0
 
     def __post_init__(self) -> None:
         if self.options.enabled and self.options.threshold > 1:

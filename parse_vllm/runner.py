@@ -28,7 +28,7 @@ from parse_vllm.acceptance import first_stop_index
 from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
 from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, request_options
 from parse_vllm.controller import ParseController
-from parse_vllm.drafting import draft_lengths, pass_spans, plan_passes
+from parse_vllm.drafting import DRAFT_CHUNK, credit_drafted_kv, draft_lengths, ends_answer, pass_spans, plan_passes
 from parse_vllm.policy import RequestState
 from parse_vllm.step import DraftBatch, draft_views, parse_step, token_checks
 from parse_vllm.templates import build_template
@@ -141,7 +141,7 @@ class ParseRunnerMixin:
             self.parse.forget(scheduler_output.finished_req_ids)
             for req_id in _vllm.resumed_request_ids(scheduler_output) & self.parse.states.keys():
                 # Preempted: its blocks were freed, the draft's KV with them.
-                self.parse.states[req_id].draft_kv_len = 0
+                self.parse.states[req_id].draft_kv_len = self.parse.states[req_id].draft_ahead = 0
         self._parse_audit_kv()  # this step's tables, before any verification
         return out
 
@@ -187,23 +187,35 @@ class ParseRunnerMixin:
 
         sampled, sampling_metadata, attn_metadata = _vllm.proposer_arguments(args, kwargs)
         if not wants.any():
+            for state in states:  # (the credit needs this step's tokens, not read here)
+                state.draft_ahead = 0
             self._parse_draft_lens = {}
             return torch.zeros((len(req_ids), 0), dtype=torch.int64, device=self.device)
         tokens, committed = _vllm.committed_tokens(self)  # [max_reqs, max_len], [B]
         new = self._parse_new_tokens(sampled)  # B x [n]: this step's accepted draft tokens, then the sampled one
         new_len = np.array([t.shape[0] for t in new], dtype=np.int64)
         known_len = committed + new_len
-        limits = [_vllm.request_limits(self, r)[0] - _vllm.request_output_len(self, r) for r in req_ids]
+        # The drafter's own KV of the draft tokens this step accepted stays valid.
+        kv_len = credit_drafted_kv(
+            np.array([s.draft_kv_len for s in states], dtype=np.int64),
+            np.array([s.draft_ahead for s in states], dtype=np.int64),
+            new_len - 1,
+        )
+        limits = [_vllm.request_limits(self, r) for r in req_ids]  # (max_tokens, min_tokens, stops)
+        out_len = np.array([_vllm.request_output_len(self, r) for r in req_ids], dtype=np.int64)
         wants = draft_lengths(
             wants,
             known_len,
-            np.array(limits, dtype=np.int64) - new_len,
+            np.array([lim[0] for lim in limits], dtype=np.int64) - out_len - new_len,
             min(self.max_model_len, self.effective_drafter_max_model_len),
             _vllm.rows_in_partial_prefill(self, scheduler_output),
+            # A row whose tokens of this step end its answer is finished: a
+            # draft for it would never be judged.
+            np.array([ends_answer(t, lim[2]) for t, lim in zip(new, limits)], dtype=bool),
         )
         passes, kv_len = plan_passes(
             wants,
-            np.array([s.draft_kv_len for s in states], dtype=np.int64),
+            kv_len,
             known_len,
             window=p.window,
             spec_tokens=p.config.spec_tokens,
@@ -216,18 +228,46 @@ class ParseRunnerMixin:
         drafts = torch.zeros(
             (len(req_ids), max((dp.num_draft for dp in passes), default=0)), dtype=torch.int64, device=self.device
         )
+        stops = [lim[2] for lim in limits]
         for dp, inputs in zip(passes, staged):
-            ids = _vllm.propose_rows(self, attn_metadata, sampling_metadata, inputs, dp.num_draft)
-            if dp.num_draft:
-                drafts[inputs.rows, : dp.num_draft] = ids
-            p.host.count_drafter_call()
-            p.stats.drafter_passes += 1
-            p.stats.drafter_rows += int(dp.row.shape[0])
-            p.stats.drafter_tokens += dp.num_tokens
-        for state, n in zip(states, kv_len):
+            self._draft_pass(dp, inputs, attn_metadata, sampling_metadata, wants, stops, drafts)
+        for i, (state, n) in enumerate(zip(states, kv_len)):
             state.draft_kv_len = int(n)
+            state.draft_ahead = max(0, int(wants[i]) - 1)  # the KV of the draft tokens it is given
         self._parse_draft_lens = dict(zip(req_ids, wants.tolist()))
         return drafts
+
+    def _draft_pass(self, dp, inputs, attn_metadata, sampling_metadata, wants, stops, drafts) -> None:
+        """One pass of the drafter (drafting.py), writing its rows' drafts into `drafts`
+        [B, longest]: DRAFT_CHUNK tokens per call, the rows whose draft ended (a stop
+        token, or all they want) leaving between calls."""
+        p = self.parse
+        active = np.arange(dp.row.shape[0])  # rows of the pass still drafting
+        done = 0
+        while True:
+            n = min(DRAFT_CHUNK, dp.num_draft - done)
+            ids = _vllm.propose_rows(self, attn_metadata, sampling_metadata, inputs, n)  # [len(active), n]
+            p.host.count_drafter_call()
+            p.stats.drafter_passes += 1
+            p.stats.drafter_rows += int(active.shape[0])
+            p.stats.drafter_tokens += int(inputs.target_tokens.shape[0] + active.shape[0])
+            if n == 0:
+                return
+            drafts[inputs.rows, done : done + n] = ids
+            done += n
+            if done >= dp.num_draft:
+                return
+            (got,) = p.host.fetch(ids, drafter=True)
+            going = [
+                g for g, r in enumerate(dp.row[active]) if done < wants[r] and first_stop_index(got[g], stops[r]) < 0
+            ]
+            if not going:
+                return
+            active = active[going]
+            keep = torch.as_tensor(going, device=ids.device)
+            inputs = self._parse_staging.stage_continuation(
+                dp.row[active], ids[keep, n - 2 :], dp.end[active] + done - 1
+            )
 
     def _parse_new_tokens(self, sampled: torch.Tensor) -> list[np.ndarray]:
         """Each row's tokens from this step (accepted draft tokens, then the

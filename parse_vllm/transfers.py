@@ -5,10 +5,12 @@ the runtime reads back as little and as rarely as it can: each engine step
 copies its inputs back once (`HostCopies.fetch` takes several tensors and
 moves them in one transfer), then once per verification call (the judge's
 P(yes)) and once when some request takes more than token-level acceptance
-did (the token sampled after its accepted prefix). Drafts go back through
-vLLM's own asynchronous copy (GPUModelRunner._copy_draft_token_ids_to_cpu).
-The counts let tests bound this (tests/test_offline.py): the ceiling is
-`MAX_PER_STEP`, whatever the batch.
+did (the token sampled after its accepted prefix): at most `MAX_PER_STEP`,
+whatever the batch. Drafts go back through vLLM's own asynchronous copy
+(GPUModelRunner._copy_draft_token_ids_to_cpu); a draft longer than
+drafting.DRAFT_CHUNK reads its chunk back after each drafter call but the
+last, to stop rows whose draft has ended (`fetch(..., drafter=True)`, counted
+apart: one per extra drafter call). Tests bound both (tests/test_offline.py).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ class StepAudit:
     """High-water marks per engine step since the last reset."""
 
     steps: int = 0
-    host_copies_max: int = 0  # device-to-host transfers in one step
-    drafter_calls_max: int = 0  # drafter calls (passes) in one step
+    host_copies_max: int = 0  # the step's own device-to-host transfers in one step (<= MAX_PER_STEP)
+    drafter_calls_max: int = 0  # drafter calls in one step
+    drafter_reads_max: int = 0  # the drafter's stop checks in one step (one per call after a pass's first)
 
 
 class HostCopies:
@@ -41,21 +44,28 @@ class HostCopies:
         self.audit = StepAudit()
         self.in_step = 0  # transfers in the current step
         self.drafter_calls = 0  # drafter calls in the current step
+        self.drafter_reads = 0  # the drafter's stop checks in the current step
         self._pinned = torch.empty(0)
 
     def new_step(self) -> None:
         a = self.audit
         a.steps += 1
-        self.in_step = self.drafter_calls = 0
+        self.in_step = self.drafter_calls = self.drafter_reads = 0
 
     def count_drafter_call(self) -> None:
         self.drafter_calls += 1
         self.audit.drafter_calls_max = max(self.audit.drafter_calls_max, self.drafter_calls)
 
-    def fetch(self, *tensors: torch.Tensor) -> list[np.ndarray]:
-        """`fetch`, counted, through a pinned buffer on a GPU."""
-        self.in_step += 1
-        self.audit.host_copies_max = max(self.audit.host_copies_max, self.in_step)
+    def fetch(self, *tensors: torch.Tensor, drafter: bool = False) -> list[np.ndarray]:
+        """`fetch`, counted (as the drafter's stop check with `drafter`), through a
+        pinned buffer on a GPU."""
+        a = self.audit
+        if drafter:
+            self.drafter_reads += 1
+            a.drafter_reads_max = max(a.drafter_reads_max, self.drafter_reads)
+        else:
+            self.in_step += 1
+            a.host_copies_max = max(a.host_copies_max, self.in_step)
         return _fetch(tensors, self._to_host)
 
     def _to_host(self, flat: torch.Tensor) -> torch.Tensor:

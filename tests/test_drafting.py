@@ -79,6 +79,21 @@ def test_draft_lengths_bound_each_row_by_its_own_room():
     assert n.tolist() == [16, 12, 3, 3, 0]
     prefill = draft_lengths(np.array([8]), np.array([5]), np.array([9]), 512, np.array([True]))
     assert prefill.tolist() == [0]
+    # a row whose tokens of this step end its answer gets no draft; the others keep theirs
+    ended = draft_lengths(
+        np.array([8, 8]), np.array([5, 5]), np.array([9, 9]), 512, np.array([False, False]), np.array([True, False])
+    )
+    assert ended.tolist() == [0, 8]
+
+
+def test_an_answer_ends_at_any_stop_token_of_the_step():
+    from parse_vllm.drafting import ends_answer
+
+    stops = frozenset({2, 7})
+    assert ends_answer(np.array([5, 7, 9]), stops)  # a draft token accepted this step
+    assert ends_answer(np.array([2]), stops)  # the sampled token
+    assert not ends_answer(np.array([5, 6]), stops)
+    assert not ends_answer(np.array([], dtype=np.int64), stops)
 
 
 def test_pass_spans_join_committed_and_new_tokens():
@@ -94,3 +109,11 @@ def test_pass_spans_join_committed_and_new_tokens():
     # a catch-up chunk that ends before the step's new tokens
     dp = DrafterPass(row=np.array([0]), start=np.array([1]), end=np.array([3]), num_draft=0)
     assert pass_spans(dp, tokens, committed, new)[0].tolist() == [1, 2, 3]
+
+
+def test_credit_drafted_kv_keeps_what_the_next_step_accepted():
+    from parse_vllm.drafting import credit_drafted_kv
+
+    # the worked example: 16 drafted from the token at 40 (KV written for 41..55), 9 accepted
+    got = credit_drafted_kv(np.array([40, 40, 40, 7]), np.array([15, 15, 15, 0]), np.array([9, 15, 16, 3]))
+    assert got.tolist() == [49, 55, 55, 7]  # no more than it wrote; a row that did not draft keeps its own

@@ -253,7 +253,9 @@ def test_host_transfers_per_step_do_not_grow_with_the_batch(parse, parse_long):
     most in any step): the step's inputs once, each verification call, the
     resampled tokens; the same at 2 and at 20 requests, and at most
     transfers.MAX_PER_STEP. Drafter calls per step: one per draft length
-    bucket (and catch-up pass), at most log2(W) + 2 here."""
+    bucket (and catch-up pass), at most log2(W) + 2 here; a long window in
+    chunks adds a call, and one read, per chunk."""
+    from parse_vllm.drafting import DRAFT_CHUNK
     from parse_vllm.transfers import MAX_PER_STEP
 
     def audit(llm, n, **extra):
@@ -266,6 +268,12 @@ def test_host_transfers_per_step_do_not_grow_with_the_batch(parse, parse_long):
     assert 1 <= large["drafter_calls_max"] <= int(np.log2(WINDOW)) + 2
     two_stage = audit(parse_long, 8)  # holistic copies, then earlier boundaries: up to two judge calls
     assert 3 <= two_stage["host_copies_max"] <= MAX_PER_STEP, two_stage
+    # W = 256 is drafted in calls of DRAFT_CHUNK tokens, each but the last read back to stop
+    # rows whose draft has ended: one read per extra call
+    assert large["drafter_reads_max"] == 0  # W = 16: one call
+    assert 0 < two_stage["drafter_reads_max"] < two_stage["drafter_calls_max"] <= 2 * LONG_WINDOW // DRAFT_CHUNK, (
+        two_stage
+    )
 
 
 def test_the_verifier_is_chosen_once_at_start(parse):
@@ -458,6 +466,29 @@ def test_long_window_accept_all(ref, draft, parse_long):
         t0 = ids(ref.generate([{"prompt_token_ids": p}], sp(1)))[0]
         d = ids(draft.generate([{"prompt_token_ids": p + t0}], sp(199, ignore_eos=True)))[0]
         assert g == t0 + d
+
+
+def test_long_windows_stop_drafting_at_a_stop_token(ref, draft, parse_long):
+    """W = 256 is drafted DRAFT_CHUNK tokens per drafter call; a row whose draft reaches a
+    stop token stops there instead of drafting the rest of the window (τ = 0: the answer is
+    the target's first token, then the draft's own text up to and with the stop token)."""
+    import parse_vllm
+    from parse_vllm.drafting import DRAFT_CHUNK
+
+    prompt = prompt_ids(parse_long, PROMPTS[1:2])[0]
+    t0 = ids(ref.generate([{"prompt_token_ids": prompt}], sp(1)))[0]
+    d = ids(draft.generate([{"prompt_token_ids": prompt + t0}], sp(3 * DRAFT_CHUNK, ignore_eos=True)))[0]
+    at = next(i for i in range(DRAFT_CHUNK + 2, 3 * DRAFT_CHUNK) if d[i] not in d[:i])  # in the second chunk or later
+    parse_vllm.reset_stats(parse_long)
+    got = ids(
+        parse_long.generate(
+            [{"prompt_token_ids": prompt}], sp(200, stop_token_ids=[d[at]], extra_args={"parse_threshold": 0.0})
+        )
+    )[0]
+    assert got == t0 + d[: at + 1]
+    st = parse_vllm.get_stats(parse_long)
+    # not LONG_WINDOW / DRAFT_CHUNK calls, and no window drafted after the answer ended
+    assert st["drafter_passes"] == -(-(at + 1) // DRAFT_CHUNK), st
 
 
 # -- a draft that agrees, tight scratch, prefix caching --------------------------------

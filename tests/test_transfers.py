@@ -26,6 +26,9 @@ def test_host_copies_count_transfers_and_drafter_calls_per_step():
     h.fetch(torch.zeros(3), torch.ones(2, dtype=torch.long))
     h.fetch(torch.zeros(1))
     h.count_drafter_call()
+    h.count_drafter_call()
+    h.fetch(torch.zeros(1), drafter=True)  # the drafter's stop check: counted apart
     h.new_step()
     h.fetch(torch.zeros(1))
-    assert (h.audit.steps, h.audit.host_copies_max, h.audit.drafter_calls_max) == (2, 2, 1)
+    a = h.audit
+    assert (a.steps, a.host_copies_max, a.drafter_calls_max, a.drafter_reads_max) == (2, 2, 2, 1)

@@ -84,17 +84,52 @@ class DrafterStaging:
     an earlier call's in flight.
 
     Per call, int64: [target tokens (Σq) | positions (Σq) | next tokens (G)
-    | query_start_loc (G + 1) | seq_lens (G) | rows (G)]."""
+    | query_start_loc (G + 1) | seq_lens (G) | rows (G)]. A draft made in chunks
+    appends its later calls' inputs (`stage_continuation`), one small copy each."""
 
     def __init__(self, device: torch.device, capacity: int):
         self.device = device
         self.buffer = None
+        self.used = 0  # the step's staged values so far
         self._grow(capacity)
 
     def _grow(self, capacity: int) -> None:
         from vllm.v1.utils import CpuGpuBuffer
 
         self.buffer = CpuGpuBuffer(capacity, dtype=torch.int64, device=self.device)
+
+    def _put(self, flat: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append `flat` to the step's staged values and copy it over: (device, host) views.
+        (A bigger buffer replaces a full one; views of the old stay valid.)"""
+        n = flat.shape[0]
+        if self.used + n > self.buffer.np.shape[0]:
+            self._grow(max(self.used + n, 2 * self.buffer.np.shape[0]))
+            self.used = 0
+        a, b = self.used, self.used + n
+        self.buffer.np[a:b] = flat
+        self.buffer.gpu[a:b].copy_(self.buffer.cpu[a:b], non_blocking=True)
+        self.used = b
+        return self.buffer.gpu[a:b], self.buffer.cpu[a:b]
+
+    def stage_continuation(self, rows: np.ndarray, last_two: torch.Tensor, start: np.ndarray) -> StagedPass:
+        """The next call of a draft in chunks: each row's last two draft tokens so far
+        (`last_two` [G, 2] on the device: the first at position `start` [G], whose KV
+        the drafter wrote but is passed again, the second drafting continues from)."""
+        G = rows.shape[0]
+        seq_lens = start + 1
+        dev, host = self._put(np.concatenate([start, np.arange(G + 1), seq_lens, rows]).astype(np.int64))
+        return StagedPass(
+            rows=dev[3 * G + 1 :],
+            target_tokens=last_two[:, 0].to(torch.int32),
+            positions=dev[:G],
+            next_tokens=last_two[:, 1].to(torch.int32),
+            query_start_loc=dev[G : 2 * G + 1].to(torch.int32),
+            seq_lens=dev[2 * G + 1 : 3 * G + 1].to(torch.int32),
+            query_start_loc_cpu=host[G : 2 * G + 1].to(torch.int32),
+            seq_lens_cpu=host[2 * G + 1 : 3 * G + 1].to(torch.int32),
+            max_query_len=1,
+            max_seq_len=int(seq_lens.max()),
+        )
 
     def stage(self, calls: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> list[StagedPass]:
         """calls: per drafter call (rows [G], tokens [Σ L] each row's span
@@ -114,12 +149,8 @@ class DrafterStaging:
             layout.append([f.shape[0] for f in fields])
             parts += fields
         flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
-        n = flat.shape[0]
-        if n > self.buffer.np.shape[0]:
-            self._grow(max(n, 2 * self.buffer.np.shape[0]))
-        self.buffer.np[:n] = flat
-        dev = self.buffer.copy_to_gpu(n)
-        host = self.buffer.cpu
+        self.used = 0  # a new step: the last step's copies are done (its reads synchronised)
+        dev, host = self._put(flat)
         staged, at = [], 0
         for sizes, (_, _, cu_tokens, start) in zip(layout, calls):
             views, host_views = [], []
