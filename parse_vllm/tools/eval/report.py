@@ -255,7 +255,7 @@ def markdown(summary: dict) -> str:
         lines += [
             f"### {name} ({', '.join(f'{v} prompts at batch {k}' for k, v in sorted(n.items()))})",
             "",
-            common.table(_table_rows(rows), COLS[1:]),
+            common.table(_table_rows(rows), ([("run", "run", "")] if any("run" in r for r in rows) else []) + COLS[1:]),
             "",
         ]
     lines += ["Target-alone timing, first and last engine of the run (its rows use the mean):", ""]

@@ -154,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=Path, default=Path("bench/results/eval"), help="results folder")
     b.add_argument("--save-outputs", action="store_true", help="also write every answer to outputs.jsonl")
     b.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        metavar="DIR",
+        help="run nothing: merge the reports in these folders (each one eval run, its rows scored against its "
+        "own target-alone row) into one report in --out, the recommendation made over all their rows",
+    )
+    b.add_argument(
         "--judge",
         action="store_true",
         help="does the judge discriminate: its P(Correct) on the draft-alone answers (whole, and cut at line "
@@ -447,7 +455,42 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def combine(args: argparse.Namespace) -> int:
+    """--combine: one report from several runs' (rows, baselines, judge, machines)."""
+    import shutil
+
+    runs = []
+    for d in args.combine:
+        path = d / "summary.json"
+        if not path.is_file():
+            raise EvalError(f"--combine: {path} does not exist")
+        runs.append((d, json.loads(path.read_text())))
+    rows = [dict(r, run=d.name) for d, s in runs for r in s["rows"]]
+    first = runs[0][1]
+    summary = {
+        **{k: first[k] for k in ("machine", "models", "args")},
+        "runs": {d.name: {"machine": s["machine"], "args": s["args"], "models": s["models"]} for d, s in runs},
+        "sets": list(dict.fromkeys(n for _, s in runs for n in s["sets"])),
+        "rows": rows,
+        **report.recommend(rows, args.max_accuracy_drop, args.max_nll_increase),
+        "baselines": [dict(b, run=d.name) for d, s in runs for b in s["baselines"]],
+        "judge": next((s["judge"] for _, s in runs if s.get("judge")), None),
+        "wall_minutes": sum(s.get("wall_minutes", 0) for _, s in runs),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    for d, s in runs:
+        if s.get("judge") and (d / "judge.png").is_file():
+            shutil.copy(d / "judge.png", args.out / "judge.png")
+            break
+    paths = report.write(summary, args.out)
+    print(report.markdown(summary))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
 def _main(args: argparse.Namespace) -> int:
+    if args.combine:
+        return combine(args)
     check_args(args)
     res = resolve(args)
     batches = sorted({b for b, n in ((1, args.bs1_prompts), (args.batch, args.num_prompts)) if n > 0})
