@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh [OUTDIR] -- validate the CUDA kernel of parse-vllm on this
-# machine's GPU, in one command (README "Compiled op" / csrc/gpu-results/README.md).
+# machine's GPU, in one command (docs/compiled-op.md / csrc/gpu-results/README.md).
 #
 # Needs: Linux, a Python with a CUDA build of PyTorch, pytest and nvcc.  Nothing
 # else of this project's dependencies: no vLLM (it is blocked while this runs),

@@ -1,7 +1,7 @@
 """The load test (scripts/load_test.py), small: 16 concurrent streaming
 clients, 64 mixed requests against `parse-vllm serve` with PARSE on the tiny
 models, then the target alone (a stock vLLM server) for the lossless ones.
-The full 32 x 500 run is in the README ("Load test"); the same script on the
+The full 32 x 500 run is in docs/load-test.md; the same script on the
 Ray executor is in test_ray.py."""
 
 from __future__ import annotations
@@ -101,6 +101,6 @@ def test_parse_worker_and_its_rpcs(figures):
 
 def test_memory_flat(figures):
     # Measured after a warm-up at the largest shapes; a per-request leak
-    # would grow with the 64 requests served (see README for the numbers).
+    # would grow with the 64 requests served (docs/load-test.md has the numbers).
     assert figures["rss_growth_mb"] is not None
     assert figures["rss_growth_second_half_mb"] < 64, figures["rss_samples_mb"]
