@@ -172,10 +172,11 @@ DEMO_PAIRS = {
     "coder": dict(
         target="qwen2.5-coder-1.5b-instruct",
         draft="qwen2.5-coder-0.5b-instruct",
-        window=64,
-        threshold=0.5,
+        # the preset's settings (configs/qwen2.5-coder-1.5b-0.5b-cpu.yaml, README "Quality")
+        window=128,
+        threshold=0.9,
         guard=0,
-        parse={"on_reject": "continue"},
+        parse={"on_reject": "continue", "spec_tokens": 4, "two_stage": True},
         prompt=DEMO_QUESTION,
         test=DEMO_TEST,
         max_tokens=256,
