@@ -126,11 +126,12 @@ def measure_server(pair_name: str, port: int) -> dict:
     """The same figures through `parse-vllm serve` (one PARSE engine; the target alone is a
     request with PARSE off, which drafts nothing) and its HTTP API."""
     import concurrent.futures
-    import subprocess as sp
     import tempfile
 
     import requests
     from transformers import AutoTokenizer
+
+    from parse_vllm.tools.server_process import ServerProcess
 
     pair = PAIRS[pair_name]
     target, draft = _paths(pair)
@@ -159,20 +160,9 @@ def measure_server(pair_name: str, port: int) -> dict:
         "--additional-config",
         json.dumps({"parse": {"threshold": 0.5}}),
     ]
-    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    proc = sp.Popen(cmd, stdout=log, stderr=sp.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 900
-        while True:
-            if proc.poll() is not None or time.time() > deadline:
-                raise SystemExit(f"server did not start: {open(log.name).read()[-3000:]}")
-            try:
-                if requests.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(1)
+    log = Path(tempfile.mkstemp(suffix=".log")[1])
+    with ServerProcess(cmd, log, f"http://127.0.0.1:{port}", timeout=900) as server:
+        base = server.base
         tok = AutoTokenizer.from_pretrained(target)
         prompts = [
             tok.encode(
@@ -210,12 +200,6 @@ def measure_server(pair_name: str, port: int) -> dict:
                 n = sum(pool.map(lambda p: complete(p, pair["parse_tokens"], parse_threshold=0.5), prompts[:batch]))
             out[f"parse_tok_s_bs{batch}"] = n / (time.perf_counter() - t)
         return out
-    finally:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout=60)
-        except sp.TimeoutExpired:
-            os.killpg(proc.pid, 9)
 
 
 def main(argv: list[str] | None = None) -> int:

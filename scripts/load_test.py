@@ -50,15 +50,15 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from parse_vllm.tools.server_process import ServerProcess
 
 WORDS = (
     "the river mountain light quickly because sentence answer question model story "
@@ -303,48 +303,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Server:
-    """`parse-vllm serve` on 127.0.0.1, stopped on exit."""
+class Server(ServerProcess):
+    """`parse-vllm serve` on 127.0.0.1 at a free port, stopped on exit."""
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
         exe = shutil.which("parse-vllm", path=os.path.dirname(sys.executable)) or "parse-vllm"
         self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.cmd = [exe, "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
-        self.env = {**os.environ, **(env or {})}
-        self.env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # parse-vllm serve makes its own
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> Server:
-        import httpx
-
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
-        )
-        deadline = time.time() + 600
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}:\n{self.log_path.read_text()[-4000:]}")
-            try:
-                if httpx.get(self.base + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        self.__exit__(None, None, None)
-        raise RuntimeError(f"server did not start in 600 s:\n{self.log_path.read_text()[-4000:]}")
-
-    def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
+        env = {**os.environ, **(env or {})}
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # parse-vllm serve makes its own
+        cmd = [exe, "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        super().__init__(cmd, log_path, f"http://127.0.0.1:{self.port}", env=env)
 
 
 def rss_by_process_mb(pid: int, extra_pids: tuple[int, ...] = ()) -> dict[str, float]:

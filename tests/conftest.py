@@ -135,38 +135,13 @@ def parse_kwargs(tiny_models, window: int = WINDOW, **parse) -> dict:
 
 @contextlib.contextmanager
 def running_server(cmd: list[str], log_path: Path, env: dict, timeout: float = 600):
-    """Start `cmd` (a `parse-vllm serve ...` line) in its own session, wait for /health,
-    yield its base URL, and stop it (terminate, then kill) whatever happens."""
-    import subprocess
-    import time
-
-    import requests
+    """Start `cmd` (a `parse-vllm serve ...` line), wait for /health, yield its base URL,
+    and stop it whatever happens."""
+    from parse_vllm.tools.server_process import ServerProcess
 
     port = cmd[cmd.index("--port") + 1]
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + timeout
-    try:
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                if requests.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(1)
-        else:
-            raise RuntimeError(f"server did not start:\n{log_path.read_text()[-4000:]}")
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with ServerProcess(cmd, log_path, f"http://127.0.0.1:{port}", env=env, timeout=timeout) as server:
+        yield server.base
 
 
 _LIVE_ENGINES: set[int] = set()  # id() of the LLMs made here and not closed yet
