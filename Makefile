@@ -58,9 +58,12 @@ eval: setup models
 	  --window 48 --engine '{"dtype": "float32"}' --save-outputs
 
 # The Qwen2.5-Coder pair on HumanEval (README "Quality"; bench/eval-coder/): the sweep on the
-# even task ids (tuning: target, draft alone, token-level k=4, PARSE W 128 with k=4 after a
-# rejection at τ 0.5 and 0.9, the judge's AUC), then the odd ids once with both (τ 0.9 chosen
-# on even for quality), merged into one report. ~2.5 h here; needs ~13 GiB free RAM: one run at a time.
+# even task ids (tuning: target, draft alone, token-level k 4 and 8, PARSE W 128 with k 4 after
+# a rejection at τ 0 / 0.8 / 0.9 × guard 0 / 3), the judge's AUC on even, then the odd ids once
+# with the setting chosen on even (CODER_ODD_*), merged into one report. ~3 h here; needs
+# ~13 GiB free RAM: one run at a time.
+CODER_ODD_TAU ?= 0.8
+CODER_ODD_GUARD ?= 0
 PARSE_VLLM_CACHE_DIR ?= $(or $(PARSE_VLLM_CACHE),$(HOME)/.cache/parse-vllm)
 CODER := --target $(PARSE_VLLM_CACHE_DIR)/models/qwen2.5-coder-1.5b-instruct \
 	--draft $(PARSE_VLLM_CACHE_DIR)/models/qwen2.5-coder-0.5b-instruct --prompts humaneval --batch 8 \
@@ -68,11 +71,14 @@ CODER := --target $(PARSE_VLLM_CACHE_DIR)/models/qwen2.5-coder-1.5b-instruct \
 	--parse '{"two_stage": true}' --save-outputs
 .PHONY: eval-coder
 eval-coder: setup pair
-	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts 82 --bs1-prompts 4 --draft-alone \
-	  --spec-k 4 --taus 0.5 0.9 --judge --out bench/eval-coder/even
+	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts 41 --bs1-prompts 4 --draft-alone \
+	  --spec-k 4 8 --taus 0 0.8 0.9 --guards 0 3 --out bench/eval-coder/even-sweep
+	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts 41 --bs1-prompts 0 --spec-k \
+	  --draft-alone --taus --judge --out bench/eval-coder/even-judge
 	$(VENV)/bin/parse-vllm eval $(CODER) --split odd --num-prompts 41 --bs1-prompts 0 --spec-k \
-	  --taus 0.5 0.9 --out bench/eval-coder/odd
-	$(VENV)/bin/parse-vllm eval --combine bench/eval-coder/even bench/eval-coder/odd --out bench/eval-coder
+	  --taus $(CODER_ODD_TAU) --guards $(CODER_ODD_GUARD) --out bench/eval-coder/odd
+	$(VENV)/bin/parse-vllm eval --combine bench/eval-coder/even-sweep bench/eval-coder/even-judge \
+	  bench/eval-coder/odd --out bench/eval-coder
 
 clean:
 	rm -rf build *.egg-info parse_vllm/*.so

@@ -174,7 +174,7 @@ DEMO_PAIRS = {
         draft="qwen2.5-coder-0.5b-instruct",
         # the preset's settings (configs/qwen2.5-coder-1.5b-0.5b-cpu.yaml, README "Quality")
         window=128,
-        threshold=0.9,
+        threshold=0.8,
         guard=0,
         parse={"on_reject": "continue", "spec_tokens": 4, "two_stage": True},
         prompt=DEMO_QUESTION,

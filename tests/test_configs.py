@@ -88,6 +88,17 @@ def test_the_presets_the_issue_asks_for_are_there():
     assert any(load_preset(p).hardware["device"] == "cpu" for p in PRESETS)
 
 
+def test_the_demo_runs_the_coder_preset_settings():
+    """`make demo` shows what the preset serves: one set of PARSE settings for the pair."""
+    preset = load_preset(ROOT / "configs" / "qwen2.5-coder-1.5b-0.5b-cpu.yaml")
+    demo = cli.DEMO_PAIRS["coder"]
+    assert demo["window"] == preset.speculative_config["num_speculative_tokens"]
+    assert demo["threshold"] == preset.parse["threshold"]
+    assert demo["guard"] == preset.parse.get("guard", 0)
+    assert demo["parse"] == {k: v for k, v in preset.parse.items() if k not in ("threshold", "guard", "boundaries")}
+    assert preset.parse.get("boundaries", "sentence") == "sentence"
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_flags_are_accepted_by_vllm_serve(path, vllm_parser):
     preset = load_preset(path)
