@@ -17,6 +17,7 @@ from typing import Any
 DEFAULT_QUESTION = "Is the assistant's answer above correct and well written so far? Answer Correct or Incorrect."
 
 BOUNDARY_MODES = ("sentence", "tokens", "both")
+DEFAULT_DRAFT_CHUNK = 8
 VERIFIERS = ("auto", "forked", "kernel")
 ON_REJECT_MODES = ("continue", "redraft")
 
@@ -65,6 +66,11 @@ class ParseConfig:
     # `max_rounds` times.
     on_reject: str = "continue"
     spec_tokens: int = 0
+    # Draft tokens a window advances per engine step: a window of W tokens is
+    # drafted over W / draft_chunk steps, its request out of the target's
+    # batch meanwhile, so the other requests keep decoding instead of waiting
+    # W draft steps (0 = the whole window in one step).
+    draft_chunk: int = DEFAULT_DRAFT_CHUNK
     redraft_tokens: int = 32
     max_rounds: int = 4
     # How the verification pass attends over the cached prefixes: "forked"
@@ -120,7 +126,7 @@ class ParseConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(name, "must be an integer >= 1")
         _check_guard(self.guard, "parse.guard")
-        for name in ("spec_tokens", "scratch_blocks", "record_judgments"):
+        for name in ("spec_tokens", "draft_chunk", "scratch_blocks", "record_judgments"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise bad(name, "must be an integer >= 0")

@@ -17,12 +17,21 @@ import numpy as np
 
 from parse_vllm.boundaries import BoundaryRule
 from parse_vllm.config import ParseConfig, RequestOptions
+from parse_vllm.drafting import OpenWindow
 from parse_vllm.metrics import KvAudit, ParseStats, PromExporter
 from parse_vllm.policy import Phase, RequestState
 from parse_vllm.step import DraftBatch, StepResult, StepSettings
 from parse_vllm.templates import VerificationTemplate
 from parse_vllm.transfers import HostCopies
 from parse_vllm.verify import CopyBatch, Verifier
+
+
+@dataclass
+class JudgedRequests:
+    """Who a step's DraftBatch rows are, gathered once by the runner."""
+
+    req_ids: list[str]  # [R]
+    context: list[np.ndarray]  # [R] each request's tokens before its draft (only when judgments are recorded)
 
 
 @dataclass
@@ -40,6 +49,7 @@ class ParseController:
     def __post_init__(self) -> None:
         self.host = HostCopies(self.device)  # every device -> host copy of a step, counted
         self.states: dict[str, RequestState] = {}
+        self.windows: dict[str, OpenWindow] = {}  # windows drafted over several steps, by request
         self.stats = ParseStats()
         self._exported = ParseStats()
         self._prom = PromExporter({"model_name": self.served_model_name})
@@ -58,6 +68,14 @@ class ParseController:
     def forget(self, req_ids) -> None:
         for req_id in req_ids:
             self.states.pop(req_id, None)
+            self.windows.pop(req_id, None)
+
+    def drop_windows(self, req_ids) -> None:
+        """Preempted or resumed: the window's blocks are gone; it starts again
+        when the request drafts next."""
+        for req_id in req_ids:
+            if self.windows.pop(req_id, None) is not None:
+                self.states[req_id].draft_kv_len = self.states[req_id].draft_ahead = 0
 
     def rewriting(self, req_id: str) -> bool:
         """Whether the target is writing for the request (REWRITE phase): its
@@ -80,20 +98,25 @@ class ParseController:
             max_model_len=max_model_len,
         )
 
-    def judge(self, copies: CopyBatch, describe: Callable[[int, int], dict]) -> np.ndarray:
-        """One verification call through the verifier; P(yes) [C].
-        `describe(row, prefix_len)`: what a recorded judgment says about its
-        copy (request id, boundary, token ids)."""
+    def judge(self, copies: CopyBatch, batch: DraftBatch, judged: JudgedRequests) -> np.ndarray:
+        """One verification call through the verifier over copies of `batch`'s
+        drafts; P(yes) [C]. A recorded judgment names its copy's request,
+        boundary and token ids (`judged`)."""
         j = self.verifier.judge(copies)
         n = int(copies.req_row.shape[0])
         self.stats.verification_passes += j.passes
         self.stats.copies += n
         self.stats.suffix_tokens += n * self.template.suffix_len
         if self.config.record_judgments:
+            k_of = {int(r): k for k, r in enumerate(batch.row)}
             for c in range(n):
+                k = k_of[int(copies.req_row[c])]
+                boundary = int(copies.prefix_len[c]) - int(batch.cached_len[k])
                 self.judgments.append(
                     {
-                        **describe(int(copies.req_row[c]), int(copies.prefix_len[c])),
+                        "req_id": judged.req_ids[k],
+                        "boundary": boundary,
+                        "token_ids": judged.context[k].tolist() + batch.draft_of(k)[:boundary].tolist(),
                         "p_yes": float(j.p_yes[c]),
                         "logprob_yes": float(j.logprob_yes[c]),
                         "logprob_no": float(j.logprob_no[c]),

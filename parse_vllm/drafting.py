@@ -33,13 +33,32 @@ Worked example, capacity 10 tokens per pass, window 4, spec_tokens 0:
 Rows wanting different lengths share a pass when their lengths round up to
 the same bucket (the next power of two, or exactly `window` and
 `spec_tokens`); a row drafts its bucket's length and keeps what it wanted.
+
+A window longer than `draft_chunk` is drafted over several engine steps, at
+most `draft_chunk` tokens each (`OpenWindow`): the step it starts in drafts
+the first chunk, and until it is complete (W tokens, a stop token, or as
+many as max_tokens and the context allow) its request stays out of the
+target's batch (the scheduler holds it, `WindowReport`) while the drafter
+advances it beside the other requests, each step or, when no request is
+scheduled, in a step of its own. Its span each step is its last two draft
+tokens (the first one's KV is the drafter's own and is passed again, the
+second is where drafting continues). Worked example, W 20, chunk 8, the
+request's last known token x at position 50:
+
+    step  span (positions)   drafts        window
+    t     catch-up .. 50     d1..d8        open, 8 of 20 (the request leaves the batch)
+    t+1   [57, 58] = d7 d8   d9..d16       open, 16 of 20
+    t+2   [65, 66]           d17..d20      complete: d1..d20 is the request's
+                                           draft, judged in the next target step
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from parse_vllm.acceptance import first_stop_index
 
 # Draft tokens per drafter call. A pass drafting more makes several calls, and
 # between calls the rows whose draft has ended (a stop token, or as many as the
@@ -166,8 +185,8 @@ def ends_answer(new: np.ndarray, stops: frozenset[int]) -> bool:
 def pass_spans(
     dp: DrafterPass,
     tokens: np.ndarray,  # [max_reqs, max_len] the batch's token ids as of the step's start
-    committed: np.ndarray,  # [B] tokens per row as of the step's start
-    new: list[np.ndarray],  # [B] x [n] the tokens each row gained this step
+    committed: np.ndarray,  # [N] tokens per row in `tokens` (DraftRows)
+    new: list[np.ndarray],  # [N] x [n] each row's known tokens after them
 ) -> tuple[np.ndarray, np.ndarray]:
     """The tokens of each of the pass's spans, packed [Σ L], and their
     offsets cu [G + 1]. A row's positions below `committed` are in `tokens`,
@@ -175,9 +194,124 @@ def pass_spans(
     [7, 8] (the row now has 7 tokens), span [4, 6]: tokens[4], 7, 8."""
     span = [
         np.concatenate(
-            [tokens[r, s : min(e + 1, committed[r])], new[r][max(0, s - committed[r]) : max(0, e + 1 - committed[r])]]
+            [
+                tokens[r, s : min(e + 1, committed[r])] if s < committed[r] else tokens[:0, 0],
+                new[r][max(0, s - committed[r]) : max(0, e + 1 - committed[r])],
+            ]
         )
         for r, s, e in zip(dp.row, dp.start, dp.end)
     ]
     cu = np.concatenate([[0], np.cumsum([t.shape[0] for t in span])]).astype(np.int64)
     return np.concatenate(span).astype(np.int64) if span else np.zeros(0, dtype=np.int64), cu
+
+
+@dataclass
+class OpenWindow:
+    """A window drafted over several engine steps (module docstring)."""
+
+    tokens: list[int]  # the request's last known token, then the draft so far
+    start: int  # the position of tokens[0]
+    length: int  # draft tokens the window is to hold
+
+    @property
+    def draft(self) -> list[int]:
+        return self.tokens[1:]
+
+    def add(self, chunk: np.ndarray, stops: frozenset[int]) -> bool:
+        """Append a step's chunk, up to its first stop token; whether the
+        window is now complete."""
+        stop = first_stop_index(chunk, stops)
+        self.tokens += [int(t) for t in (chunk if stop < 0 else chunk[: stop + 1])]
+        return stop >= 0 or len(self.tokens) - 1 >= self.length
+
+
+@dataclass
+class WindowReport:
+    """What the runner tells the scheduler after a step (on the model runner's
+    output): the requests whose window is still open (held out of the next
+    step), and the windows that completed outside the batch with their drafts
+    (scheduled, with them as draft tokens, next step)."""
+
+    open: frozenset[str] = frozenset()
+    done: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class DraftRows:
+    """The rows the drafter may run over in one engine step: the input batch's
+    B rows, then the O open windows (requests outside the batch). A row's
+    known tokens are `tokens[row, :committed]` (the batch's token ids as of
+    the step's start; open windows have none there) then `new[row]` (the
+    row's tokens of this step; an open window's last known token and draft).
+    Worked example, B 1, O 1: row 0 committed 30, new [a, b] (32 tokens
+    known); row 1, a window opened at position 50 with 8 drafted: committed
+    50, new [x, d1..d8] (59 known: its span is d7 d8 at 57, 58)."""
+
+    req_ids: list[str]  # [B + O]
+    wants: np.ndarray  # [B + O] draft tokens this step (0: none)
+    kv_len: np.ndarray  # [B + O] leading positions whose draft KV is valid
+    committed: np.ndarray  # [B + O]
+    new: list[np.ndarray]  # [B + O]
+    stops: list[frozenset[int]]  # [B + O] the token ids that end each request
+    window_len: np.ndarray  # [B + O] draft tokens of a window opening this step in chunks (0: none)
+    num_batch: int  # B
+
+    @property
+    def known_len(self) -> np.ndarray:
+        return self.committed + np.array([t.shape[0] for t in self.new], dtype=np.int64)
+
+    @property
+    def window_rows(self) -> np.ndarray:
+        """Rows whose window advances in chunks this step: opening, then open."""
+        opening = np.flatnonzero(self.window_len > 0)
+        return np.concatenate([opening, np.arange(self.num_batch, len(self.req_ids))]).astype(np.int64)
+
+
+def step_rows(
+    req_ids: list[str],  # [B]
+    wants: np.ndarray,  # [B] draft tokens each row's phase asks for
+    judging: np.ndarray,  # [B] bool: the row drafts windows the judge reads
+    draft_kv_len: np.ndarray,  # [B]
+    draft_ahead: np.ndarray,  # [B]
+    committed: np.ndarray,  # [B]
+    new: list[np.ndarray],  # [B] this step's accepted draft tokens, then the sampled one
+    max_tokens: np.ndarray,  # [B]
+    output_len: np.ndarray,  # [B] output tokens before this step's
+    stops: list[frozenset[int]],  # [B]
+    prefilling: np.ndarray,  # [B] bool
+    max_len: int,
+    windows: dict[str, OpenWindow],  # the open windows (requests outside the batch)
+    window_stops: list[frozenset[int]],  # [O] the token ids that end each window's request
+    chunk: int,  # draft_chunk (0: whole windows)
+) -> DraftRows:
+    """This step's DraftRows: each batch row's draft length within its own
+    limits (`draft_lengths`), windows longer than `chunk` cut to their first
+    chunk, then each open window's next chunk."""
+    new_len = np.array([t.shape[0] for t in new], dtype=np.int64)
+    known_len = committed + new_len
+    # The drafter's own KV of the draft tokens this step accepted stays valid.
+    kv_len = credit_drafted_kv(draft_kv_len, draft_ahead, new_len - 1)
+    n = draft_lengths(
+        wants,
+        known_len,
+        max_tokens - output_len - new_len,
+        max_len,
+        prefilling,
+        # A row whose tokens of this step end its answer is finished: a draft
+        # for it would never be judged.
+        np.array([ends_answer(t, s) for t, s in zip(new, stops)], dtype=bool),
+    )
+    window_len = np.where(judging & (chunk > 0) & (n > chunk), n, 0)
+    n = np.where(window_len > 0, chunk, n)
+    ids, opened = list(req_ids), list(windows.values())
+    ids += list(windows)
+    return DraftRows(
+        req_ids=ids,
+        wants=np.concatenate([n, [min(chunk, w.length - len(w.draft)) for w in opened]]).astype(np.int64),
+        kv_len=np.concatenate([kv_len, [w.start + max(0, len(w.draft) - 1) for w in opened]]).astype(np.int64),
+        committed=np.concatenate([committed, [w.start for w in opened]]).astype(np.int64),
+        new=list(new) + [np.array(w.tokens, dtype=np.int64) for w in opened],
+        stops=list(stops) + list(window_stops),
+        window_len=np.concatenate([window_len, np.zeros(len(opened))]).astype(np.int64),
+        num_batch=len(req_ids),
+    )

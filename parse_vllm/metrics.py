@@ -66,8 +66,16 @@ class ParseStats:
     drafter_passes: int = _counter("Drafter calls (each a first pass over some requests' new tokens, then drafting).")
     drafter_rows: int = _counter("Requests in drafter calls (a request drafting in a step counts once per call).")
     drafter_tokens: int = _counter("Tokens the drafter's first passes wrote draft KV for (catch-up included).")
+    window_chunks: int = _counter("Chunks of windows drafted over several engine steps (one per window and step).")
     # index (0-based) of the first failed boundary -> count
     rejections_by_boundary: dict[int, int] = field(default_factory=dict)
+    # A high-water mark, not a counter (not exported): the most draft tokens a
+    # window drafted in chunks took in one engine step (<= draft_chunk).
+    window_chunk_max: int = 0
+
+    def note_window_chunk(self, num_tokens: int) -> None:
+        self.window_chunks += 1
+        self.window_chunk_max = max(self.window_chunk_max, num_tokens)
 
     def reject_at(self, boundary_index: int) -> None:
         self.rejections += 1

@@ -13,7 +13,12 @@ The accepted prefix's KV was written by the forward and is kept as is (the
 scheduler rolls back only the rejected tail). Per-request phases live in the
 `controller.ParseController` (`self.parse`), which also says how many draft
 tokens each request gets next; `propose_draft_token_ids` runs the drafter only
-over the requests that draft (`drafting.plan_passes`).
+over the requests that draft (`drafting.plan_passes`). A window longer than
+`draft_chunk` is drafted over several engine steps while the scheduler holds
+its request out of the batch (`drafting.OpenWindow`, `ParseScheduler`): its
+chunks are drafted beside the batch's own drafts, or alone in `execute_model`
+when a step has nothing for the target, and the runner reports the open and
+completed windows on the step's output (`drafting.WindowReport`).
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from parse_vllm import _vllm
 from parse_vllm.acceptance import first_stop_index
 from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
 from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, request_options
-from parse_vllm.controller import ParseController
-from parse_vllm.drafting import DRAFT_CHUNK, credit_drafted_kv, draft_lengths, ends_answer, pass_spans, plan_passes
+from parse_vllm.controller import JudgedRequests, ParseController
+from parse_vllm.drafting import DRAFT_CHUNK, DraftRows, OpenWindow, WindowReport, pass_spans, plan_passes, step_rows
 from parse_vllm.policy import RequestState
 from parse_vllm.step import DraftBatch, draft_views, parse_step, token_checks
 from parse_vllm.templates import build_template
@@ -45,6 +50,7 @@ class ParseRunnerMixin:
     _parse_drafted = False  # this step's drafter ran (take_draft_token_ids)
     _parse_sampled: np.ndarray | None = None  # [B, W+1] this step's sampled tokens on the host, once fetched
     _parse_draft_lens: dict[str, int]  # this step's draft length per request
+    _parse_window_report: WindowReport | None = None  # for the scheduler, on the step's output
 
     # -- set-up -----------------------------------------------------------
 
@@ -139,11 +145,67 @@ class ParseRunnerMixin:
         out = super()._update_states(scheduler_output)
         if self.parse is not None:
             self.parse.forget(scheduler_output.finished_req_ids)
-            for req_id in _vllm.resumed_request_ids(scheduler_output) & self.parse.states.keys():
+            resumed = _vllm.resumed_request_ids(scheduler_output)
+            for req_id in resumed & self.parse.states.keys():
                 # Preempted: its blocks were freed, the draft's KV with them.
                 self.parse.states[req_id].draft_kv_len = self.parse.states[req_id].draft_ahead = 0
+            # A window whose request is preempted (or, held or not, scheduled
+            # again) is dropped: its request drafts again from scratch.
+            self.parse.drop_windows(
+                resumed
+                | _vllm.preempted_request_ids(scheduler_output)
+                | (self.parse.windows.keys() & scheduler_output.num_scheduled_tokens.keys())
+            )
         self._parse_audit_kv()  # this step's tables, before any verification
         return out
+
+    # -- steps with no request for the target --------------------------------
+
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        """A step that schedules nothing while windows are open (their
+        requests held by the scheduler) advances those windows alone."""
+        out = super().execute_model(scheduler_output, *args, **kwargs)
+        p = self.parse
+        if p is None or scheduler_output.total_num_scheduled_tokens:
+            return out
+        p.host.new_step()
+        self._parse_window_report = WindowReport()
+        if p.windows:
+            self._draft_open_windows()
+        return _vllm.with_window_report(out, self._parse_window_report)
+
+    def sample_tokens(self, *args, **kwargs):
+        out = super().sample_tokens(*args, **kwargs)
+        p = self.parse
+        if p is None:
+            return out
+        if not self._parse_drafted and p.windows:  # (vLLM skipped the drafter this step)
+            self._draft_open_windows()
+        return _vllm.with_window_report(out, self._parse_window_report)
+
+    def _draft_open_windows(self) -> None:
+        """The open windows' next chunks, in a step whose batch does not draft."""
+        p = self.parse
+        none = np.zeros(0, dtype=np.int64)
+        rows = step_rows(
+            [],
+            none,
+            none.astype(bool),
+            none,
+            none,
+            none,
+            [],
+            none,
+            none,
+            [],
+            none.astype(bool),
+            min(self.max_model_len, self.effective_drafter_max_model_len),
+            p.windows,
+            [_vllm.request_limits(self, r)[2] for r in p.windows],
+            p.config.draft_chunk,
+        )
+        tokens, _ = _vllm.committed_tokens(self)
+        self._draft_rows(rows, tokens, None, self.input_batch.sampling_metadata, [])
 
     # -- drafting: how many draft tokens each request gets ------------------
 
@@ -186,58 +248,98 @@ class ParseRunnerMixin:
             return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
 
         sampled, sampling_metadata, attn_metadata = _vllm.proposer_arguments(args, kwargs)
-        if not wants.any():
+        if not wants.any() and not p.windows:
             for state in states:  # (the credit needs this step's tokens, not read here)
                 state.draft_ahead = 0
             self._parse_draft_lens = {}
+            self._parse_window_report = WindowReport()
             return torch.zeros((len(req_ids), 0), dtype=torch.int64, device=self.device)
         tokens, committed = _vllm.committed_tokens(self)  # [max_reqs, max_len], [B]
         new = self._parse_new_tokens(sampled)  # B x [n]: this step's accepted draft tokens, then the sampled one
-        new_len = np.array([t.shape[0] for t in new], dtype=np.int64)
-        known_len = committed + new_len
-        # The drafter's own KV of the draft tokens this step accepted stays valid.
-        kv_len = credit_drafted_kv(
+        limits = [_vllm.request_limits(self, r) for r in req_ids]  # (max_tokens, min_tokens, stops)
+        rows = step_rows(
+            req_ids,
+            wants,
+            np.array([s.judging for s in states], dtype=bool),
             np.array([s.draft_kv_len for s in states], dtype=np.int64),
             np.array([s.draft_ahead for s in states], dtype=np.int64),
-            new_len - 1,
-        )
-        limits = [_vllm.request_limits(self, r) for r in req_ids]  # (max_tokens, min_tokens, stops)
-        out_len = np.array([_vllm.request_output_len(self, r) for r in req_ids], dtype=np.int64)
-        wants = draft_lengths(
-            wants,
-            known_len,
-            np.array([lim[0] for lim in limits], dtype=np.int64) - out_len - new_len,
-            min(self.max_model_len, self.effective_drafter_max_model_len),
+            committed.astype(np.int64),
+            new,
+            np.array([lim[0] for lim in limits], dtype=np.int64),
+            np.array([_vllm.request_output_len(self, r) for r in req_ids], dtype=np.int64),
+            [lim[2] for lim in limits],
             _vllm.rows_in_partial_prefill(self, scheduler_output),
-            # A row whose tokens of this step end its answer is finished: a
-            # draft for it would never be judged.
-            np.array([ends_answer(t, lim[2]) for t, lim in zip(new, limits)], dtype=bool),
+            min(self.max_model_len, self.effective_drafter_max_model_len),
+            p.windows,
+            [_vllm.request_limits(self, r)[2] for r in p.windows],
+            p.config.draft_chunk,
         )
+        return self._draft_rows(rows, tokens, attn_metadata.block_table_tensor, sampling_metadata, states)
+
+    def _draft_rows(self, rows: DraftRows, tokens, batch_block_table, sampling_metadata, states) -> torch.Tensor:
+        """Run the drafter over the step's DraftRows; the batch rows' drafts on
+        the device [B, longest]. Open windows advance (`_advance_windows`)."""
+        p = self.parse
+        B = rows.num_batch
         passes, kv_len = plan_passes(
-            wants,
-            kv_len,
-            known_len,
-            window=p.window,
+            rows.wants,
+            rows.kv_len,
+            rows.known_len,
+            window=min(p.window, p.config.draft_chunk) if p.config.draft_chunk else p.window,
             spec_tokens=p.config.spec_tokens,
             max_tokens=self.scheduler_config.max_num_batched_tokens,
             max_rows=self.scheduler_config.max_num_seqs,
         )
         staged = self._parse_staging.stage(
-            [(dp.row, *pass_spans(dp, tokens, committed, new), dp.start) for dp in passes]
+            [(dp.row, *pass_spans(dp, tokens, rows.committed, rows.new), dp.start) for dp in passes]
         )
         drafts = torch.zeros(
-            (len(req_ids), max((dp.num_draft for dp in passes), default=0)), dtype=torch.int64, device=self.device
+            (len(rows.req_ids), max((dp.num_draft for dp in passes), default=0)), dtype=torch.int64, device=self.device
         )
-        stops = [lim[2] for lim in limits]
+        block_table = _vllm.drafting_block_table(self, batch_block_table, B, rows.req_ids[B:])
         for dp, inputs in zip(passes, staged):
-            self._draft_pass(dp, inputs, attn_metadata, sampling_metadata, wants, stops, drafts)
-        for i, (state, n) in enumerate(zip(states, kv_len)):
-            state.draft_kv_len = int(n)
-            state.draft_ahead = max(0, int(wants[i]) - 1)  # the KV of the draft tokens it is given
-        self._parse_draft_lens = dict(zip(req_ids, wants.tolist()))
-        return drafts
+            self._draft_pass(dp, inputs, block_table, sampling_metadata, rows.wants, rows.stops, drafts)
+        for i, state in enumerate(states):
+            state.draft_kv_len = int(kv_len[i])
+            state.draft_ahead = max(0, int(rows.wants[i]) - 1)  # the KV of the draft tokens it is given
+        lens = self._advance_windows(rows, drafts, states)
+        self._parse_draft_lens = dict(zip(rows.req_ids[:B], lens.tolist()))
+        return drafts[:B]
 
-    def _draft_pass(self, dp, inputs, attn_metadata, sampling_metadata, wants, stops, drafts) -> None:
+    def _advance_windows(self, rows: DraftRows, drafts: torch.Tensor, states) -> np.ndarray:
+        """This step's chunk of every window drafted in chunks, read back once:
+        a window that opened and is not complete leaves the batch (its row gets
+        no draft this step); one that completes outside the batch goes to the
+        scheduler with its draft. Returns the batch rows' draft lengths [B] and
+        sets the step's WindowReport."""
+        p = self.parse
+        B = rows.num_batch
+        lens = rows.wants[:B].copy()
+        done: dict[str, list[int]] = {}
+        win = rows.window_rows
+        if win.shape[0]:
+            (got,) = p.host.fetch(drafts[torch.from_numpy(win).to(drafts.device)], drafter=True)
+            for r, chunk in zip(win.tolist(), got):
+                req_id = rows.req_ids[r]
+                p.stats.note_window_chunk(int(rows.wants[r]))
+                chunk = chunk[: rows.wants[r]]
+                if r < B:  # opens this step
+                    window = OpenWindow([int(rows.new[r][-1])], int(rows.known_len[r]) - 1, int(rows.window_len[r]))
+                    if not window.add(chunk, rows.stops[r]):
+                        p.windows[req_id] = window
+                        lens[r] = 0
+                        states[r].draft_ahead = 0
+                    continue
+                window = p.windows[req_id]
+                if window.add(chunk, rows.stops[r]):
+                    del p.windows[req_id]
+                    done[req_id] = window.draft
+                    state = p.states[req_id]
+                    state.draft_kv_len, state.draft_ahead = window.start, len(window.draft) - 1
+        self._parse_window_report = WindowReport(open=frozenset(p.windows), done=done)
+        return lens
+
+    def _draft_pass(self, dp, inputs, block_table, sampling_metadata, wants, stops, drafts) -> None:
         """One pass of the drafter (drafting.py), writing its rows' drafts into `drafts`
         [B, longest]: DRAFT_CHUNK tokens per call, the rows whose draft ended (a stop
         token, or all they want) leaving between calls."""
@@ -246,7 +348,7 @@ class ParseRunnerMixin:
         done = 0
         while True:
             n = min(DRAFT_CHUNK, dp.num_draft - done)
-            ids = _vllm.propose_rows(self, attn_metadata, sampling_metadata, inputs, n)  # [len(active), n]
+            ids = _vllm.propose_rows(self, block_table, sampling_metadata, inputs, n)  # [len(active), n]
             p.host.count_drafter_call()
             p.stats.drafter_passes += 1
             p.stats.drafter_rows += int(active.shape[0])
@@ -307,6 +409,7 @@ class ParseRunnerMixin:
             return super()._sample(logits, md)
         p.host.new_step()
         self._parse_drafted = False  # until this step's drafter runs (propose_draft_token_ids)
+        self._parse_window_report = WindowReport(open=frozenset(p.windows))  # until it runs
         self._parse_sampled = None  # this step's sampled tokens on the host, once fetched
         if md is None:  # (with a speculative config, vLLM always passes metadata)
             return super()._sample(logits, md)
@@ -315,7 +418,7 @@ class ParseRunnerMixin:
         # The drafts PARSE judges, and the target's checks of their tokens
         # (guard, constraints), started on the device before sampling.
         settings = p.settings(self.model_config.get_vocab_size(), self.model_config.max_model_len)
-        batch = self._draft_batch(logits, md)
+        batch, judged = self._draft_batch(logits, md)
         batch.views = draft_views(batch, settings.vocab_size)
         checks = token_checks(batch, batch.views)  # [2, R] on the device
 
@@ -328,10 +431,9 @@ class ParseRunnerMixin:
         batch.l_tok = ((sampled != _vllm.PLACEHOLDER_TOKEN_ID).sum(axis=1) - 1)[batch.row]
 
         # 2-3. The PARSE step over the drafts it judges.
-        judged_ids = [req_ids[i] for i in batch.row]
         if batch.num_reqs:
-            result = parse_step(batch, lambda copies: p.judge(copies, self._describe_copy(batch)), settings)
-            p.apply(judged_ids, batch, result)
+            result = parse_step(batch, lambda copies: p.judge(copies, batch, judged), settings)
+            p.apply(judged.req_ids, batch, result)
             # 4. draft[:accepted] plus one token sampled from the target there.
             if result.resample.any():
                 self._resample(logits, md, batch, result, out, sampled)
@@ -339,7 +441,7 @@ class ParseRunnerMixin:
 
         # Requests the target is writing (REWRITE phase) count its tokens; a
         # request judged this step starts counting from the next one.
-        judged = set(judged_ids)
+        judged = set(judged.req_ids)
         for i, req_id in enumerate(req_ids):
             if req_id not in judged and p.rewriting(req_id):
                 p.after_tokens(req_id, sampled[i][sampled[i] != _vllm.PLACEHOLDER_TOKEN_ID].tolist())
@@ -347,10 +449,11 @@ class ParseRunnerMixin:
         self._parse_audit_kv()  # the tables as the verification left them
         return out
 
-    def _draft_batch(self, logits, md) -> DraftBatch:
+    def _draft_batch(self, logits, md) -> tuple[DraftBatch, JudgedRequests]:
         """vLLM's batch -> the DraftBatch of requests PARSE judges this step
         (those in the DRAFT phase with a draft), all on the host but the
-        logits; `l_tok` is filled once the rejection sampler has run."""
+        logits, and who they are; `l_tok` is filled once the rejection
+        sampler has run."""
         req_ids = self.input_batch.req_ids
         num_draft = np.asarray(md.num_draft_tokens)  # [B]
         cu_all = np.concatenate([[0], np.cumsum(num_draft)])
@@ -366,12 +469,20 @@ class ParseRunnerMixin:
         if sm.allowed_token_ids_mask is not None and rows.shape[0]:
             forbidden = sm.allowed_token_ids_mask[torch.from_numpy(rows).to(sm.allowed_token_ids_mask.device)]
         bad_words = sm.bad_words_token_ids or {}
-        return DraftBatch(
+        cached_len = self.input_batch.num_computed_tokens_cpu[rows].astype(np.int64) + 1
+        judged = JudgedRequests(
+            req_ids=[req_ids[i] for i in rows],
+            # (read only when judgments are recorded)
+            context=[self.input_batch.token_ids_cpu[i, :n].copy() for i, n in zip(rows, cached_len)]
+            if self.parse.config.record_judgments
+            else [],
+        )
+        batch = DraftBatch(
             row=rows,
             draft=np.concatenate([drafts[cu_all[i] : cu_all[i + 1]] for i in rows]) if rows.shape[0] else drafts[:0],
             cu_draft=np.concatenate([[0], np.cumsum(num_draft[rows])]).astype(np.int64),
             logits_start=starts[rows],
-            cached_len=self.input_batch.num_computed_tokens_cpu[rows].astype(np.int64) + 1,
+            cached_len=cached_len,
             output_len=np.array([_vllm.request_output_len(self, req_ids[i]) for i in rows], dtype=np.int64),
             max_tokens=np.array([m for m, _, _ in limits], dtype=np.int64),
             min_tokens=np.array([m for _, m, _ in limits], dtype=np.int64),
@@ -384,20 +495,7 @@ class ParseRunnerMixin:
             logits=logits,
             forbidden=forbidden,
         )
-
-    def _describe_copy(self, batch: DraftBatch):
-        """What a recorded judgment says about copy (row, prefix_len)."""
-        k_of = {int(r): k for k, r in enumerate(batch.row)}
-        tokens = self.input_batch.token_ids_cpu
-
-        def describe(row: int, prefix_len: int) -> dict:
-            k = k_of[row]
-            cached, b = int(batch.cached_len[k]), prefix_len - int(batch.cached_len[k])
-            ids = tokens[row, :cached].tolist() + batch.draft_of(k)[:b].tolist()
-            assert len(ids) == prefix_len
-            return {"req_id": self.input_batch.req_ids[row], "boundary": b, "token_ids": ids}
-
-        return describe
+        return batch, judged
 
     def _resample(self, logits, md, batch: DraftBatch, result, out, sampled_host: np.ndarray) -> None:
         """Rows that take more than L_tok: draft[:accepted], then one token

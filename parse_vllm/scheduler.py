@@ -1,9 +1,19 @@
-"""ParseScheduler: vLLM's scheduler minus the KV blocks PARSE uses as scratch.
+"""ParseScheduler: vLLM's scheduler minus the KV blocks PARSE uses as scratch,
+holding back the requests whose window is being drafted.
 
 The workers allocate all N blocks; this scheduler is told there are N - R, so
 block ids [N - R, N) are never given to a request and the verification pass
 can write its suffix KV there (verify/forked.py). R comes from the same function
 the runner uses, on the same inputs.
+
+A window drafted over several steps (drafting.py) keeps its request out of the
+target's batch until it is complete: after each step the runner reports the
+open windows and the completed ones (`drafting.WindowReport`, on the model
+runner's output). An open window's request is held: it stays running (it keeps
+its blocks, the W lookahead slots its last step reserved, and counts towards
+max_num_seqs) but is not scheduled; a completed one gets its draft as its
+draft tokens and is scheduled again. A held request that is preempted is
+released: it drafts its window again once resumed.
 """
 
 from __future__ import annotations
@@ -24,3 +34,22 @@ class ParseScheduler(_vllm.Scheduler):
         kv_cache_config = dataclasses.replace(kv_cache_config, num_blocks=kv_cache_config.num_blocks - scratch)
         logger.info("PARSE: %d KV blocks held back as verification scratch", scratch)
         super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        report = _vllm.window_report(model_runner_output)
+        if report is not None:
+            for req_id, draft in report.done.items():
+                request = self.requests.get(req_id)
+                if request is not None and not request.is_finished():
+                    request.spec_token_ids = self.structured_output_manager.validate_tokens(request, draft)
+            for request in self.running:
+                if request.request_id in report.open:
+                    _vllm.hold_request(request)
+                else:
+                    _vllm.release_request(request)
+        return outputs
+
+    def _preempt_request(self, request, *args, **kwargs) -> None:
+        _vllm.release_request(request)
+        super()._preempt_request(request, *args, **kwargs)

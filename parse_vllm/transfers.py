@@ -9,8 +9,10 @@ did (the token sampled after its accepted prefix): at most `MAX_PER_STEP`,
 whatever the batch. Drafts go back through vLLM's own asynchronous copy
 (GPUModelRunner._copy_draft_token_ids_to_cpu); a draft longer than
 drafting.DRAFT_CHUNK reads its chunk back after each drafter call but the
-last, to stop rows whose draft has ended (`fetch(..., drafter=True)`, counted
-apart: one per extra drafter call). Tests bound both (tests/test_offline.py).
+last, to stop rows whose draft has ended, and the windows drafted over several
+steps read their step's chunks back once (`fetch(..., drafter=True)`, counted
+apart: one per extra drafter call, plus one). Tests bound both
+(tests/test_offline.py).
 """
 
 from __future__ import annotations

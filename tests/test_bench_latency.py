@@ -70,3 +70,8 @@ def test_the_benchmark_runs_both_servers_and_compares(tiny_models, tmp_path):
     assert summary["measured"] == "after"
     assert summary["itl_p99_ratio_parse_off_bs2"] > 0 and summary["parse_e2e_ratio_bs1"] > 0
     assert (tmp_path / "itl.png").stat().st_size > 0
+    # BENCHMARKS.md's latency section renders from the same files
+    from parse_vllm.tools.benchmarks.report import latency_section
+
+    text = "\n".join(latency_section(tmp_path))
+    assert "| smollm2 | 2 |" in text and '"itl_p99_ratio_parse_off_bs2"' in text and "`before`, `after`" in text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parse_vllm.drafting import bucket, plan_passes
+from parse_vllm.drafting import bucket, pass_spans, plan_passes
 
 
 def _plan(wants, kv_len, known, max_tokens=10, max_rows=16, window=4, spec_tokens=0):
@@ -117,3 +117,78 @@ def test_credit_drafted_kv_keeps_what_the_next_step_accepted():
     # the worked example: 16 drafted from the token at 40 (KV written for 41..55), 9 accepted
     got = credit_drafted_kv(np.array([40, 40, 40, 7]), np.array([15, 15, 15, 0]), np.array([9, 15, 16, 3]))
     assert got.tolist() == [49, 55, 55, 7]  # no more than it wrote; a row that did not draft keeps its own
+
+
+def _one_row(known: int, wants: int, *, judging=True, chunk=8, windows=None, kv=None):
+    """step_rows for one batch row whose last known token sits at position known - 1."""
+    from parse_vllm.drafting import step_rows
+
+    windows = windows or {}
+    return step_rows(
+        ["a"],
+        np.array([wants]),
+        np.array([judging]),
+        np.array([known - 1 if kv is None else kv]),
+        np.array([0]),
+        np.array([known - 1]),
+        [np.array([7])],  # this step's sampled token, the last known one
+        np.array([1000]),
+        np.array([10]),
+        [frozenset({2})],
+        np.array([False]),
+        4096,
+        windows,
+        [frozenset({2})] * len(windows),
+        chunk,
+    )
+
+
+def test_a_window_in_chunks_the_worked_example():
+    """W 20, chunk 8, the last known token x at 50: d1..d8, d9..d16, d17..d20, each step
+    one pass over the row's span, the window complete in the third step."""
+    from parse_vllm.drafting import OpenWindow
+
+    drafter = iter(range(100, 200))  # d1 = 100, d2 = 101, ...
+    rows = _one_row(known=51, wants=20)
+    assert rows.wants.tolist() == [8] and rows.window_len.tolist() == [20] and rows.window_rows.tolist() == [0]
+    window = OpenWindow([int(rows.new[0][-1])], int(rows.known_len[0]) - 1, int(rows.window_len[0]))
+    assert not window.add(np.array([next(drafter) for _ in range(8)]), rows.stops[0])
+    windows, spans = {"a": window}, []
+    for _ in range(2):
+        rows = _one_row(known=0, wants=0, windows=windows)  # the request is out of the batch: row 0 idles
+        assert rows.req_ids == ["a", "a"] and rows.wants[0] == 0 and rows.window_rows.tolist() == [1]
+        passes, _ = plan_passes(
+            rows.wants, rows.kv_len, rows.known_len, window=8, spec_tokens=0, max_tokens=64, max_rows=4
+        )
+        (dp,) = passes
+        tokens, _ = pass_spans(dp, np.zeros((1, 4), dtype=np.int64), rows.committed, rows.new)
+        spans.append((dp.start.tolist(), dp.end.tolist(), tokens.tolist(), dp.num_draft))
+        done = window.add(np.array([next(drafter) for _ in range(int(rows.wants[1]))]), rows.stops[1])
+    assert spans == [([57], [58], [106, 107], 8), ([65], [66], [114, 115], 4)]
+    assert done and window.draft == list(range(100, 120)) and window.start == 50
+
+
+def test_windows_no_longer_than_a_chunk_and_other_drafts_are_whole():
+    assert _one_row(51, 8).window_len.tolist() == [0]  # one chunk: drafted in its step, as before
+    assert _one_row(51, 20, chunk=0).window_len.tolist() == [0]  # draft_chunk 0: whole windows
+    spec = _one_row(51, 20, judging=False)  # token-level speculation is never cut
+    assert spec.wants.tolist() == [20] and spec.window_len.tolist() == [0]
+
+
+def test_a_stop_token_completes_a_window_early():
+    from parse_vllm.drafting import OpenWindow
+
+    w = OpenWindow([7], 50, 20)
+    assert not w.add(np.array([3, 4, 5]), frozenset({2}))
+    assert w.add(np.array([6, 2, 9]), frozenset({2})) and w.draft == [3, 4, 5, 6, 2]
+    assert OpenWindow([7], 50, 4).add(np.array([3, 4, 5, 6]), frozenset())  # its length reached
+
+
+def test_draft_rows_docstring_example():
+    from parse_vllm.drafting import OpenWindow
+
+    window = OpenWindow([9] + list(range(1, 9)), 50, 20)
+    rows = _one_row(known=31, wants=0, windows={"w": window})
+    rows.new[0] = np.array([5, 7])
+    rows.committed[0] = 30
+    assert rows.known_len.tolist() == [32, 59] and rows.kv_len[1] == 57 and rows.wants[1] == 8

@@ -253,9 +253,8 @@ def test_host_transfers_per_step_do_not_grow_with_the_batch(parse, parse_long):
     most in any step): the step's inputs once, each verification call, the
     resampled tokens; the same at 2 and at 20 requests, and at most
     transfers.MAX_PER_STEP. Drafter calls per step: one per draft length
-    bucket (and catch-up pass), at most log2(W) + 2 here; a long window in
-    chunks adds a call, and one read, per chunk."""
-    from parse_vllm.drafting import DRAFT_CHUNK
+    bucket (and catch-up pass), at most log2(W) + 2 here; the windows drafted
+    over steps read their chunks back once a step."""
     from parse_vllm.transfers import MAX_PER_STEP
 
     def audit(llm, n, **extra):
@@ -268,10 +267,11 @@ def test_host_transfers_per_step_do_not_grow_with_the_batch(parse, parse_long):
     assert 1 <= large["drafter_calls_max"] <= int(np.log2(WINDOW)) + 2
     two_stage = audit(parse_long, 8)  # holistic copies, then earlier boundaries: up to two judge calls
     assert 3 <= two_stage["host_copies_max"] <= MAX_PER_STEP, two_stage
-    # W = 256 is drafted in calls of DRAFT_CHUNK tokens, each but the last read back to stop
-    # rows whose draft has ended: one read per extra call
-    assert large["drafter_reads_max"] == 0  # W = 16: one call
-    assert 0 < two_stage["drafter_reads_max"] < two_stage["drafter_calls_max"] <= 2 * LONG_WINDOW // DRAFT_CHUNK, (
+    # Windows longer than draft_chunk are drafted over steps, their chunks read back once a
+    # step (a draft of more than drafting.DRAFT_CHUNK in one step adds a read per extra call)
+    assert large["drafter_reads_max"] == 1  # W = 16 in two steps of draft_chunk 8: one call each
+    # W = 256 in steps of draft_chunk 8 < DRAFT_CHUNK: one call per draft length a step, one read
+    assert two_stage["drafter_reads_max"] == 1 and two_stage["drafter_calls_max"] <= int(np.log2(LONG_WINDOW)) + 2, (
         two_stage
     )
 
@@ -469,11 +469,12 @@ def test_long_window_accept_all(ref, draft, parse_long):
 
 
 def test_long_windows_stop_drafting_at_a_stop_token(ref, draft, parse_long):
-    """W = 256 is drafted DRAFT_CHUNK tokens per drafter call; a row whose draft reaches a
-    stop token stops there instead of drafting the rest of the window (τ = 0: the answer is
-    the target's first token, then the draft's own text up to and with the stop token)."""
+    """W = 256 is drafted draft_chunk tokens per engine step (one drafter call each); a
+    window whose draft reaches a stop token ends there instead of drafting the rest (τ = 0:
+    the answer is the target's first token, then the draft's own text up to and with the
+    stop token)."""
     import parse_vllm
-    from parse_vllm.drafting import DRAFT_CHUNK
+    from parse_vllm.config import DEFAULT_DRAFT_CHUNK as DRAFT_CHUNK
 
     prompt = prompt_ids(parse_long, PROMPTS[1:2])[0]
     t0 = ids(ref.generate([{"prompt_token_ids": prompt}], sp(1)))[0]
@@ -488,7 +489,7 @@ def test_long_windows_stop_drafting_at_a_stop_token(ref, draft, parse_long):
     assert got == t0 + d[: at + 1]
     st = parse_vllm.get_stats(parse_long)
     # not LONG_WINDOW / DRAFT_CHUNK calls, and no window drafted after the answer ended
-    assert st["drafter_passes"] == -(-(at + 1) // DRAFT_CHUNK), st
+    assert st["drafter_passes"] == st["window_chunks"] == -(-(at + 1) // DRAFT_CHUNK), st
 
 
 # -- a draft that agrees, tight scratch, prefix caching --------------------------------
@@ -522,10 +523,12 @@ def test_lossless_with_a_draft_that_agrees(ref, tiny_models):
 def parse_rows(tiny_models):
     """Redraft mode without token-level speculation (a request the target is
     rewriting is not drafted for), and passes of at most 64 tokens (long
-    prompts are prefilled in chunks, and their draft KV caught up in chunks)."""
+    prompts are prefilled in chunks, and their draft KV caught up in chunks).
+    Whole windows (draft_chunk 0): one drafter row per draft."""
     llm = make_llm(
         **parse_kwargs(
             tiny_models,
+            draft_chunk=0,
             on_reject="redraft",
             redraft_tokens=8,
             max_rounds=3,

@@ -176,9 +176,30 @@ class DrafterStaging:
         return staged
 
 
+def drafting_block_table(runner, batch_table: torch.Tensor | None, num_batch: int, others: list[str]) -> torch.Tensor:
+    """The block table [B + O, max_blocks] of a step's drafting rows: the
+    input batch's B rows (`batch_table`, the step's
+    CommonAttentionMetadata.block_table_tensor), then O requests outside the
+    batch (windows drafted over several steps), from the runner's
+    vllm.v1.worker.gpu_input_batch.CachedRequestState.block_ids of KV-cache
+    group 0, the group the draft-model proposer's metadata reads (as the
+    batch's table: manager block ids, vllm.v1.worker.block_table.BlockTable.append_row)."""
+    if not others:
+        return batch_table
+    width = runner.input_batch.block_table[0].get_numpy_array().shape[1]
+    table = np.zeros((len(others), width), dtype=np.int32)
+    for i, req_id in enumerate(others):
+        ids = runner.requests[req_id].block_ids[0]
+        table[i, : len(ids)] = ids
+    out = torch.from_numpy(table).to(runner.device)
+    if num_batch == 0 or batch_table is None:
+        return out
+    return torch.cat([batch_table[:num_batch], out.to(batch_table.dtype)])
+
+
 def propose_rows(
     runner,
-    common_attn_metadata,  # this step's, for the whole batch
+    block_table: torch.Tensor,  # [rows, max_blocks] every drafting row's (drafting_block_table)
     sampling_metadata,
     inputs: StagedPass,
     num_draft: int,
@@ -198,7 +219,7 @@ def propose_rows(
         num_actual_tokens=int(inputs.target_tokens.shape[0]),
         max_query_len=inputs.max_query_len,
         max_seq_len=inputs.max_seq_len,
-        block_table_tensor=common_attn_metadata.block_table_tensor[inputs.rows].contiguous(),
+        block_table_tensor=block_table[inputs.rows].contiguous(),
         # Draft-model proposers (extra input slots) compute the slot mapping
         # of their extended inputs themselves and never read this one
         # (SpecDecodeBaseProposer.set_inputs_first_pass, compute_new_slot_mapping).
@@ -222,3 +243,58 @@ def resumed_request_ids(scheduler_output) -> set[str]:
     """Requests resumed from preemption this step (their KV was recomputed,
     the draft's included only as far as the drafter runs over them again)."""
     return set(scheduler_output.scheduled_cached_reqs.resumed_req_ids or ())
+
+
+def preempted_request_ids(scheduler_output) -> set[str]:
+    """Requests preempted while this step was scheduled (their blocks freed:
+    vllm.v1.core.sched.output.SchedulerOutput.preempted_req_ids)."""
+    return set(getattr(scheduler_output, "preempted_req_ids", None) or ())
+
+
+# The runner's WindowReport rides on the step's
+# vllm.v1.outputs.ModelRunnerOutput (a dataclass: an extra attribute survives
+# the executors' pickling) to the scheduler's update_from_output, which every
+# step calls, with or without scheduled tokens (vllm.v1.engine.core.EngineCore.step;
+# take_draft_token_ids is called only after steps that ran the model).
+WINDOW_REPORT_ATTR = "parse_windows"
+
+
+def with_window_report(output, report):
+    """`output` (a ModelRunnerOutput) carrying `report`; the shared
+    vllm.v1.outputs.EMPTY_MODEL_RUNNER_OUTPUT is copied first."""
+    import copy
+
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+
+    if report is None or not isinstance(output, ModelRunnerOutput):
+        return output
+    if output is EMPTY_MODEL_RUNNER_OUTPUT:
+        output = copy.copy(output)
+    setattr(output, WINDOW_REPORT_ATTR, report)
+    return output
+
+
+def window_report(output):
+    return getattr(output, WINDOW_REPORT_ATTR, None)
+
+
+# A held request stays in vllm.v1.core.sched.scheduler.Scheduler.running (it
+# counts towards max_num_seqs, keeps its blocks and can be preempted) but is
+# passed over when the running requests are scheduled: Scheduler.schedule
+# skips a request while `current_step < request.next_decode_eligible_step`
+# (vllm.v1.request.Request, set there only for V2 pipeline parallelism with
+# async scheduling, which PARSE turns off).
+_HELD = 1 << 62
+
+
+def hold_request(request) -> None:
+    request.next_decode_eligible_step = _HELD
+
+
+def release_request(request) -> None:
+    if request.next_decode_eligible_step == _HELD:
+        request.next_decode_eligible_step = 0
+
+
+def request_is_held(request) -> bool:
+    return request.next_decode_eligible_step == _HELD

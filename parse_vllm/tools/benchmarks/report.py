@@ -1,7 +1,8 @@
 """Regenerate BENCHMARKS.md from a full benchmark run (``scripts/bench_report.py``).
 
 Reads ``<results>/{verify,e2e}.json`` and ``summary.json`` written by the two benchmarks,
-copies them and their plots to ``bench/full/`` (committed), and writes BENCHMARKS.md:
+copies them and their plots to ``bench/full/`` (committed), and writes BENCHMARKS.md, with
+the latency section from ``bench/latency/`` (``scripts/bench_latency.py --compare``):
 every figure in it comes from those files -- nothing is typed by hand.
 """
 
@@ -236,11 +237,79 @@ def render(results: Path, figures: str) -> str:
     return "\n".join(out)
 
 
+def latency_section(latency: Path) -> list[str]:
+    """BENCHMARKS.md's latency section from `scripts/bench_latency.py --compare`
+    (<latency>/summary.json, <label>/<pair>.json, itl.png); empty without it."""
+    summary_path = latency / "summary.json"
+    if not summary_path.exists():
+        return []
+    summary = json.loads(summary_path.read_text())
+    labels = [d.name for d in sorted(latency.iterdir()) if d.is_dir()]
+    labels.sort(key=lambda x: (x != "before", x))  # today's code first
+    runs = {
+        label: {p.stem: json.loads(p.read_text()) for p in sorted((latency / label).glob("*.json"))} for label in labels
+    }
+    out = [
+        "## Latency under load (`scripts/bench_latency.py`)",
+        "",
+        "What a PARSE server's other users see. Per pair and batch B (`--max-num-seqs`), 2B streaming "
+        "requests arrive on one seeded schedule; half have PARSE on (the preset's τ), half off. The same "
+        "requests at the same times then go to the target alone. Inter-token latency (ITL) is the gap "
+        "between chunks that carry tokens. Each label is one run of the script, figures within a label side "
+        "by side: " + ", ".join(f"`{x}`" for x in labels) + ". The ITL distributions: `bench/latency/itl.png`.",
+        "",
+        "| pair | bs | PARSE-off ITL p99, target alone (s) | "
+        + " | ".join(f"{x}: in the PARSE engine (s) | {x}: ratio" for x in labels)
+        + " |",
+        "|---|---:|---:|" + "---:|---:|" * len(labels),
+    ]
+    for pair in sorted({p for r in runs.values() for p in r}):
+        for b in sorted({int(b) for r in runs.values() if pair in r for b in r[pair]["batches"]}):
+            cells, alone = [], None
+            for label in labels:
+                row = runs[label].get(pair, {}).get("batches", {}).get(str(b))
+                if row is None:
+                    cells += ["—", "—"]
+                    continue
+                alone = alone or row["target"]["figures"]["parse_off"]["itl_p99"]
+                cells += [
+                    _fmt(row["parse"]["figures"]["parse_off"]["itl_p99"], ".2f"),
+                    _fmt(row["itl_p99_ratio_parse_off"], ".2f"),
+                ]
+            out.append(f"| {pair} | {b} | {_fmt(alone, '.2f')} | " + " | ".join(cells) + " |")
+    out += [
+        "",
+        "| pair | " + " | ".join(f"{x}: PARSE e2e bs 1 (s) | {x}: throughput bs 16 (tok/s)" for x in labels) + " |",
+        "|---|" + "---:|---:|" * len(labels),
+    ]
+    for pair in sorted({p for r in runs.values() for p in r}):
+        cells = []
+        for label in labels:
+            r = runs[label].get(pair)
+            bs16 = (r or {}).get("batches", {}).get("16")
+            cells += [
+                _fmt(r["parse_bs1"]["figures"]["e2e_mean"], ".2f") if r else "—",
+                _fmt(bs16["parse"]["figures"]["throughput_tok_s"], ".1f") if bs16 else "—",
+            ]
+        out.append(f"| {pair} | " + " | ".join(cells) + " |")
+    out += [
+        "",
+        "`bench/latency/summary.json`:",
+        "",
+        "```json",
+        json.dumps(summary, indent=2),
+        "```",
+        "",
+    ]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="bench_report", description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=Path("bench/results"))
     ap.add_argument("--full-dir", type=Path, default=Path("bench/full"))
     ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
+    ap.add_argument("--latency", type=Path, default=Path("bench/latency"), help="bench_latency.py --compare output")
     args = ap.parse_args(argv)
     for name in ("verify.json", "e2e.json", "summary.json"):
         if not (args.results / name).exists():
@@ -250,8 +319,9 @@ def main(argv=None) -> int:
             ap.error(f"{args.results / mode_file} is from a quick run; BENCHMARKS.md takes full runs only")
     args.full_dir.mkdir(parents=True, exist_ok=True)
     for f in ("verify.json", "e2e.json", "summary.json", "verify.png", "e2e.png"):
-        if (args.results / f).exists():
+        if (args.results / f).exists() and (args.results / f).resolve() != (args.full_dir / f).resolve():
             shutil.copy2(args.results / f, args.full_dir / f)
-    args.out.write_text(render(args.full_dir, str(args.full_dir)))
+    text = render(args.full_dir, str(args.full_dir))
+    args.out.write_text("\n".join([text.rstrip("\n"), "", *latency_section(args.latency)]).rstrip("\n") + "\n")
     print(f"wrote {args.out} and {args.full_dir}/")
     return 0
