@@ -38,6 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
 from bench_cores import QUESTIONS, _paths
 
 from parse_vllm.presets import engine_flag, load_preset
@@ -168,6 +169,7 @@ def summarize(results: list[dict]) -> dict:
 def server_argv(pair: dict, batch: int, port: int, with_parse: bool) -> tuple[list[str], str, float]:
     """(the serve command, its model name, the preset's τ)."""
     preset = load_preset(ROOT / pair["preset"])
+    parse = {**preset.parse, **(pair.get("parse_options") or {})}
     target, draft = pair.get("models") or _paths(pair)
     engine = {**preset.engine, "dtype": "float32", "max_num_seqs": batch}
     flags = [str(target), "--port", str(port), "--host", "127.0.0.1", "--disable-uvicorn-access-log"]
@@ -175,9 +177,9 @@ def server_argv(pair: dict, batch: int, port: int, with_parse: bool) -> tuple[li
         flags += engine_flag(key, value)
     if with_parse:
         spec = {**preset.speculative_config, "model": str(draft)}
-        flags += ["--speculative-config", json.dumps(spec), "--additional-config", json.dumps({"parse": preset.parse})]
+        flags += ["--speculative-config", json.dumps(spec), "--additional-config", json.dumps({"parse": parse})]
     cmd = [sys.executable, "-m", "parse_vllm.cli", "serve", *flags]
-    return cmd, str(target), float(preset.parse.get("threshold", 0.5))
+    return cmd, str(target), float(parse.get("threshold", 0.5))
 
 
 def free_port() -> int:
@@ -188,9 +190,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure_pair(name: str, batches: list[int], seed: int, models: tuple[Path, Path] | None = None) -> dict:
-    pair = {**PAIRS[name], "models": models}
+def measure_pair(
+    name: str, batches: list[int], seed: int, models: tuple[Path, Path] | None = None, parse_options: dict | None = None
+) -> dict:
+    pair = {**PAIRS[name], "models": models, "parse_options": parse_options}
     out: dict = {"pair": name, "preset": pair["preset"], "max_tokens": pair["max_tokens"], "batches": {}}
+    if parse_options:
+        out["parse_options"] = parse_options
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
     for batch in batches:
         jobs = schedule(2 * batch, pair["gap_s"], seed)
@@ -288,6 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", nargs="+", type=int, default=[8, 16])
     ap.add_argument("--label", default="before", help="a name for this code's figures (<out>/<label>/)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--parse-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one of the preset's PARSE options (e.g. draft_chunk=4); repeatable",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "latency")
     ap.add_argument(
         "--models", nargs=2, type=Path, metavar=("TARGET", "DRAFT"), help="other models in the pair's settings (tests)"
@@ -303,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     (args.out / args.label).mkdir(parents=True, exist_ok=True)
     for name in args.pairs:
-        result = measure_pair(name, sorted(args.batches), args.seed, args.models)
+        options = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.parse_option)}
+        result = measure_pair(name, sorted(args.batches), args.seed, args.models, options)
         (args.out / args.label / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
