@@ -17,7 +17,7 @@ from typing import Any
 DEFAULT_QUESTION = "Is the assistant's answer above correct and well written so far? Answer Correct or Incorrect."
 
 BOUNDARY_MODES = ("sentence", "tokens", "both")
-DEFAULT_DRAFT_CHUNK = 8
+DEFAULT_DRAFT_CHUNK = 2
 VERIFIERS = ("auto", "forked", "kernel")
 ON_REJECT_MODES = ("continue", "redraft")
 

@@ -76,6 +76,7 @@ class ParseController:
         for req_id in req_ids:
             if self.windows.pop(req_id, None) is not None:
                 self.states[req_id].draft_kv_len = self.states[req_id].draft_ahead = 0
+                self.stats.windows_dropped += 1
 
     def rewriting(self, req_id: str) -> bool:
         """Whether the target is writing for the request (REWRITE phase): its

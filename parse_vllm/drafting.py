@@ -315,3 +315,36 @@ def step_rows(
         window_len=np.concatenate([window_len, np.zeros(len(opened))]).astype(np.int64),
         num_batch=len(req_ids),
     )
+
+
+def open_window_rows(windows: dict[str, OpenWindow], window_stops: list[frozenset[int]], chunk: int) -> DraftRows:
+    """The DraftRows of a step with no batch rows: the open windows alone."""
+    none = np.zeros(0, dtype=np.int64)
+    no = none.astype(bool)
+    return step_rows([], none, no, none, none, none, [], none, none, [], no, 0, windows, window_stops, chunk)
+
+
+def advance_windows(
+    rows: DraftRows,
+    got: np.ndarray,  # [len(rows.window_rows), n] this step's drafts of the window rows, in that order
+    windows: dict[str, OpenWindow],  # the open windows, updated
+) -> tuple[np.ndarray, dict[str, OpenWindow]]:
+    """Each window row's chunk added to its window: a batch row's window opens
+    (unless its first chunk already completes it), an open one advances; the
+    ones complete outside the batch leave `windows`. Returns the batch rows'
+    draft lengths this step [B] (0 for a window left open: its request gets no
+    draft this step) and the completed windows by request."""
+    B = rows.num_batch
+    lens = rows.wants[:B].copy()
+    done: dict[str, OpenWindow] = {}
+    for r, chunk in zip(rows.window_rows.tolist(), got):
+        req_id = rows.req_ids[r]
+        chunk = chunk[: rows.wants[r]]
+        if r < B:
+            window = OpenWindow([int(rows.new[r][-1])], int(rows.known_len[r]) - 1, int(rows.window_len[r]))
+            if not window.add(chunk, rows.stops[r]):
+                windows[req_id] = window
+                lens[r] = 0
+        elif windows[req_id].add(chunk, rows.stops[r]):
+            done[req_id] = windows.pop(req_id)
+    return lens, done

@@ -67,6 +67,7 @@ class ParseStats:
     drafter_rows: int = _counter("Requests in drafter calls (a request drafting in a step counts once per call).")
     drafter_tokens: int = _counter("Tokens the drafter's first passes wrote draft KV for (catch-up included).")
     window_chunks: int = _counter("Chunks of windows drafted over several engine steps (one per window and step).")
+    windows_dropped: int = _counter("Windows dropped unfinished: their request was preempted (it drafts again).")
     # index (0-based) of the first failed boundary -> count
     rejections_by_boundary: dict[int, int] = field(default_factory=dict)
     # A high-water mark, not a counter (not exported): the most draft tokens a

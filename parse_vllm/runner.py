@@ -33,7 +33,16 @@ from parse_vllm.acceptance import first_stop_index
 from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
 from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, request_options
 from parse_vllm.controller import JudgedRequests, ParseController
-from parse_vllm.drafting import DRAFT_CHUNK, DraftRows, OpenWindow, WindowReport, pass_spans, plan_passes, step_rows
+from parse_vllm.drafting import (
+    DRAFT_CHUNK,
+    DraftRows,
+    WindowReport,
+    advance_windows,
+    open_window_rows,
+    pass_spans,
+    plan_passes,
+    step_rows,
+)
 from parse_vllm.policy import RequestState
 from parse_vllm.step import DraftBatch, draft_views, parse_step, token_checks
 from parse_vllm.templates import build_template
@@ -186,26 +195,8 @@ class ParseRunnerMixin:
     def _draft_open_windows(self) -> None:
         """The open windows' next chunks, in a step whose batch does not draft."""
         p = self.parse
-        none = np.zeros(0, dtype=np.int64)
-        rows = step_rows(
-            [],
-            none,
-            none.astype(bool),
-            none,
-            none,
-            none,
-            [],
-            none,
-            none,
-            [],
-            none.astype(bool),
-            min(self.max_model_len, self.effective_drafter_max_model_len),
-            p.windows,
-            [_vllm.request_limits(self, r)[2] for r in p.windows],
-            p.config.draft_chunk,
-        )
-        tokens, _ = _vllm.committed_tokens(self)
-        self._draft_rows(rows, tokens, None, self.input_batch.sampling_metadata, [])
+        rows = open_window_rows(p.windows, [_vllm.request_limits(self, r)[2] for r in p.windows], p.config.draft_chunk)
+        self._draft_rows(rows, _vllm.committed_tokens(self)[0], None, self.input_batch.sampling_metadata, [])
 
     # -- drafting: how many draft tokens each request gets ------------------
 
@@ -307,36 +298,23 @@ class ParseRunnerMixin:
         return drafts[:B]
 
     def _advance_windows(self, rows: DraftRows, drafts: torch.Tensor, states) -> np.ndarray:
-        """This step's chunk of every window drafted in chunks, read back once:
-        a window that opened and is not complete leaves the batch (its row gets
-        no draft this step); one that completes outside the batch goes to the
-        scheduler with its draft. Returns the batch rows' draft lengths [B] and
-        sets the step's WindowReport."""
+        """This step's chunk of every window drafted in chunks, read back once
+        (drafting.advance_windows); the batch rows' draft lengths [B]. Sets the
+        step's WindowReport."""
         p = self.parse
-        B = rows.num_batch
-        lens = rows.wants[:B].copy()
-        done: dict[str, list[int]] = {}
         win = rows.window_rows
+        got = np.zeros((0, 0), dtype=np.int64)
         if win.shape[0]:
             (got,) = p.host.fetch(drafts[torch.from_numpy(win).to(drafts.device)], drafter=True)
-            for r, chunk in zip(win.tolist(), got):
-                req_id = rows.req_ids[r]
-                p.stats.note_window_chunk(int(rows.wants[r]))
-                chunk = chunk[: rows.wants[r]]
-                if r < B:  # opens this step
-                    window = OpenWindow([int(rows.new[r][-1])], int(rows.known_len[r]) - 1, int(rows.window_len[r]))
-                    if not window.add(chunk, rows.stops[r]):
-                        p.windows[req_id] = window
-                        lens[r] = 0
-                        states[r].draft_ahead = 0
-                    continue
-                window = p.windows[req_id]
-                if window.add(chunk, rows.stops[r]):
-                    del p.windows[req_id]
-                    done[req_id] = window.draft
-                    state = p.states[req_id]
-                    state.draft_kv_len, state.draft_ahead = window.start, len(window.draft) - 1
-        self._parse_window_report = WindowReport(open=frozenset(p.windows), done=done)
+        lens, done = advance_windows(rows, got, p.windows)
+        for r in win:
+            p.stats.note_window_chunk(int(rows.wants[r]))
+        for r in np.flatnonzero(lens < rows.wants[: rows.num_batch]):
+            states[r].draft_ahead = 0  # its window is open: no draft this step
+        for req_id, window in done.items():
+            state = p.states[req_id]
+            state.draft_kv_len, state.draft_ahead = window.start, len(window.draft) - 1
+        self._parse_window_report = WindowReport(open=frozenset(p.windows), done={r: w.draft for r, w in done.items()})
         return lens
 
     def _draft_pass(self, dp, inputs, block_table, sampling_metadata, wants, stops, drafts) -> None:

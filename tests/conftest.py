@@ -56,6 +56,7 @@ def _torch_set_num_threads_restored():
 
 
 WINDOW = 16  # draft window W of the test engines
+TEST_DRAFT_CHUNK = 8  # draft tokens a window advances per step in the test engines
 BLOCK = 32
 
 
@@ -122,6 +123,9 @@ def assert_judgments_match_target_forwards(target: Path, records: list[dict], to
 
 
 def parse_kwargs(tiny_models, window: int = WINDOW, **parse) -> dict:
+    # Windows of W = 16 in two steps of 8 draft tokens (the default, 2, would take 8):
+    # every test engine drafts windows over steps, at the suite's pace.
+    parse.setdefault("draft_chunk", TEST_DRAFT_CHUNK)
     return engine_kwargs(
         tiny_models["target"],
         speculative_config={

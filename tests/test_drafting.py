@@ -192,3 +192,23 @@ def test_draft_rows_docstring_example():
     rows.new[0] = np.array([5, 7])
     rows.committed[0] = 30
     assert rows.known_len.tolist() == [32, 59] and rows.kv_len[1] == 57 and rows.wants[1] == 8
+
+
+def test_advance_windows_opens_advances_and_completes():
+    """A batch row's first chunk opens its window (no draft this step); an open
+    window's last chunk completes it and hands it over; a first chunk with a stop
+    token is a whole (short) draft at once."""
+    from parse_vllm.drafting import advance_windows, open_window_rows
+
+    rows = _one_row(known=51, wants=20)
+    windows: dict = {}
+    lens, done = advance_windows(rows, np.arange(100, 108)[None], windows)
+    assert lens.tolist() == [0] and done == {} and windows["a"].tokens == [7, *range(100, 108)]
+    windows["a"].tokens += list(range(108, 116))  # a second chunk, 16 of 20
+    rows = open_window_rows(windows, [frozenset({2})], 8)
+    assert rows.wants.tolist() == [4] and rows.window_rows.tolist() == [0]
+    lens, done = advance_windows(rows, np.arange(116, 124)[None], windows)
+    assert lens.shape == (0,) and windows == {} and done["a"].draft == list(range(100, 120))
+    rows = _one_row(known=51, wants=20)
+    lens, done = advance_windows(rows, np.array([[100, 2, 5, 5, 5, 5, 5, 5]]), windows)
+    assert lens.tolist() == [8] and windows == {} and done == {}  # the row's draft: cut at the stop later

@@ -269,8 +269,8 @@ def test_host_transfers_per_step_do_not_grow_with_the_batch(parse, parse_long):
     assert 3 <= two_stage["host_copies_max"] <= MAX_PER_STEP, two_stage
     # Windows longer than draft_chunk are drafted over steps, their chunks read back once a
     # step (a draft of more than drafting.DRAFT_CHUNK in one step adds a read per extra call)
-    assert large["drafter_reads_max"] == 1  # W = 16 in two steps of draft_chunk 8: one call each
-    # W = 256 in steps of draft_chunk 8 < DRAFT_CHUNK: one call per draft length a step, one read
+    assert large["drafter_reads_max"] == 1  # W = 16 in two steps of 8 (TEST_DRAFT_CHUNK): one call each
+    # W = 256 in steps of 8 < drafting.DRAFT_CHUNK: one call per draft length a step, one read
     assert two_stage["drafter_reads_max"] == 1 and two_stage["drafter_calls_max"] <= int(np.log2(LONG_WINDOW)) + 2, (
         two_stage
     )
@@ -473,8 +473,9 @@ def test_long_windows_stop_drafting_at_a_stop_token(ref, draft, parse_long):
     window whose draft reaches a stop token ends there instead of drafting the rest (τ = 0:
     the answer is the target's first token, then the draft's own text up to and with the
     stop token)."""
+    from conftest import TEST_DRAFT_CHUNK as DRAFT_CHUNK
+
     import parse_vllm
-    from parse_vllm.config import DEFAULT_DRAFT_CHUNK as DRAFT_CHUNK
 
     prompt = prompt_ids(parse_long, PROMPTS[1:2])[0]
     t0 = ids(ref.generate([{"prompt_token_ids": prompt}], sp(1)))[0]

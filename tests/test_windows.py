@@ -6,7 +6,7 @@ batch, and the other requests decode every step meanwhile."""
 from __future__ import annotations
 
 import pytest
-from conftest import PROMPTS, close_llm, make_llm, parse_kwargs
+from conftest import PROMPTS, close_llm, engine_kwargs, make_llm, parse_kwargs
 
 import parse_vllm
 
@@ -101,3 +101,43 @@ def test_windows_in_chunks_write_what_whole_windows_write(tiny_models, chunked):
         assert parse_vllm.get_stats(whole)["window_chunks"] == 0
     finally:
         close_llm(whole)
+
+
+def test_preemption_mid_window_loses_nothing(tiny_models):
+    """A KV cache too small for the batch: five PARSE-off requests grow every step, and
+    vLLM preempts the last to arrive, a PARSE request whose window is open (held out of
+    the batch); the window is dropped and drafted again once the request is resumed.
+    Lossless settings (guard 1, τ 1) still give exactly the target's tokens; τ 0
+    finishes every request at full length; no block stays held."""
+    from vllm import SamplingParams
+
+    prompts = [p + f" ({i})" for i, p in enumerate(PROMPTS[:6])]
+
+    def params(parse_args: dict):
+        off = SamplingParams(max_tokens=160, temperature=0.0, ignore_eos=True, extra_args={"parse": False})
+        return [off] * 5 + [SamplingParams(max_tokens=160, temperature=0.0, ignore_eos=True, extra_args=parse_args)]
+
+    ref = make_llm(**engine_kwargs(tiny_models["target"]))
+    try:
+        want = [o.outputs[0].token_ids for o in ref.generate(prompts, params({}))]
+    finally:
+        close_llm(ref)
+    # ~3 KiB of KV per token: ~640 tokens of KV for 6 requests of ~170
+    tight = make_llm(
+        **{
+            **parse_kwargs(tiny_models, window=WINDOW, draft_chunk=CHUNK),
+            "kv_cache_memory_bytes": 2 << 20,
+            "max_model_len": 512,
+            "disable_log_stats": False,
+        }
+    )
+    try:
+        got = tight.generate(prompts, params({"parse_threshold": 1.0, "parse_guard": 1}))
+        assert [o.outputs[0].token_ids for o in got] == want
+        parse_vllm.reset_stats(tight)
+        loose = tight.generate(prompts, params({"parse_threshold": 0.0}))
+        assert all(o.finished and len(o.outputs[0].token_ids) == 160 for o in loose)
+        assert parse_vllm.get_stats(tight)["windows_dropped"] > 0, "no window was open at a preemption"
+        assert sum(m.value for m in tight.get_metrics() if m.name == "vllm:kv_cache_usage_perc") == 0.0
+    finally:
+        close_llm(tight)

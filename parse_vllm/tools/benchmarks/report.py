@@ -96,7 +96,15 @@ def _drift_warning(bases: list[dict] | None) -> list[str]:
     ]
 
 
-def render(results: Path, figures: str) -> str:
+def render(results: Path, figures: str, latency: Path | None = None) -> str:
+    """BENCHMARKS.md: the full runs in `results`, then the latency section from
+    `latency` (bench_latency.py --compare) when given and present."""
+    text = _render_full(results, figures)
+    section = latency_section(latency) if latency is not None else []
+    return "\n".join([text.rstrip("\n"), "", *section]).rstrip("\n") + "\n" if section else text
+
+
+def _render_full(results: Path, figures: str) -> str:
     v = json.loads((results / "verify.json").read_text())
     e = json.loads((results / "e2e.json").read_text())
     s = json.loads((results / "summary.json").read_text())
@@ -244,7 +252,7 @@ def latency_section(latency: Path) -> list[str]:
     if not summary_path.exists():
         return []
     summary = json.loads(summary_path.read_text())
-    labels = [d.name for d in sorted(latency.iterdir()) if d.is_dir()]
+    labels = [d.name for d in sorted(latency.iterdir()) if d.is_dir() and any(d.glob("*.json"))]
     labels.sort(key=lambda x: (x != "before", x))  # today's code first
     runs = {
         label: {p.stem: json.loads(p.read_text()) for p in sorted((latency / label).glob("*.json"))} for label in labels
@@ -292,6 +300,9 @@ def latency_section(latency: Path) -> list[str]:
                 _fmt(bs16["parse"]["figures"]["throughput_tok_s"], ".1f") if bs16 else "—",
             ]
         out.append(f"| {pair} | " + " | ".join(cells) + " |")
+    out += ["", "![ITL distributions](bench/latency/itl.png)"]
+    out += _latency_goals(summary)
+    out += _latency_sweep(latency / "sweep")
     out += [
         "",
         "`bench/latency/summary.json`:",
@@ -301,6 +312,59 @@ def latency_section(latency: Path) -> list[str]:
         "```",
         "",
     ]
+    return out
+
+
+def _latency_goals(summary: dict) -> list[str]:
+    """The issue's goals against summary.json, per pair (ratios within one run)."""
+    goals = [
+        ("itl_p99_ratio_parse_off_bs8", "PARSE-off ITL p99 over the target alone's, bs 8", _le(1.25), "≤ 1.25"),
+        ("itl_p99_ratio_parse_off_bs16", "PARSE-off ITL p99 over the target alone's, bs 16", _le(1.25), "≤ 1.25"),
+        ("parse_e2e_ratio_bs1", "PARSE e2e bs 1, before over after", _ge(1 / 1.1), "≥ 1/1.1"),
+        ("throughput_ratio_bs16", "throughput bs 16, after over before", _ge(1.0), "≥ 1"),
+    ]
+    out = ["", "| pair | goal | bound | measured | |", "|---|---|---:|---:|---|"]
+    for pair, s in sorted(summary.items()):
+        for key, text, ok, bound in goals:
+            if key in s:
+                out.append(f"| {pair} | {text} | {bound} | {_fmt(s[key], '.2f')} | {_goal(ok(s[key]))} |")
+    return out
+
+
+def _latency_sweep(sweep: Path) -> list[str]:
+    """A table of runs in <sweep>/<label>/<pair>.json (one PARSE option varied,
+    `bench_latency.py --parse-option`), each run with its own target-alone rows."""
+    runs = sorted(p for p in sweep.glob("*/*.json")) if sweep.is_dir() else []
+    if not runs:
+        return []
+    out = [
+        "",
+        "Runs varying one PARSE option (`bench/latency/sweep/`, one run each, each with its own target-alone "
+        "rows; a noisy machine):",
+        "",
+        "| pair | run | options | PARSE-off ITL p99 ratio bs 8 | bs 16 | PARSE-on e2e bs 8 (s) | throughput bs 16 "
+        "(tok/s) | PARSE e2e bs 1 (s) |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+
+    def order(path):
+        options = json.loads(path.read_text()).get("parse_options") or {}
+        return path.stem, sorted((k, str(v).zfill(8)) for k, v in options.items()), path.parent.name
+
+    for path in sorted(runs, key=order):
+        d = json.loads(path.read_text())
+        b = d["batches"]
+
+        def cell(batch, get, f=".2f", b=b):
+            return _fmt(get(b[batch]), f) if batch in b else "—"
+
+        out.append(
+            f"| {path.stem} | {path.parent.name} | `{json.dumps(d.get('parse_options') or {})}` | "
+            f"{cell('8', lambda r: r['itl_p99_ratio_parse_off'])} | {cell('16', lambda r: r['itl_p99_ratio_parse_off'])} | "
+            f"{cell('8', lambda r: r['parse']['figures']['parse_on']['e2e_mean'])} | "
+            f"{cell('16', lambda r: r['parse']['figures']['throughput_tok_s'], '.1f')} | "
+            f"{_fmt(d['parse_bs1']['figures']['e2e_mean'], '.2f')} |"
+        )
     return out
 
 
@@ -321,7 +385,6 @@ def main(argv=None) -> int:
     for f in ("verify.json", "e2e.json", "summary.json", "verify.png", "e2e.png"):
         if (args.results / f).exists() and (args.results / f).resolve() != (args.full_dir / f).resolve():
             shutil.copy2(args.results / f, args.full_dir / f)
-    text = render(args.full_dir, str(args.full_dir))
-    args.out.write_text("\n".join([text.rstrip("\n"), "", *latency_section(args.latency)]).rstrip("\n") + "\n")
+    args.out.write_text(render(args.full_dir, str(args.full_dir), args.latency))
     print(f"wrote {args.out} and {args.full_dir}/")
     return 0
