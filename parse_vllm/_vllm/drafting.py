@@ -282,8 +282,10 @@ def window_report(output):
 # counts towards max_num_seqs, keeps its blocks and can be preempted) but is
 # passed over when the running requests are scheduled: Scheduler.schedule
 # skips a request while `current_step < request.next_decode_eligible_step`
-# (vllm.v1.request.Request, set there only for V2 pipeline parallelism with
-# async scheduling, which PARSE turns off).
+# (vllm.v1.request.Request; otherwise set only by
+# vllm.v1.core.sched.async_scheduler.AsyncScheduler and
+# vllm.v1.core.sched.diffusion_scheduler, neither of which ParseScheduler
+# derives from). 0.33: the same skip and symbols.
 _HELD = 1 << 62
 
 
