@@ -212,15 +212,16 @@ class OpenWindow:
     tokens: list[int]  # the request's last known token, then the draft so far
     start: int  # the position of tokens[0]
     length: int  # draft tokens the window is to hold
+    stops: frozenset[int]  # the token ids that end the request
 
     @property
     def draft(self) -> list[int]:
         return self.tokens[1:]
 
-    def add(self, chunk: np.ndarray, stops: frozenset[int]) -> bool:
+    def add(self, chunk: np.ndarray) -> bool:
         """Append a step's chunk, up to its first stop token; whether the
         window is now complete."""
-        stop = first_stop_index(chunk, stops)
+        stop = first_stop_index(chunk, self.stops)
         self.tokens += [int(t) for t in (chunk if stop < 0 else chunk[: stop + 1])]
         return stop >= 0 or len(self.tokens) - 1 >= self.length
 
@@ -281,7 +282,6 @@ def step_rows(
     prefilling: np.ndarray,  # [B] bool
     max_len: int,
     windows: dict[str, OpenWindow],  # the open windows (requests outside the batch)
-    window_stops: list[frozenset[int]],  # [O] the token ids that end each window's request
     chunk: int,  # draft_chunk (0: whole windows)
 ) -> DraftRows:
     """This step's DraftRows: each batch row's draft length within its own
@@ -311,17 +311,17 @@ def step_rows(
         kv_len=np.concatenate([kv_len, [w.start + max(0, len(w.draft) - 1) for w in opened]]).astype(np.int64),
         committed=np.concatenate([committed, [w.start for w in opened]]).astype(np.int64),
         new=list(new) + [np.array(w.tokens, dtype=np.int64) for w in opened],
-        stops=list(stops) + list(window_stops),
+        stops=list(stops) + [w.stops for w in opened],
         window_len=np.concatenate([window_len, np.zeros(len(opened))]).astype(np.int64),
         num_batch=len(req_ids),
     )
 
 
-def open_window_rows(windows: dict[str, OpenWindow], window_stops: list[frozenset[int]], chunk: int) -> DraftRows:
+def open_window_rows(windows: dict[str, OpenWindow], chunk: int) -> DraftRows:
     """The DraftRows of a step with no batch rows: the open windows alone."""
     none = np.zeros(0, dtype=np.int64)
     no = none.astype(bool)
-    return step_rows([], none, no, none, none, none, [], none, none, [], no, 0, windows, window_stops, chunk)
+    return step_rows([], none, no, none, none, none, [], none, none, [], no, 0, windows, chunk)
 
 
 def advance_windows(
@@ -341,10 +341,12 @@ def advance_windows(
         req_id = rows.req_ids[r]
         chunk = chunk[: rows.wants[r]]
         if r < B:
-            window = OpenWindow([int(rows.new[r][-1])], int(rows.known_len[r]) - 1, int(rows.window_len[r]))
-            if not window.add(chunk, rows.stops[r]):
+            window = OpenWindow(
+                [int(rows.new[r][-1])], int(rows.known_len[r]) - 1, int(rows.window_len[r]), rows.stops[r]
+            )
+            if not window.add(chunk):
                 windows[req_id] = window
                 lens[r] = 0
-        elif windows[req_id].add(chunk, rows.stops[r]):
+        elif windows[req_id].add(chunk):
             done[req_id] = windows.pop(req_id)
     return lens, done

@@ -195,7 +195,7 @@ class ParseRunnerMixin:
     def _draft_open_windows(self) -> None:
         """The open windows' next chunks, in a step whose batch does not draft."""
         p = self.parse
-        rows = open_window_rows(p.windows, [_vllm.request_limits(self, r)[2] for r in p.windows], p.config.draft_chunk)
+        rows = open_window_rows(p.windows, p.config.draft_chunk)
         self._draft_rows(rows, _vllm.committed_tokens(self)[0], None, self.input_batch.sampling_metadata, [])
 
     # -- drafting: how many draft tokens each request gets ------------------
@@ -262,7 +262,6 @@ class ParseRunnerMixin:
             _vllm.rows_in_partial_prefill(self, scheduler_output),
             min(self.max_model_len, self.effective_drafter_max_model_len),
             p.windows,
-            [_vllm.request_limits(self, r)[2] for r in p.windows],
             p.config.draft_chunk,
         )
         return self._draft_rows(rows, tokens, attn_metadata.block_table_tensor, sampling_metadata, states)

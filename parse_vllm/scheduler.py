@@ -39,10 +39,8 @@ class ParseScheduler(_vllm.Scheduler):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         report = _vllm.window_report(model_runner_output)
         if report is not None:
-            for req_id, draft in report.done.items():
-                request = self.requests.get(req_id)
-                if request is not None and not request.is_finished():
-                    request.spec_token_ids = self.structured_output_manager.validate_tokens(request, draft)
+            # (as drafts from take_draft_token_ids are: grammar-checked, skipped for finished requests)
+            self.update_draft_token_ids(_vllm.DraftTokenIds(list(report.done), list(report.done.values())))
             for request in self.running:
                 if request.request_id in report.open:
                     _vllm.hold_request(request)

@@ -138,7 +138,6 @@ def _one_row(known: int, wants: int, *, judging=True, chunk=8, windows=None, kv=
         np.array([False]),
         4096,
         windows,
-        [frozenset({2})] * len(windows),
         chunk,
     )
 
@@ -151,8 +150,8 @@ def test_a_window_in_chunks_the_worked_example():
     drafter = iter(range(100, 200))  # d1 = 100, d2 = 101, ...
     rows = _one_row(known=51, wants=20)
     assert rows.wants.tolist() == [8] and rows.window_len.tolist() == [20] and rows.window_rows.tolist() == [0]
-    window = OpenWindow([int(rows.new[0][-1])], int(rows.known_len[0]) - 1, int(rows.window_len[0]))
-    assert not window.add(np.array([next(drafter) for _ in range(8)]), rows.stops[0])
+    window = OpenWindow([int(rows.new[0][-1])], int(rows.known_len[0]) - 1, int(rows.window_len[0]), rows.stops[0])
+    assert not window.add(np.array([next(drafter) for _ in range(8)]))
     windows, spans = {"a": window}, []
     for _ in range(2):
         rows = _one_row(known=0, wants=0, windows=windows)  # the request is out of the batch: row 0 idles
@@ -163,7 +162,8 @@ def test_a_window_in_chunks_the_worked_example():
         (dp,) = passes
         tokens, _ = pass_spans(dp, np.zeros((1, 4), dtype=np.int64), rows.committed, rows.new)
         spans.append((dp.start.tolist(), dp.end.tolist(), tokens.tolist(), dp.num_draft))
-        done = window.add(np.array([next(drafter) for _ in range(int(rows.wants[1]))]), rows.stops[1])
+        assert rows.stops[1] == frozenset({2})
+        done = window.add(np.array([next(drafter) for _ in range(int(rows.wants[1]))]))
     assert spans == [([57], [58], [106, 107], 8), ([65], [66], [114, 115], 4)]
     assert done and window.draft == list(range(100, 120)) and window.start == 50
 
@@ -178,16 +178,16 @@ def test_windows_no_longer_than_a_chunk_and_other_drafts_are_whole():
 def test_a_stop_token_completes_a_window_early():
     from parse_vllm.drafting import OpenWindow
 
-    w = OpenWindow([7], 50, 20)
-    assert not w.add(np.array([3, 4, 5]), frozenset({2}))
-    assert w.add(np.array([6, 2, 9]), frozenset({2})) and w.draft == [3, 4, 5, 6, 2]
-    assert OpenWindow([7], 50, 4).add(np.array([3, 4, 5, 6]), frozenset())  # its length reached
+    w = OpenWindow([7], 50, 20, frozenset({2}))
+    assert not w.add(np.array([3, 4, 5]))
+    assert w.add(np.array([6, 2, 9])) and w.draft == [3, 4, 5, 6, 2]
+    assert OpenWindow([7], 50, 4, frozenset()).add(np.array([3, 4, 5, 6]))  # its length reached
 
 
 def test_draft_rows_docstring_example():
     from parse_vllm.drafting import OpenWindow
 
-    window = OpenWindow([9] + list(range(1, 9)), 50, 20)
+    window = OpenWindow([9] + list(range(1, 9)), 50, 20, frozenset({2}))
     rows = _one_row(known=31, wants=0, windows={"w": window})
     rows.new[0] = np.array([5, 7])
     rows.committed[0] = 30
@@ -205,7 +205,7 @@ def test_advance_windows_opens_advances_and_completes():
     lens, done = advance_windows(rows, np.arange(100, 108)[None], windows)
     assert lens.tolist() == [0] and done == {} and windows["a"].tokens == [7, *range(100, 108)]
     windows["a"].tokens += list(range(108, 116))  # a second chunk, 16 of 20
-    rows = open_window_rows(windows, [frozenset({2})], 8)
+    rows = open_window_rows(windows, 8)
     assert rows.wants.tolist() == [4] and rows.window_rows.tolist() == [0]
     lens, done = advance_windows(rows, np.arange(116, 124)[None], windows)
     assert lens.shape == (0,) and windows == {} and done["a"].draft == list(range(100, 120))

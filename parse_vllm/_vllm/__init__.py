@@ -107,7 +107,6 @@ from .drafting import (  # noqa: E402
     propose_rows,
     proposer_arguments,
     release_request,
-    request_is_held,
     resumed_request_ids,
     rows_drafting_unsupported,
     window_report,
@@ -138,6 +137,7 @@ from .workers import (  # noqa: E402
 _LAZY = {
     "get_tokenizer": "vllm.tokenizers.registry:get_tokenizer",
     "Scheduler": "vllm.v1.core.sched.scheduler:Scheduler",
+    "DraftTokenIds": "vllm.v1.outputs:DraftTokenIds",
     "StatLoggerBase": "vllm.v1.metrics.loggers:StatLoggerBase",
     # vllm.exceptions.VLLMValidationError: a ValueError the OpenAI server maps to HTTP 400.
     "ValidationError": "vllm.exceptions:VLLMValidationError",
@@ -197,7 +197,6 @@ __all__ = [
     "propose_rows",
     "proposer_arguments",
     "release_request",
-    "request_is_held",
     "resumed_request_ids",
     "rows_drafting_unsupported",
     "window_report",

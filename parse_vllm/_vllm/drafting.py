@@ -296,7 +296,3 @@ def hold_request(request) -> None:
 def release_request(request) -> None:
     if request.next_decode_eligible_step == _HELD:
         request.next_decode_eligible_step = 0
-
-
-def request_is_held(request) -> bool:
-    return request.next_decode_eligible_step == _HELD

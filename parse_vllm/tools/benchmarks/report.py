@@ -334,7 +334,8 @@ def _latency_goals(summary: dict) -> list[str]:
 def _latency_sweep(sweep: Path) -> list[str]:
     """A table of runs in <sweep>/<label>/<pair>.json (one PARSE option varied,
     `bench_latency.py --parse-option`), each run with its own target-alone rows."""
-    runs = sorted(p for p in sweep.glob("*/*.json")) if sweep.is_dir() else []
+    paths = sweep.glob("*/*.json") if sweep.is_dir() else []
+    runs = [(path, json.loads(path.read_text())) for path in paths]
     if not runs:
         return []
     out = [
@@ -347,12 +348,12 @@ def _latency_sweep(sweep: Path) -> list[str]:
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
 
-    def order(path):
-        options = json.loads(path.read_text()).get("parse_options") or {}
+    def order(run):
+        path, d = run
+        options = d.get("parse_options") or {}
         return path.stem, sorted((k, str(v).zfill(8)) for k, v in options.items()), path.parent.name
 
-    for path in sorted(runs, key=order):
-        d = json.loads(path.read_text())
+    for path, d in sorted(runs, key=order):
         b = d["batches"]
 
         def cell(batch, get, f=".2f", b=b):
