@@ -19,6 +19,7 @@ DEFAULT_QUESTION = "Is the assistant's answer above correct and well written so 
 BOUNDARY_MODES = ("sentence", "tokens", "both")
 DEFAULT_DRAFT_CHUNK = 2
 VERIFIERS = ("auto", "forked", "kernel")
+TOKEN_PROPOSERS = ("eagle3", "ngram")  # methods of parse.token_proposer
 ON_REJECT_MODES = ("continue", "redraft")
 
 
@@ -66,6 +67,14 @@ class ParseConfig:
     # `max_rounds` times.
     on_reject: str = "continue"
     spec_tokens: int = 0
+    # Who writes the token-level drafts (`spec_tokens` tokens: after a
+    # rejection, between redraft rounds, for PARSE-off requests and τ > 1):
+    # None = the draft model that writes the windows; or a second proposer in
+    # the same engine, named as vLLM's own speculative_config names it:
+    # {"method": "eagle3", "model": HEAD} (an EAGLE-3 head for the target) or
+    # {"method": "ngram", "prompt_lookup_max": 4, ...}. The draft model still
+    # writes every window.
+    token_proposer: dict | None = None
     # Draft tokens a window advances per engine step: a window of W tokens is
     # drafted over W / draft_chunk steps, its request out of the target's
     # batch meanwhile, so the other requests keep decoding instead of waiting
@@ -134,6 +143,7 @@ class ParseConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(name, "must be an integer >= 1")
+        _check_token_proposer(self.token_proposer, self.spec_tokens)
         if self.verifier not in VERIFIERS:
             raise bad("verifier", f"must be one of {VERIFIERS}")
         if self.on_reject not in ON_REJECT_MODES:
@@ -150,6 +160,29 @@ class ParseConfig:
         d = dataclasses.asdict(self)
         d["labels"] = list(self.labels)
         return d
+
+
+def _check_token_proposer(proposer: Any, spec_tokens: int) -> None:
+    if proposer is None:
+        return
+    name = "parse.token_proposer"
+    if not isinstance(proposer, dict):
+        raise ParseConfigError(
+            f'{name} must be an object such as {{"method": "eagle3", "model": HEAD}}, got {proposer!r}'
+        )
+    method = proposer.get("method")
+    if method not in TOKEN_PROPOSERS:
+        raise ParseConfigError(f"{name}.method must be one of {TOKEN_PROPOSERS}, got {method!r}")
+    if method == "eagle3" and not (isinstance(proposer.get("model"), str) and proposer["model"].strip()):
+        raise ParseConfigError(f'{name}: method "eagle3" needs "model", the EAGLE-3 head\'s folder')
+    if "num_speculative_tokens" in proposer:
+        raise ParseConfigError(
+            f"{name}.num_speculative_tokens is not an option: parse.spec_tokens says how many tokens it proposes"
+        )
+    if spec_tokens < 1:
+        raise ParseConfigError(
+            f"{name} is set but parse.spec_tokens is 0: say how many tokens it proposes per step (e.g. 3)"
+        )
 
 
 def _check_threshold(value: Any, name: str) -> float:

@@ -174,17 +174,8 @@ class ParseController:
 
     def export(self) -> None:
         """Add what the counters gained since the last export to Prometheus."""
-        now, last = self.stats, self._exported
-        delta = ParseStats(
-            **{k: getattr(now, k) - getattr(last, k) for k in now.as_dict() if k != "rejections_by_boundary"}
-        )
-        delta.rejections_by_boundary = {
-            k: v - last.rejections_by_boundary.get(k, 0)
-            for k, v in now.rejections_by_boundary.items()
-            if v != last.rejections_by_boundary.get(k, 0)
-        }
-        self._prom.add(delta)
-        self._exported = ParseStats(**{**now.as_dict(), "rejections_by_boundary": dict(now.rejections_by_boundary)})
+        self._prom.add(self.stats.minus(self._exported))
+        self._exported = self.stats.copy()
 
     def scratch_ids(self) -> np.ndarray:
         """The scratch KV block ids held back from the scheduler (empty on the kernel path)."""

@@ -68,8 +68,14 @@ class ParseStats:
     drafter_tokens: int = _counter("Tokens the drafter's first passes wrote draft KV for (catch-up included).")
     window_chunks: int = _counter("Chunks of windows drafted over several engine steps (one per window and step).")
     windows_dropped: int = _counter("Windows dropped unfinished: their request was preempted (it drafts again).")
+    # Labelled families (LABELLED: the Prometheus label of each key).
     # index (0-based) of the first failed boundary -> count
     rejections_by_boundary: dict[int, int] = field(default_factory=dict)
+    # Token-level drafts (not judged) by proposer ("draft_model", "eagle3",
+    # "ngram"): drafts verified, their tokens, and the tokens accepted.
+    token_level_drafts: dict[str, int] = field(default_factory=dict)
+    token_level_draft_tokens: dict[str, int] = field(default_factory=dict)
+    token_level_accepted_tokens: dict[str, int] = field(default_factory=dict)
     # A high-water mark, not a counter (not exported): the most draft tokens a
     # window drafted in chunks took in one engine step (<= draft_chunk).
     window_chunk_max: int = 0
@@ -80,14 +86,42 @@ class ParseStats:
 
     def reject_at(self, boundary_index: int) -> None:
         self.rejections += 1
-        self.rejections_by_boundary[boundary_index] = self.rejections_by_boundary.get(boundary_index, 0) + 1
+        _add(self.rejections_by_boundary, boundary_index, 1)
+
+    def token_level(self, proposer: str, drafts: int, draft_tokens: int, accepted: int) -> None:
+        _add(self.token_level_drafts, proposer, drafts)
+        _add(self.token_level_draft_tokens, proposer, draft_tokens)
+        _add(self.token_level_accepted_tokens, proposer, accepted)
+
+    def minus(self, other: ParseStats) -> ParseStats:
+        """What the counters gained since `other` (labelled families key by key)."""
+        out = ParseStats(**{k: getattr(self, k) - getattr(other, k) for k in COUNTERS})
+        for name in LABELLED:
+            now, last = getattr(self, name), getattr(other, name)
+            setattr(out, name, {k: v - last.get(k, 0) for k, v in now.items() if v != last.get(k, 0)})
+        return out
+
+    def copy(self) -> ParseStats:
+        return ParseStats(**{**self.as_dict(), **{n: dict(getattr(self, n)) for n in LABELLED}})
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-# name -> help of every counter but the per-boundary one
+def _add(counts: dict, key, n: int) -> None:
+    if n:
+        counts[key] = counts.get(key, 0) + n
+
+
+# name -> help of every plain counter
 COUNTERS = {f.name: f.metadata["help"] for f in fields(ParseStats) if "help" in f.metadata}
+# labelled families: name -> (label, help)
+LABELLED = {
+    "rejections_by_boundary": ("boundary", "Judged drafts by the index of their first failed boundary."),
+    "token_level_drafts": ("proposer", "Token-level drafts (not judged) verified, by proposer."),
+    "token_level_draft_tokens": ("proposer", "Tokens of token-level drafts (not judged), by proposer."),
+    "token_level_accepted_tokens": ("proposer", "Tokens of token-level drafts accepted, by proposer."),
+}
 
 
 class PromExporter:
@@ -98,7 +132,7 @@ class PromExporter:
     def __init__(self, labels: dict[str, str]):
         self.enabled = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self._counters = {}
-        self._by_boundary = None
+        self._families = {}
         self._labels = labels
         if not self.enabled:
             return
@@ -107,11 +141,8 @@ class PromExporter:
         names = list(labels)
         for name, doc in COUNTERS.items():
             self._counters[name] = Counter(PROM_PREFIX + name, doc, names).labels(**labels)
-        self._by_boundary = Counter(
-            PROM_PREFIX + "rejections_by_boundary",
-            "Judged drafts by the index of their first failed boundary.",
-            names + ["boundary"],
-        )
+        for name, (label, doc) in LABELLED.items():
+            self._families[name] = (label, Counter(PROM_PREFIX + name, doc, names + [label]))
 
     def add(self, delta: ParseStats) -> None:
         if not self.enabled:
@@ -120,8 +151,9 @@ class PromExporter:
             v = getattr(delta, name)
             if v:
                 counter.inc(v)
-        for idx, n in delta.rejections_by_boundary.items():
-            self._by_boundary.labels(**self._labels, boundary=str(idx)).inc(n)
+        for name, (label, family) in self._families.items():
+            for key, n in getattr(delta, name).items():
+                family.labels(**self._labels, **{label: str(key)}).inc(n)
 
 
 def read_multiprocess_counters() -> dict[str, float]:
@@ -144,5 +176,7 @@ def read_multiprocess_counters() -> dict[str, float]:
                 key = sample.name[len(PROM_PREFIX) : -len("_total")]
                 if key == "rejections_by_boundary":
                     key = f"rejections_at_{sample.labels.get('boundary')}"
+                elif key in LABELLED:
+                    key = f"{key}_{sample.labels.get(LABELLED[key][0])}"
                 totals[key] = totals.get(key, 0.0) + sample.value
     return totals

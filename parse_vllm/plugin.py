@@ -63,6 +63,7 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
         )
     check_same_tokenizer(vllm_config)
     check_verification_template(vllm_config, config)
+    check_token_proposer(vllm_config, config)
     if vllm_config.parallel_config.pipeline_parallel_size != 1:
         raise ParseConfigError("PARSE does not support pipeline parallelism yet")
 
@@ -154,6 +155,25 @@ def check_same_tokenizer(vllm_config) -> None:
             f"the draft model {draft_path!r} has a different tokenizer from the "
             f"target {vllm_config.model_config.model!r}; PARSE needs a draft "
             "with the same tokenizer (vocabulary and ids)"
+        )
+
+
+def check_token_proposer(vllm_config, config: ParseConfig) -> None:
+    """Build the token-level proposer's speculative config once here, so a
+    missing head or a bad n-gram setting is refused before any worker
+    starts (the worker builds the same, _vllm.token_proposer)."""
+    if config.token_proposer is None:
+        return
+    from parse_vllm import _vllm
+
+    try:
+        spec = _vllm.token_proposer_config(vllm_config, config.token_proposer, config.spec_tokens)
+    except Exception as e:
+        raise ParseConfigError(f"parse.token_proposer={config.token_proposer!r}: {e}") from e
+    if spec.method != config.token_proposer["method"]:
+        raise ParseConfigError(
+            f"parse.token_proposer: vLLM reads {config.token_proposer.get('model')!r} as method "
+            f"{spec.method!r}, not {config.token_proposer['method']!r}"
         )
 
 

@@ -60,6 +60,7 @@ class ParseRunnerMixin:
     _parse_sampled: np.ndarray | None = None  # [B, W+1] this step's sampled tokens on the host, once fetched
     _parse_draft_lens: dict[str, int]  # this step's draft length per request
     _parse_window_report: WindowReport | None = None  # for the scheduler, on the step's output
+    _token_proposer: _vllm.TokenProposer | None = None  # parse.token_proposer, beside the draft model
 
     # -- set-up -----------------------------------------------------------
 
@@ -95,6 +96,18 @@ class ParseRunnerMixin:
             logger.warning(
                 "PARSE: the drafter runs over the whole batch each step (%s)", self._rows_drafting_unsupported
             )
+        if config.token_proposer is not None:
+            if self._rows_drafting_unsupported:
+                raise ParseConfigError(
+                    f"parse.token_proposer needs the draft model drafting chosen rows ({self._rows_drafting_unsupported})"
+                )
+            self._token_proposer = _vllm.TokenProposer(self, config.token_proposer, config.spec_tokens)
+            self._token_proposer.load(self)
+            logger.info(
+                "PARSE token-level proposer: %s, %d tokens (the draft model writes the windows)",
+                config.token_proposer,
+                config.spec_tokens,
+            )
         logger.info(
             "PARSE on: window W=%d, τ=%.3g, guard=%d, boundaries=%s, max K=%d, suffix %d tokens %r, "
             "labels %r/%r (ids %s/%s), on_reject=%s",
@@ -115,6 +128,11 @@ class ParseRunnerMixin:
         caches = super().initialize_kv_cache_tensors(*args, **kwargs)
         self._parse_caches_by_layer = caches  # addressed by scheduler block ids
         return caches
+
+    def initialize_metadata_builders(self, kv_cache_config, kernel_block_sizes, *args, **kwargs) -> None:
+        super().initialize_metadata_builders(kv_cache_config, kernel_block_sizes, *args, **kwargs)
+        if self._token_proposer is not None:
+            self._token_proposer.initialize(kv_cache_config, kernel_block_sizes)
 
     def initialize_kv_cache(self, kv_cache_config, *args, **kwargs) -> None:
         super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
@@ -239,32 +257,53 @@ class ParseRunnerMixin:
             return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
 
         sampled, sampling_metadata, attn_metadata = _vllm.proposer_arguments(args, kwargs)
+        tp = self._token_proposer
+        token_level = np.zeros(len(req_ids), dtype=bool)
+        if tp is not None:  # token-level drafts come from it; the draft model writes windows only
+            token_level = (wants > 0) & ~np.array([s.judging for s in states], dtype=bool)
+            wants = np.where(token_level, 0, wants)
+        tokens, committed = _vllm.committed_tokens(self)  # [max_reqs, max_len], [B]
         if not wants.any() and not p.windows:
             for state in states:  # (the credit needs this step's tokens, not read here)
                 state.draft_ahead = 0
             self._parse_draft_lens = {}
             self._parse_window_report = WindowReport()
-            return torch.zeros((len(req_ids), 0), dtype=torch.int64, device=self.device)
-        tokens, committed = _vllm.committed_tokens(self)  # [max_reqs, max_len], [B]
-        new = self._parse_new_tokens(sampled)  # B x [n]: this step's accepted draft tokens, then the sampled one
-        limits = [_vllm.request_limits(self, r) for r in req_ids]  # (max_tokens, min_tokens, stops)
-        rows = step_rows(
-            req_ids,
-            wants,
-            np.array([s.judging for s in states], dtype=bool),
-            np.array([s.draft_kv_len for s in states], dtype=np.int64),
-            np.array([s.draft_ahead for s in states], dtype=np.int64),
-            committed.astype(np.int64),
-            new,
-            np.array([lim[0] for lim in limits], dtype=np.int64),
-            np.array([_vllm.request_output_len(self, r) for r in req_ids], dtype=np.int64),
-            [lim[2] for lim in limits],
-            _vllm.rows_in_partial_prefill(self, scheduler_output),
-            min(self.max_model_len, self.effective_drafter_max_model_len),
-            p.windows,
-            p.config.draft_chunk,
-        )
-        return self._draft_rows(rows, tokens, attn_metadata.block_table_tensor, sampling_metadata, states)
+            drafts = torch.zeros((len(req_ids), 0), dtype=torch.int64, device=self.device)
+        else:
+            new = self._parse_new_tokens(sampled)  # B x [n]: this step's accepted draft tokens, then the sampled one
+            limits = [_vllm.request_limits(self, r) for r in req_ids]  # (max_tokens, min_tokens, stops)
+            rows = step_rows(
+                req_ids,
+                wants,
+                np.array([s.judging for s in states], dtype=bool),
+                np.array([s.draft_kv_len for s in states], dtype=np.int64),
+                np.array([s.draft_ahead for s in states], dtype=np.int64),
+                committed.astype(np.int64),
+                new,
+                np.array([lim[0] for lim in limits], dtype=np.int64),
+                np.array([_vllm.request_output_len(self, r) for r in req_ids], dtype=np.int64),
+                [lim[2] for lim in limits],
+                _vllm.rows_in_partial_prefill(self, scheduler_output),
+                min(self.max_model_len, self.effective_drafter_max_model_len),
+                p.windows,
+                p.config.draft_chunk,
+            )
+            drafts = self._draft_rows(rows, tokens, attn_metadata.block_table_tensor, sampling_metadata, states)
+        if tp is None:
+            return drafts
+        # Last: EAGLE's draft steps advance the step's attention metadata in place.
+        new = self._parse_new_tokens(sampled) if not tp.needs_kv else None
+        proposed, lens = tp.propose(self, args, kwargs, new, committed)  # [B, k], [B]
+        if token_level.any():
+            width = max(drafts.shape[1], proposed.shape[1])
+            merged = torch.zeros((len(req_ids), width), dtype=torch.int64, device=self.device)
+            merged[:, : drafts.shape[1]] = drafts
+            rows_t = torch.from_numpy(np.flatnonzero(token_level)).to(self.device)
+            merged[rows_t, : proposed.shape[1]] = proposed[rows_t].to(torch.int64)
+            drafts = merged
+            for i in np.flatnonzero(token_level):
+                self._parse_draft_lens[req_ids[i]] = min(int(lens[i]), p.draft_len(states[i]))
+        return drafts
 
     def _draft_rows(self, rows: DraftRows, tokens, batch_block_table, sampling_metadata, states) -> torch.Tensor:
         """Run the drafter over the step's DraftRows; the batch rows' drafts on
@@ -405,7 +444,9 @@ class ParseRunnerMixin:
         out = _vllm.widen_sampled(super()._sample(std_logits, std_md), md.max_spec_len + 1)  # [B, W+1]
         # The step's one read of its inputs: sampled tokens and the checks.
         sampled, batch.checks = p.host.fetch(out.sampled_token_ids, checks)
-        batch.l_tok = ((sampled != _vllm.PLACEHOLDER_TOKEN_ID).sum(axis=1) - 1)[batch.row]
+        accepted = (sampled != _vllm.PLACEHOLDER_TOKEN_ID).sum(axis=1) - 1  # [B] token-level
+        batch.l_tok = accepted[batch.row]
+        self._count_token_level(np.asarray(md.num_draft_tokens), batch.row, accepted)
 
         # 2-3. The PARSE step over the drafts it judges.
         if batch.num_reqs:
@@ -425,6 +466,20 @@ class ParseRunnerMixin:
         p.export()
         self._parse_audit_kv()  # the tables as the verification left them
         return out
+
+    def _count_token_level(self, num_draft: np.ndarray, judged_rows: np.ndarray, accepted: np.ndarray) -> None:
+        """Drafts verified token by token only (not judged), counted by the
+        proposer that wrote them."""
+        plain = num_draft > 0
+        plain[judged_rows] = False
+        if plain.any():
+            tp = self._token_proposer
+            self.parse.stats.token_level(
+                "draft_model" if tp is None else tp.method,
+                int(plain.sum()),
+                int(num_draft[plain].sum()),
+                int(accepted[plain].sum()),
+            )
 
     def _draft_batch(self, logits, md) -> tuple[DraftBatch, JudgedRequests]:
         """vLLM's batch -> the DraftBatch of requests PARSE judges this step

@@ -22,6 +22,7 @@ One concern per module:
   forward.py    target forwards outside vLLM's step
   sampling.py   spec-decode metadata, sampler and rejection-sampler output
   serve.py      `vllm serve` and its argument parser
+  token_proposer.py  a second, token-level proposer (EAGLE-3, n-gram) beside the draft model
 
 Importing this package checks the vLLM version first and fails with a clear
 message outside the range this code was verified against. The modules above
@@ -124,6 +125,7 @@ from .platform import (  # noqa: E402
 )
 from .sampling import cu_sampled_tokens, sample_after_prefixes, truncate_spec_decode, widen_sampled  # noqa: E402
 from .serve import run_vllm_serve, speculative_config_fields, vllm_serve_parser  # noqa: E402
+from .token_proposer import TokenProposer, token_proposer_config  # noqa: E402
 from .workers import (  # noqa: E402
     cpu_model_runner_cls,
     cpu_worker_builds_runner,
@@ -158,6 +160,8 @@ _LAZY = {
 
 __all__ = [
     "SUPPORTED_VLLM",
+    "TokenProposer",
+    "token_proposer_config",
     "VLLM_VERSION",
     "attention_backend_name",
     "attention_rows_limit",
