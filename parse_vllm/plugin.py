@@ -170,6 +170,9 @@ def check_token_proposer(vllm_config, config: ParseConfig) -> None:
         spec = _vllm.token_proposer_config(vllm_config, config.token_proposer, config.spec_tokens)
     except Exception as e:
         raise ParseConfigError(f"parse.token_proposer={config.token_proposer!r}: {e}") from e
+    why = _vllm.token_proposer_unsupported(spec)
+    if why:
+        raise ParseConfigError(f"parse.token_proposer: {why} is not supported beside PARSE")
     if spec.method != config.token_proposer["method"]:
         raise ParseConfigError(
             f"parse.token_proposer: vLLM reads {config.token_proposer.get('model')!r} as method "

@@ -81,6 +81,21 @@ def tiny_models(tmp_path_factory, smollm2_dir) -> dict[str, Path]:
     }
 
 
+@pytest.fixture(scope="session")
+def tiny_head(tiny_models, tmp_path_factory) -> Path:
+    """A random one-layer EAGLE-3 head for the tiny target (its layers 1-3 feed it), built
+    and exported as `parse-vllm train-eagle3` builds and exports its heads."""
+    pytest.importorskip("speculators")
+    import json
+
+    from parse_vllm.tools.train_eagle3 import Eagle3TrainConfig, build_head, export_head
+
+    target = tiny_models["target"]
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    cfg = Eagle3TrainConfig(draft_vocab=0, target_layer_ids=(1, 2, 3), max_len=1024)
+    return export_head(build_head(target, cfg, None, None, vocab), target, tmp_path_factory.mktemp("head"), "float32")
+
+
 def engine_kwargs(model: Path, **extra) -> dict:
     kw = dict(
         model=str(model),

@@ -39,19 +39,6 @@ def _prompts(n):
     return [{"prompt": p} for p in PROMPTS[:n]]
 
 
-@pytest.fixture(scope="module")
-def tiny_head(tiny_models, tmp_path_factory):
-    """A random one-layer EAGLE-3 head for the tiny target, built and exported as
-    `parse-vllm train-eagle3` builds and exports its heads (speculators' format)."""
-    pytest.importorskip("speculators")
-    from parse_vllm.tools.train_eagle3 import Eagle3TrainConfig, build_head, export_head
-
-    target = tiny_models["target"]
-    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
-    cfg = Eagle3TrainConfig(draft_vocab=0, target_layer_ids=(1, 2, 3), max_len=1024)
-    return export_head(build_head(target, cfg, None, None, vocab), target, tmp_path_factory.mktemp("head"), "float32")
-
-
 def _with_proposer(tiny_models, proposer, **parse):
     return parse_kwargs(tiny_models, token_proposer=proposer, spec_tokens=K, **parse)
 
@@ -75,6 +62,14 @@ def _with_proposer(tiny_models, proposer, **parse):
 def test_bad_token_proposer_options_are_refused(section, message):
     with pytest.raises(ParseConfigError, match=message):
         ParseConfig.from_dict(section)
+
+
+def test_probabilistic_drafts_are_refused(tiny_models, tiny_head):
+    from vllm import LLM
+
+    proposer = {"method": "eagle3", "model": str(tiny_head), "draft_sample_method": "probabilistic"}
+    with pytest.raises(Exception, match="draft_sample_method='probabilistic'"):
+        LLM(**_with_proposer(tiny_models, proposer))
 
 
 def test_a_missing_head_is_refused_before_any_worker_starts(tiny_models, tmp_path):

@@ -491,3 +491,45 @@ def test_eval_humaneval_with_the_draft_alone_variants_and_the_judge(tiny_models,
     assert all(0 <= p <= 1 for p in j["p_yes_whole"])
     assert "Does the judge discriminate?" in (out / "summary.md").read_text()
     assert (out / "judge.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_eval_eagle3_rows_and_their_benchmark_section(tiny_models, tiny_head, tmp_path):
+    """`--eagle3 HEAD`: a row of vLLM's EAGLE-3 alone and PARSE engines whose token-level
+    drafts come from the head (variant e3); BENCHMARKS.md's EAGLE-3 section and the
+    summary keys come from that run."""
+    from parse_vllm.tools.benchmarks import report as bench_report
+
+    out = tmp_path / "e3"
+    argv = [
+        "eval",
+        "--target", str(tiny_models["target"]),
+        "--draft", str(tiny_models["draft"]),
+        "--engine", json.dumps({"dtype": "float32", "kv_cache_memory_bytes": 96 << 20}),
+        "--prompts", "mtbench", "--num-prompts", "2", "--batch", "1", "--max-tokens", "16",
+        "--window", "8", "--spec-k", "2", "--eagle3", str(tiny_head), "--eagle3-k", "2",
+        "--variants", "continue", "e3", "--taus", "0.5", "1.5", "--no-nll", "--out", str(out),
+    ]  # fmt: skip
+    assert cli.main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    got = {(r["config"], r["tau"]) for r in summary["rows"]}
+    assert got == {
+        ("target", None),
+        ("token-k2", None),
+        ("eagle3-k2", None),
+        ("parse W=8", 0.5),
+        ("parse W=8", 1.5),
+        ("parse W=8 e3", 0.5),
+        ("parse W=8 e3", 1.5),
+    }
+    lossless = [r for r in summary["rows"] if r["config"] in ("eagle3-k2", "token-k2") or r["tau"] == 1.5]
+    assert all(r["exact"] == 1.0 for r in lossless)  # the target's own text
+    figures = bench_report.eagle3_figures(summary)
+    assert figures["parse_eagle3_tau"] == 0.5 and figures["parse_speedup_bs1_config"] == "parse W=8"
+    for key in ("eagle3_speedup_bs1", "parse_eagle3_speedup_bs1", "parse_speedup_bs1"):
+        assert figures[key] > 0
+    (out / "acceptance.json").write_text(
+        json.dumps({"eagle3_acceptance_length": 1.5, "k": 2, "prompts": 2, "max_tokens": 16})
+    )
+    section = "\n".join(bench_report.eagle3_section(out))
+    assert "## PARSE with EAGLE-3" in section and "parse W=8 e3" in section and "acceptance length **1.50**" in section
+    assert section.count("| yes |") + section.count("| **no** |") == 2

@@ -125,7 +125,7 @@ from .platform import (  # noqa: E402
 )
 from .sampling import cu_sampled_tokens, sample_after_prefixes, truncate_spec_decode, widen_sampled  # noqa: E402
 from .serve import run_vllm_serve, speculative_config_fields, vllm_serve_parser  # noqa: E402
-from .token_proposer import TokenProposer, token_proposer_config  # noqa: E402
+from .token_proposer import TokenProposer, token_proposer_config, token_proposer_unsupported  # noqa: E402
 from .workers import (  # noqa: E402
     cpu_model_runner_cls,
     cpu_worker_builds_runner,
@@ -162,6 +162,7 @@ __all__ = [
     "SUPPORTED_VLLM",
     "TokenProposer",
     "token_proposer_config",
+    "token_proposer_unsupported",
     "VLLM_VERSION",
     "attention_backend_name",
     "attention_rows_limit",

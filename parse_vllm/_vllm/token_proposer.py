@@ -47,6 +47,21 @@ def token_proposer_config(vllm_config, options: dict, num_tokens: int):
     )
 
 
+def token_proposer_unsupported(spec) -> str | None:
+    """Why a token proposer's SpeculativeConfig cannot run beside PARSE (None:
+    it can). Its drafts reach vLLM's rejection sampler as greedy proposals
+    (no draft probabilities), through the padded batch, one token per step."""
+    if spec.draft_sample_method != "greedy":
+        return f"draft_sample_method={spec.draft_sample_method!r} (only 'greedy')"
+    if spec.rejection_sample_method != "standard":
+        return f"rejection_sample_method={spec.rejection_sample_method!r} (only 'standard': lossless)"
+    if spec.parallel_drafting:
+        return "parallel_drafting"
+    if spec.disable_padded_drafter_batch:
+        return "disable_padded_drafter_batch"
+    return None
+
+
 class TokenProposer:
     """The second proposer: built and loaded with the runner's model
     (`load`), given its KV-cache metadata builders (`initialize`), then run

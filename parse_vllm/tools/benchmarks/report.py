@@ -96,12 +96,116 @@ def _drift_warning(bases: list[dict] | None) -> list[str]:
     ]
 
 
-def render(results: Path, figures: str, latency: Path | None = None) -> str:
+def render(results: Path, figures: str, latency: Path | None = None, eagle3: Path | None = None) -> str:
     """BENCHMARKS.md: the full runs in `results`, then the latency section from
-    `latency` (bench_latency.py --compare) when given and present."""
+    `latency` (bench_latency.py --compare) and the EAGLE-3 section from `eagle3`
+    (`make bench-eagle3`) when given and present."""
     text = _render_full(results, figures)
     section = latency_section(latency) if latency is not None else []
+    section += eagle3_section(eagle3) if eagle3 is not None else []
     return "\n".join([text.rstrip("\n"), "", *section]).rstrip("\n") + "\n" if section else text
+
+
+# -- PARSE with EAGLE-3 (bench/eagle3/: a `parse-vllm eval` run at batch 1 + acceptance.json) --
+
+
+def _bs1(rows: list[dict], config: str, tau=None) -> list[dict]:
+    return [r for r in rows if r["config"] == config and r["batch"] == 1 and (tau is None or r["tau"] == tau)]
+
+
+def _tok_s(rows: list[dict]) -> float | None:
+    """Tokens per second over every set of the rows (total tokens / total time)."""
+    wall = sum(r["wall_s"] for r in rows)
+    return sum(r["tokens"] for r in rows) / wall if rows and wall else None
+
+
+def eagle3_figures(summary: dict) -> dict:
+    """The EAGLE-3 keys of bench/full/summary.json from the eval run's summary: speed-ups
+    over the target alone at batch 1 (every prompt set together), PARSE at the same τ
+    alone and with EAGLE-3, and lossless PARSE + EAGLE-3 (τ > 1) over EAGLE-3 alone."""
+    rows = summary["rows"]
+    target = _tok_s(_bs1(rows, "target"))
+    eagle = next(r["config"] for r in rows if r["config"].startswith("eagle3-k"))
+    with_e3 = sorted({r["config"] for r in rows if r["config"].endswith(" e3")})
+    alone = sorted({r["config"] for r in rows if r["config"].startswith("parse") and r["config"] not in with_e3})
+    taus = sorted({r["tau"] for r in rows if r["config"] in with_e3})
+    tau = max(t for t in taus if t <= 1)
+    lossless = min(t for t in taus if t > 1)
+
+    def ratio(config, t=None):
+        x = _tok_s(_bs1(rows, config, t))
+        return x / target if x and target else None
+
+    out = {
+        "eagle3_speedup_bs1": ratio(eagle),
+        "parse_eagle3_speedup_bs1": ratio(with_e3[0], tau),
+        "parse_eagle3_tau": tau,
+        "parse_speedup_bs1": max(ratio(c, tau) for c in alone),
+        "parse_speedup_bs1_config": max(alone, key=lambda c: ratio(c, tau)),
+        "parse_eagle3_lossless_over_eagle3_bs1": ratio(with_e3[0], lossless) / ratio(eagle),
+    }
+    return out
+
+
+def eagle3_section(path: Path) -> list[str]:
+    """BENCHMARKS.md's EAGLE-3 section: the eval rows at batch 1, the acceptance of
+    vLLM's EAGLE-3 with the head on MT-Bench, and the issue's goals; empty without a run."""
+    if not (path / "summary.json").is_file():
+        return []
+    summary = json.loads((path / "summary.json").read_text())
+    acc = json.loads((path / "acceptance.json").read_text()) if (path / "acceptance.json").is_file() else {}
+    f = {**eagle3_figures(summary), **{k: acc.get(k) for k in ("eagle3_acceptance_length",)}}
+    rows = [r for r in summary["rows"] if r["batch"] == 1]
+    target = {r["set"]: r["tok_s"] for r in rows if r["config"] == "target"}
+    out = [
+        "## PARSE with EAGLE-3 (`make bench-eagle3`)",
+        "",
+        f"SmolLM2-135M-Instruct with its draft (windows) and its EAGLE-3 head "
+        f"(`parse_vllm/drafts/smollm2-135m-instruct-eagle3/`), batch 1, greedy, "
+        f"max_tokens {summary['args']['max_tokens']}, one `parse-vllm eval` run (`bench/eagle3/`): every row "
+        "beside its quality. `eagle3-kK` is vLLM's own EAGLE-3 alone; `parse … e3` is PARSE whose "
+        "token-level drafts come from the head (`token_proposer`), `parse … kN` from the draft model, "
+        "`parse W=…` alone (the target after a rejection).",
+        "",
+        "| set | row | τ | tok/s | × target | accuracy | exact (= target's text) | ROUGE-L |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["set"], r["config"] != "target", r["config"], r["tau"] or 0)):
+        acc_s = "—" if r.get("accuracy") is None else f"{r['accuracy']:.3f}"
+        out.append(
+            f"| {r['set']} | {r['config']} | {'—' if r['tau'] is None else r['tau']} | {r['tok_s']:.1f} | "
+            f"{r['tok_s'] / target[r['set']]:.2f} | {acc_s} | {r['exact']:.2f} | {r['rouge_l']:.3f} |"
+        )
+    best = max(f["eagle3_speedup_bs1"], f["parse_speedup_bs1"])
+    out += [
+        "",
+        f"Over both sets (tokens / time): EAGLE-3 alone **{f['eagle3_speedup_bs1']:.2f}x** the target; "
+        f"PARSE at τ {f['parse_eagle3_tau']} alone **{f['parse_speedup_bs1']:.2f}x** "
+        f"(`{f['parse_speedup_bs1_config']}`), with EAGLE-3 **{f['parse_eagle3_speedup_bs1']:.2f}x**; "
+        f"lossless PARSE + EAGLE-3 (τ > 1) **{f['parse_eagle3_lossless_over_eagle3_bs1']:.2f}x** EAGLE-3 alone.",
+    ]
+    if acc:
+        out += [
+            "",
+            f"vLLM's EAGLE-3 with the head alone, k = {acc.get('k')}, on {acc.get('prompts')} MT-Bench first turns "
+            f"(max_tokens {acc.get('max_tokens')}): mean acceptance length "
+            f"**{acc['eagle3_acceptance_length']:.2f}** (1 + accepted / drafts).",
+        ]
+    goals = [
+        (
+            "PARSE + EAGLE-3 ≥ max(PARSE alone, EAGLE-3 alone) at the same τ",
+            f["parse_eagle3_speedup_bs1"] >= best,
+            f"{f['parse_eagle3_speedup_bs1']:.2f} against {best:.2f}",
+        ),
+        (
+            "lossless PARSE + EAGLE-3 ≥ 0.95x EAGLE-3 alone",
+            f["parse_eagle3_lossless_over_eagle3_bs1"] >= 0.95,
+            f"{f['parse_eagle3_lossless_over_eagle3_bs1']:.2f}",
+        ),
+    ]
+    out += ["", "| goal | met | measured |", "|---|---|---|"]
+    out += [f"| {g} | {'yes' if ok else '**no**'} | {m} |" for g, ok, m in goals]
+    return out
 
 
 def _render_full(results: Path, figures: str) -> str:
@@ -375,6 +479,7 @@ def main(argv=None) -> int:
     ap.add_argument("--full-dir", type=Path, default=Path("bench/full"))
     ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     ap.add_argument("--latency", type=Path, default=Path("bench/latency"), help="bench_latency.py --compare output")
+    ap.add_argument("--eagle3", type=Path, default=Path("bench/eagle3"), help="make bench-eagle3 output")
     args = ap.parse_args(argv)
     for name in ("verify.json", "e2e.json", "summary.json"):
         if not (args.results / name).exists():
@@ -386,6 +491,14 @@ def main(argv=None) -> int:
     for f in ("verify.json", "e2e.json", "summary.json", "verify.png", "e2e.png"):
         if (args.results / f).exists() and (args.results / f).resolve() != (args.full_dir / f).resolve():
             shutil.copy2(args.results / f, args.full_dir / f)
-    args.out.write_text(render(args.full_dir, str(args.full_dir), args.latency))
+    if (args.eagle3 / "summary.json").is_file():  # its keys join the full run's summary
+        path = args.full_dir / "summary.json"
+        summary = json.loads(path.read_text())
+        summary.update(eagle3_figures(json.loads((args.eagle3 / "summary.json").read_text())))
+        if (args.eagle3 / "acceptance.json").is_file():
+            acc = json.loads((args.eagle3 / "acceptance.json").read_text())
+            summary["eagle3_acceptance_length"] = acc["eagle3_acceptance_length"]
+        path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    args.out.write_text(render(args.full_dir, str(args.full_dir), args.latency, args.eagle3))
     print(f"wrote {args.out} and {args.full_dir}/")
     return 0

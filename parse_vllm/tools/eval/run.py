@@ -73,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--draft-alone", action="store_true", help="also a row of the draft model alone (quality floor, speed ceiling)"
     )
+    m.add_argument(
+        "--eagle3",
+        metavar="HEAD",
+        help="an EAGLE-3 head for the target (parse-vllm train-eagle3): a row of vLLM's EAGLE-3 alone "
+        "(--eagle3-k tokens), and the variant e3 (PARSE engines whose token-level drafts come from the head)",
+    )
+    m.add_argument("--eagle3-k", type=int, default=3, metavar="K", help="tokens the EAGLE-3 head proposes (default 3)")
     s = ap.add_argument_group("sweep")
     s.add_argument(
         "--taus",
@@ -101,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--variants",
         nargs="+",
         metavar="V",
-        help="what a PARSE engine does after a rejection, one engine each: continue, redraft, or kN "
-        "(continue with token-level speculation of N draft tokens) (default: the PARSE options')",
+        help="what a PARSE engine does after a rejection, one engine each: continue, redraft, kN "
+        "(continue with token-level speculation of N draft tokens), or e3 (continue with the --eagle3 head "
+        "proposing --eagle3-k tokens; also PARSE-off and τ > 1 requests) (default: the PARSE options')",
     )
     p = ap.add_argument_group("prompts")
     p.add_argument(
@@ -190,8 +198,12 @@ def check_args(args: argparse.Namespace) -> None:
     if any(k < 1 for k in args.spec_k) or any(w < 1 for w in args.windows or ()):
         raise EvalError("--spec-k and --windows take integers >= 1")
     for v in args.variants or ():
-        if v not in ("continue", "redraft") and not (v[:1] == "k" and v[1:].isdigit() and int(v[1:]) >= 1):
-            raise EvalError(f"--variants: {v!r} is not continue, redraft or kN (N >= 1)")
+        if v not in ("continue", "redraft", "e3") and not (v[:1] == "k" and v[1:].isdigit() and int(v[1:]) >= 1):
+            raise EvalError(f"--variants: {v!r} is not continue, redraft, kN (N >= 1) or e3")
+    if "e3" in (args.variants or ()) and not args.eagle3:
+        raise EvalError("--variants e3 needs --eagle3 HEAD")
+    if args.eagle3_k < 1:
+        raise EvalError("--eagle3-k must be >= 1")
     if args.judge and not args.draft_alone:
         raise EvalError("--judge scores the draft-alone answers: add --draft-alone")
     if args.bs1_prompts < 0 or (args.window is not None and args.window < 1):
@@ -268,6 +280,12 @@ def parse_engines(args: argparse.Namespace, res: dict) -> list[tuple[str, int, d
             opts = dict(res["parse"])
             if v == "redraft":
                 opts.update(on_reject="redraft")
+            elif v == "e3":
+                opts.update(
+                    on_reject="continue",
+                    spec_tokens=args.eagle3_k,
+                    token_proposer={"method": "eagle3", "model": str(args.eagle3)},
+                )
             else:
                 opts.update(on_reject="continue", spec_tokens=int(v[1:]) if v.startswith("k") else 0)
             out.append((f"parse W={w}" + ("" if v == "continue" else f" {v}"), w, opts))
@@ -545,6 +563,9 @@ def _main(args: argparse.Namespace) -> int:
         engines.append(
             (f"token-k{k}", dict(base, speculative_config=spec_config(res, draft, k)), jobs([None], [None]), False)
         )
+    if args.eagle3:
+        eagle = {"method": "eagle3", "model": str(args.eagle3), "num_speculative_tokens": args.eagle3_k}
+        engines.append((f"eagle3-k{args.eagle3_k}", dict(base, speculative_config=eagle), jobs([None], [None]), False))
     for name, window, opts in variants if args.taus else []:
         kw = dict(base, speculative_config=spec_config(res, draft, window), additional_config={"parse": opts})
         engines.append((name, kw, jobs(args.taus, guards), True))
