@@ -292,7 +292,10 @@ class ParseRunnerMixin:
         if tp is None:
             return drafts
         # Last: EAGLE's draft steps advance the step's attention metadata in place.
-        new = self._parse_new_tokens(sampled) if not tp.needs_kv else None
+        new = None
+        if not tp.needs_kv:  # (n-gram: the host's tokens; a row still in prefill has none yet)
+            partial = _vllm.rows_in_partial_prefill(self, scheduler_output)
+            new = [t[:0] if partial[i] else t for i, t in enumerate(self._parse_new_tokens(sampled))]
         proposed, lens = tp.propose(self, args, kwargs, new, committed)  # [B, k], [B]
         if token_level.any():
             width = max(drafts.shape[1], proposed.shape[1])

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 
-def proposer_arguments(args: tuple, kwargs: dict):
-    """(sampled_token_ids, sampling_metadata, common_attn_metadata) of a
-    GPUModelRunner.propose_draft_token_ids call (after scheduler_output)."""
+def proposer_call(args: tuple, kwargs: dict) -> dict:
+    """A GPUModelRunner.propose_draft_token_ids call's arguments after
+    scheduler_output, by name."""
     names = (
         "sampled_token_ids",
         "sampling_metadata",
@@ -34,7 +34,13 @@ def proposer_arguments(args: tuple, kwargs: dict):
         "common_attn_metadata",
         "slot_mappings",
     )
-    bound = dict(zip(names, args)) | kwargs
+    return dict(zip(names, args)) | kwargs
+
+
+def proposer_arguments(args: tuple, kwargs: dict):
+    """(sampled_token_ids, sampling_metadata, common_attn_metadata) of a
+    GPUModelRunner.propose_draft_token_ids call (after scheduler_output)."""
+    bound = proposer_call(args, kwargs)
     return bound["sampled_token_ids"], bound["sampling_metadata"], bound["common_attn_metadata"]
 
 

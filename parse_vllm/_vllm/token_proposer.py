@@ -33,6 +33,8 @@ import copy
 import numpy as np
 import torch
 
+from .drafting import proposer_call
+
 
 def token_proposer_config(vllm_config, options: dict, num_tokens: int):
     """vllm.config.SpeculativeConfig for `parse.token_proposer` (`options`,
@@ -120,7 +122,7 @@ class TokenProposer:
         and `committed` [B], the rows' token counts before it, on the host."""
         if self.method == "ngram":
             return self._propose_ngram(runner, new_tokens, committed)
-        drafts = self._propose_eagle(runner, _bind(args, kwargs))
+        drafts = self._propose_eagle(runner, proposer_call(args, kwargs))
         return drafts, np.full(drafts.shape[0], self.num_tokens, dtype=np.int64)
 
     def _propose_eagle(self, runner, a: dict) -> torch.Tensor:
@@ -168,18 +170,3 @@ class TokenProposer:
             lens[i] = min(len(r), self.num_tokens)
             out[i, : lens[i]] = torch.as_tensor(r[: lens[i]], dtype=torch.int64)
         return out.to(runner.device), lens
-
-
-def _bind(args: tuple, kwargs: dict) -> dict:
-    """GPUModelRunner.propose_draft_token_ids's arguments after scheduler_output, by name."""
-    names = (
-        "sampled_token_ids",
-        "sampling_metadata",
-        "hidden_states",
-        "sample_hidden_states",
-        "aux_hidden_states",
-        "spec_decode_metadata",
-        "common_attn_metadata",
-        "slot_mappings",
-    )
-    return dict(zip(names, args)) | kwargs
