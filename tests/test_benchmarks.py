@@ -17,7 +17,16 @@ FULL = ROOT / "bench" / "full"
 
 
 def test_benchmarks_md_is_rendered_from_the_committed_results():
-    assert (ROOT / "BENCHMARKS.md").read_text() == report.render(FULL, "bench/full", ROOT / "bench" / "latency")
+    rendered = report.render(FULL, "bench/full", ROOT / "bench" / "latency", ROOT / "bench" / "eagle3")
+    assert (ROOT / "BENCHMARKS.md").read_text() == rendered
+    assert "## PARSE with EAGLE-3" in rendered
+
+
+def test_committed_summary_has_the_eagle3_keys_of_the_committed_run():
+    summary = json.loads((FULL / "summary.json").read_text())
+    figures = report.eagle3_figures(json.loads((ROOT / "bench" / "eagle3" / "summary.json").read_text()))
+    for k in ("eagle3_speedup_bs1", "parse_eagle3_speedup_bs1", "parse_speedup_bs1", "eagle3_acceptance_length"):
+        assert summary[k] == figures[k] and summary[k] > 0, k
 
 
 def test_committed_summary_has_every_required_key():
