@@ -289,11 +289,11 @@ class ParseRunnerMixin:
                 p.config.draft_chunk,
             )
             drafts = self._draft_rows(rows, tokens, attn_metadata.block_table_tensor, sampling_metadata, states)
-        if tp is None:
+        if tp is None or not (tp.keeps_kv or token_level.any()):
             return drafts
         # Last: EAGLE's draft steps advance the step's attention metadata in place.
         new = None
-        if not tp.needs_kv:  # (n-gram: the host's tokens; a row still in prefill has none yet)
+        if not tp.keeps_kv:  # (n-gram: the host's tokens; a row still in prefill has none yet)
             partial = _vllm.rows_in_partial_prefill(self, scheduler_output)
             new = [t[:0] if partial[i] else t for i, t in enumerate(self._parse_new_tokens(sampled))]
         proposed, lens = tp.propose(self, args, kwargs, new, committed)  # [B, k], [B]

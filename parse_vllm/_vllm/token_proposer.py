@@ -90,7 +90,9 @@ class TokenProposer:
         self.config = config
 
     @property
-    def needs_kv(self) -> bool:
+    def keeps_kv(self) -> bool:
+        """EAGLE-3's head keeps KV of every token, so it runs every step; the
+        n-gram proposer keeps nothing and reads the host's tokens."""
         return self.method == "eagle3"
 
     def load(self, runner) -> None:
