@@ -18,21 +18,26 @@
 #   5 benchmark     scripts/bench_kernel.py --device cuda (op vs K per-copy SDPA /
 #                   flash-attn calls and the dense-mask reference; contexts
 #                   512/2k/8k/32k, K 4/8/16, bf16 and fp32)
-#   6 cpu tests     tests/test_kernel_cpu.py (the CPU twin vs the reference; last,
+#   6 step costs    scripts/gpu_costs.py --device cuda (what a PARSE window costs on
+#                   this GPU: decode steps, forwards over W tokens, the verification
+#                   pass, the draft's step, in Qwen3 shapes with random weights;
+#                   bounded by its time budget) -> OUTDIR/gpu_costs.json
+#   7 cpu tests     tests/test_kernel_cpu.py (the CPU twin vs the reference; last,
 #                   so that a CPU-side failure cannot cost the GPU figures)
 # and writes OUTDIR/gpu_check.json and OUTDIR/gpu_check.md (rewritten after every
 # step, so a run cut short still leaves a report), logs in OUTDIR/logs/.
 #
 # Without a GPU it runs the same steps in CPU-only mode: the CUDA build, the CUDA
-# tests and the CUDA benchmark are reported as skipped (the CPU op is rebuilt only
-# when its sources changed; the benchmark runs a CPU smoke pass).  `make test`
-# runs this mode (tests/test_gpu_check.py).
+# tests, the CUDA benchmark and the step costs are reported as skipped (the CPU op
+# is rebuilt only when its sources changed; the benchmark and gpu_costs.py run a
+# CPU smoke pass).  `make test` runs this mode (tests/test_gpu_check.py).
 #
 # Environment:
 #   PYTHON=...               the Python to use (default: .venv/bin/python if there,
 #                            else python3)
 #   GPU_CHECK_CPU_ONLY=1     CPU-only mode even with a GPU
-#   GPU_CHECK_QUICK=1        fewer CPU twin cases, a quick benchmark (smoke runs)
+#   GPU_CHECK_QUICK=1        fewer CPU twin cases, a quick benchmark, two geometries'
+#                            step costs (smoke runs)
 #   GPU_CHECK_KEEP_GOING=1   run the later steps after a failed one
 #   GPU_CHECK_CUDA_ARCH=9.0  build the CUDA kernel for this arch even without a GPU
 #                            (checks the build on a GPU-less machine with nvcc)
@@ -57,7 +62,7 @@ mkdir -p "$OUT/logs" "$OUT/data" || { echo "gpu_check: cannot create $OUT" >&2; 
 OUT=$(cd "$OUT" && pwd)
 LOGS=$OUT/logs
 DATA=$OUT/data
-rm -rf "$LOGS" "$DATA" "$OUT/gpu_check.json" "$OUT/gpu_check.md"
+rm -rf "$LOGS" "$DATA" "$OUT/gpu_check.json" "$OUT/gpu_check.md" "$OUT/gpu_costs.json"
 mkdir -p "$LOGS" "$DATA" || exit 2
 if [ -n "${PYTHON:-}" ]; then
     PY=$PYTHON
@@ -86,7 +91,7 @@ export GC_QUICK=${GPU_CHECK_QUICK:-0} GC_CPU_ONLY=${GPU_CHECK_CPU_ONLY:-0} GC_AR
 export GC_STARTED=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 HELPER=$DATA/gpu_check_helper.py
 
-STEPS=(env imports build cuda_tests bench cpu_tests)
+STEPS=(env imports build cuda_tests bench costs cpu_tests)
 declare -A TITLE=(
     [env]="environment"
     [imports]="imports without vLLM"
@@ -94,9 +99,10 @@ declare -A TITLE=(
     [cuda_tests]="CUDA kernel tests (tests/test_kernel_cuda.py)"
     [cpu_tests]="CPU twin tests (tests/test_kernel_cpu.py)"
     [bench]="benchmark (scripts/bench_kernel.py)"
+    [costs]="step costs (scripts/gpu_costs.py)"
 )
 # per-step time limits (s); a hung kernel must not eat the whole GPU window
-declare -A LIMIT=([env]=180 [imports]=180 [build]=900 [cuda_tests]=480 [cpu_tests]=480 [bench]=480)
+declare -A LIMIT=([env]=180 [imports]=180 [build]=900 [cuda_tests]=480 [cpu_tests]=480 [bench]=480 [costs]=240)
 
 with_limit() {  # with_limit SECONDS cmd...
     if command -v timeout >/dev/null 2>&1; then timeout -k 20 "$@"; else shift; "$@"; fi
@@ -170,6 +176,21 @@ step_bench() (
     fi
     with_limit "$STEP_LIMIT" "$PY" scripts/bench_kernel.py "${args[@]}" --json "$DATA/bench.json"
     "$PY" "$HELPER" bench $?
+)
+
+step_costs() (
+    # gpu_costs.py stops starting cases at its --budget-s: the whole check must fit a
+    # short GPU window after the build (the cases left out are listed in its JSON)
+    if [ "$(mode)" = cuda ]; then
+        args=(--device cuda --budget-s 100)
+        [ "$GC_QUICK" = 1 ] && args=(--device cuda --models qwen3-0.6b qwen3-8b --repeats 10 --budget-s 45)
+    else
+        echo "no GPU: the step costs are not measured; a CPU smoke pass of the same script follows (tiny shapes, not a measurement)"
+        args=(--device cpu --tiny)
+        [ "$GC_QUICK" = 1 ] && args+=(--batches 1 8 --windows 16 64 --copies 4 8)
+    fi
+    with_limit "$STEP_LIMIT" "$PY" scripts/gpu_costs.py "${args[@]}" --json "$OUT/gpu_costs.json"
+    "$PY" "$HELPER" costs $?
 )
 
 # ---------------------------------------------------------------- the runner
@@ -391,7 +412,7 @@ def cmd_imports():
         done += ["parse_vllm", "parse_vllm.ops", "parse_vllm.ops.reference"]
         for name, path in (("conftest", "tests/conftest.py"), ("test_kernel_cpu", "tests/test_kernel_cpu.py"),
                            ("test_kernel_cuda", "tests/test_kernel_cuda.py"),
-                           ("bench_kernel", "scripts/bench_kernel.py")):
+                           ("bench_kernel", "scripts/bench_kernel.py"), ("gpu_costs", "scripts/gpu_costs.py")):
             spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, path))
             mod = importlib.util.module_from_spec(spec)
             sys.modules[name] = mod
@@ -572,6 +593,82 @@ def cmd_bench(rc):
     return 0
 
 
+# ------------------------------------------------------------------ costs
+def load_costs():
+    try:
+        with open(os.path.join(OUT, "gpu_costs.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def costs_summary(c):
+    """The figures of OUTDIR/gpu_costs.json that the report shows (ms, full model extrapolated)."""
+    if not c:
+        return None
+    per = {}
+    for name, m in c.get("models", {}).items():
+        d = per.setdefault(name, {"decode_ms": {}, "window_forward_ms": {}, "verify_forward_ms": {}})
+        for case in m.get("cases", []):
+            key = {"decode": ("decode_ms", "batch"), "window_forward": ("window_forward_ms", "window"),
+                   "verify_forward": ("verify_forward_ms", "copies")}[case["case"]]
+            d[key[0]][str(case[key[1]])] = case["model_ms"]
+    att = [{k: a.get(k) for k in ("model", "copies", "suffix_tokens", "op_ms", "sdpa_per_copy_ms",
+                                  "op_speedup_vs_sdpa_per_copy", "op_rel_err", "op")}
+           for a in c.get("verify_attention", [])]
+    return {"file": "gpu_costs.json", "device": c.get("device"), "dtype": c.get("dtype"),
+            "measurement": c.get("measurement"), "context": c.get("settings", {}).get("context"),
+            "seconds": c.get("seconds"), "models": per, "verify_attention": att,
+            "not_measured": len(c.get("not_measured", [])), "errors": c.get("errors", [])}
+
+
+def cmd_costs(rc):
+    rc = int(rc)
+    mode = open(os.path.join(DATA, "mode")).read().strip()
+    c = load_costs()
+    if rc != 0 or c is None:
+        first = "; ".join(e["error"] for e in (c or {}).get("errors", [])[:2])
+        why("costs", f"scripts/gpu_costs.py exited {rc}" + (" (timed out)" if rc in (124, 137) else "")
+            + (f": {first}" if first else ""))
+        return 1
+    n = sum(len(m["cases"]) for m in c["models"].values()) + len(c["verify_attention"])
+    errs, left = c["errors"], c["not_measured"]
+    if mode != "cuda":
+        why("costs", f"no GPU: step costs not measured; CPU smoke pass of scripts/gpu_costs.py --tiny ran "
+                     f"({n} cases; not a measurement)" + (f", {len(errs)} failed: {errs[0]['error']}" if errs else ""))
+        return 3
+    why("costs", f"{n} cases on {c['device']['name']} in {c['seconds']} s"
+                 + (f", {len(left)} left out by the time budget" if left else "")
+                 + (f", {len(errs)} failed: {errs[0]['error']}" if errs else ""))
+    return 0
+
+
+def costs_md(s):
+    if not s:
+        return ["not run", ""]
+    md = [f"{s['measurement']} ({s['dtype']}, context {s['context']}, {s['seconds']} s; raw: `gpu_costs.json`, "
+          "its `extrapolation` and `settings` say how).  Full-model ms per step, extrapolated from a few layers; "
+          "project this CPU's PARSE counters on it with `python -m parse_vllm.tools.benchmarks.projection "
+          "gpu_costs.json` or `scripts/bench_report.py --gpu-costs gpu_costs.json`.", "",
+          "| model | decode (batch: ms) | forward over W tokens (W: ms) | verification forward (K copies: ms) |",
+          "| --- | --- | --- | --- |"]
+    for name, d in s["models"].items():
+        cell = lambda k: ", ".join(f"{n}: {v:.3f}" for n, v in d[k].items()) or "-"
+        md.append(f"| {name} | {cell('decode_ms')} | {cell('window_forward_ms')} | {cell('verify_forward_ms')} |")
+    if s["verify_attention"]:
+        md += ["", "| model | verification attention, one layer, K x L | op ms | K SDPA calls ms | x |",
+               "| --- | --- | --- | --- | --- |"]
+        for a in s["verify_attention"]:
+            md.append(f"| {a['model']} | {a['copies']} x {a['suffix_tokens']} | {fmt(a['op_ms'], '.3f')}"
+                      + (f" ({a['op']})" if a.get("op") else "")
+                      + f" | {fmt(a['sdpa_per_copy_ms'], '.3f')} | {fmt(a['op_speedup_vs_sdpa_per_copy'], '.2f')} |")
+    if s["not_measured"]:
+        md += ["", f"{s['not_measured']} case(s) left out by the time budget (listed in gpu_costs.json)."]
+    for e in s["errors"][:10]:
+        md += ["", f"FAILED {e['case']} {e['model']} {e['size']}: {e['error']}"]
+    return md + [""]
+
+
 # ------------------------------------------------------------------ report
 def fmt(x, spec=".3g", none="n/a"):
     return none if x is None else format(x, spec)
@@ -712,12 +809,14 @@ def cmd_report(final=""):
     result = "failed" if failed else ("passed" if len(steps) == len(all_steps) else "incomplete")
     cuda, cpu, bench, build = load("cuda_tests.json"), load("cpu_tests.json"), load("bench.json"), load("build.json")
     gl = goals(env, steps, cuda, bench)
+    costs = costs_summary(load_costs()) if any(s["name"] == "costs" for s in steps) else None
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     rep = {"schema": 1, "tool": "scripts/gpu_check.sh", "started_utc": os.environ.get("GC_STARTED"),
            "written_utc": now, "mode": env.get("mode", "unknown"), "result": result,
            "failed_step": failed[0] if failed else None, "quick": QUICK,
            "steps": steps + [{"name": n, "status": "not run"} for n in all_steps if n not in {s["name"] for s in steps}],
-           "goals": gl, "env": env, "build": build, "tests": {"cuda": cuda, "cpu": cpu}, "bench": bench}
+           "goals": gl, "env": env, "build": build, "tests": {"cuda": cuda, "cpu": cpu}, "bench": bench,
+           "costs": costs}
     with open(os.path.join(OUT, "gpu_check.json"), "w") as f:
         json.dump(rep, f, indent=1, default=str)
 
@@ -769,18 +868,21 @@ def cmd_report(final=""):
             md.append(f"  - {dt}: max relative error {d['max_err']:.3g} over {d['cases']} cases "
                       f"(goal {GOAL_TOL.get(dt)}; worst: {d['worst']})")
     md += ["", "## Benchmark", ""] + (bench_md(bench) or ["not run", ""])
+    md += ["## Step costs of a PARSE window (scripts/gpu_costs.py)", ""] + costs_md(costs)
     md += ["## What this proves and what it does not", ""]
     if env.get("mode") != "cuda":
         md += ["This run had no GPU, so it proves nothing about the CUDA kernel: only that the check itself "
                "runs here (the environment probe, the imports without vLLM, the build's setup, the CPU twin "
-               "against the reference, the benchmark's code on the CPU).  On a GPU the same command builds "
-               "and tests the kernel.", ""]
+               "against the reference, the code of the benchmark and of gpu_costs.py on the CPU).  On a GPU the "
+               "same command builds and tests the kernel.", ""]
     md += ["On a GPU, the check proves (on that GPU, with the kernel sources named above): the CUDA kernel of "
            "`torch.ops.parse_vllm.prefix_verify_attention`, built here by nvcc, gives the plain-PyTorch "
            "reference's results on every case of tests/test_kernel_cuda.py (GQA, block sizes, head sizes, "
            "cache layouts, prefix edges and splits, softcap, sliding window, random batches, CUDA-graph "
            "replay) and on the benchmark's cases up to 32k tokens; and it measures the kernel's time, memory "
-           "and achieved bandwidth against K per-copy attention calls and the dense-mask reference.", "",
+           "and achieved bandwidth against K per-copy attention calls and the dense-mask reference.  The step "
+           "costs are a model's inputs, not a proof: random weights in real shapes, a few layers timed and "
+           "scaled to the full depth (gpu_costs.json says how).", "",
            "It does not prove anything about vLLM's GPU path, which still has never run: ParseGPUModelRunner / "
            "ParseGPUWorker, KernelVerifier over a real GPU attention backend's KV cache, CUDA graphs or tensor "
            "parallelism inside vLLM, end-to-end speedups.  'bytes min' is a model of the traffic, not a "
@@ -798,7 +900,7 @@ def cmd_report(final=""):
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     fn = {"env": cmd_env, "imports": cmd_imports, "build": cmd_build, "built": cmd_built, "junit": cmd_junit,
-          "bench": cmd_bench, "report": cmd_report}[cmd]
+          "bench": cmd_bench, "costs": cmd_costs, "report": cmd_report}[cmd]
     return fn(*args)
 
 

@@ -22,7 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-STEPS = ["env", "imports", "build", "cuda_tests", "bench", "cpu_tests"]
+STEPS = ["env", "imports", "build", "cuda_tests", "bench", "costs", "cpu_tests"]
 
 
 def run_check(out: Path, **env) -> subprocess.CompletedProcess:
@@ -54,12 +54,14 @@ def test_cpu_mode_runs_every_step_and_skips_the_cuda_parts(cpu_run):
         "build": "skipped",
         "cuda_tests": "skipped",
         "bench": "skipped",
+        "costs": "skipped",
         "cpu_tests": "ok",
     }, rep["steps"]
     detail = {s["name"]: s["detail"] for s in rep["steps"]}
     assert detail["build"].startswith("no GPU: CUDA build skipped")
     assert "skipped: no CUDA GPU" in detail["cuda_tests"]
     assert detail["bench"].startswith("no GPU: CUDA benchmark skipped")
+    assert detail["costs"].startswith("no GPU: step costs not measured; CPU smoke pass of scripts/gpu_costs.py")
     assert [g["status"] for g in rep["goals"]] == ["skipped"] * 3
     # the CPU parts really ran: CPU twin cases passed, the benchmark's smoke row agrees with the reference
     assert rep["tests"]["cpu"]["passed"] > 0 and rep["tests"]["cpu"]["failed"] == 0
@@ -68,6 +70,12 @@ def test_cpu_mode_runs_every_step_and_skips_the_cuda_parts(cpu_run):
     assert row["op_ok"] and row["max_rel_err"]["op"] < 1e-4
     assert row["sdpa_form"] in ("mask_gqa", "lower_right_gqa", "lower_right_expand")
     assert "Result: **passed**" in md and "| **SKIPPED** |" in md and "CPU only" in md
+    # gpu_costs.py's smoke pass left its JSON in OUTDIR, summarized in both reports
+    costs = json.loads((out / "gpu_costs.json").read_text())
+    assert costs["schema"] == "parse-vllm/gpu-costs/1" and costs["tiny"] and not costs["errors"]
+    decode = rep["costs"]["models"]["tiny-target"]["decode_ms"]
+    assert set(decode) == {"1", "8"} and all(v > 0 for v in decode.values())  # GPU_CHECK_QUICK's batches
+    assert "## Step costs of a PARSE window" in md and "| tiny-target | 1: " in md
     for s in STEPS:
         assert (out / "logs" / f"{s}.log").is_file()
     # the build step planned the build (setup.py's extension, in-place output path) without compiling
@@ -79,13 +87,13 @@ def test_a_failing_step_stops_the_script_with_a_clear_message(tmp_path):
     # pytest refuses an unknown option: the first test step (the CUDA kernel tests) fails
     r = run_check(tmp_path, PYTEST_ADDOPTS="--no-such-option-for-gpu-check")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert 'FAILED at step 4/6 "CUDA kernel tests (tests/test_kernel_cuda.py)"' in r.stderr
+    assert 'FAILED at step 4/7 "CUDA kernel tests (tests/test_kernel_cuda.py)"' in r.stderr
     assert "pytest exited" in r.stderr and "last lines of" in r.stderr
     rep = json.loads((tmp_path / "gpu_check.json").read_text())
     assert rep["result"] == "failed" and rep["failed_step"] == "cuda_tests"
     status = {s["name"]: s["status"] for s in rep["steps"]}
     assert status["env"] == "ok" and status["cuda_tests"] == "failed"
-    assert status["cpu_tests"] == "not run" and status["bench"] == "not run"
+    assert status["cpu_tests"] == "not run" and status["bench"] == "not run" and status["costs"] == "not run"
     assert not (tmp_path / "logs" / "bench.log").exists()
     assert 'FAILED at step "CUDA kernel tests' in (tmp_path / "gpu_check.md").read_text()
 
@@ -93,7 +101,7 @@ def test_a_failing_step_stops_the_script_with_a_clear_message(tmp_path):
 def test_a_python_that_does_not_run_fails_the_first_step(tmp_path):
     r = run_check(tmp_path, PYTHON="/bin/false")
     assert r.returncode == 1
-    assert 'FAILED at step 1/6 "environment": PYTHON=/bin/false does not run' in r.stderr
+    assert 'FAILED at step 1/7 "environment": PYTHON=/bin/false does not run' in r.stderr
     rep = json.loads((tmp_path / "gpu_check.json").read_text())  # written by the script's bash fallback
     assert rep["result"] == "failed" and rep["failed_step"] == "env"
     assert "FAILED" in (tmp_path / "gpu_check.md").read_text()
@@ -321,3 +329,46 @@ def test_report_judges_the_goals_in_gpu_mode(cpu_run, tmp_path):
     subprocess.run([sys.executable, str(helper), "report"], env=env, check=True, capture_output=True)
     rep = json.loads((tmp_path / "gpu_check.json").read_text())
     assert rep["goals"][0]["status"] == "fail"
+
+
+def test_costs_step_on_a_gpu_reports_what_gpu_costs_measured_left_out_and_failed(cpu_run, tmp_path):
+    """The helper's `costs` command and report, fed the CPU run's gpu_costs.json made into a GPU run's."""
+    helper = cpu_run[0] / "data" / "gpu_check_helper.py"
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "mode").write_text("cuda")
+    (data / "env.json").write_text(json.dumps({"mode": "cuda", "gpu": {"name": "NVIDIA H100 80GB HBM3"}}))
+    costs = json.loads((cpu_run[0] / "gpu_costs.json").read_text())
+    costs.update(
+        device={"type": "cuda", "name": "NVIDIA H100 80GB HBM3"},
+        measurement="random weights in the geometries' real shapes",
+        not_measured=[{"case": "decode", "model": "tiny-draft", "size": 32, "why": "time budget 100 s"}],
+        errors=[{"case": "verify_forward", "model": "tiny-target", "size": 16, "error": "OutOfMemoryError: boom"}],
+    )
+    (tmp_path / "gpu_costs.json").write_text(json.dumps(costs))
+    env = dict(os.environ, GC_ROOT=str(ROOT), GC_OUT=str(tmp_path), GC_DATA=str(data), GC_STEPS=" ".join(STEPS))
+
+    def costs_step(rc):
+        r = subprocess.run([sys.executable, str(helper), "costs", str(rc)], env=env, capture_output=True, text=True)
+        return r.returncode, (data / "costs.why").read_text().strip()
+
+    rc, why = costs_step(0)
+    assert rc == 0 and "cases on NVIDIA H100 80GB HBM3" in why
+    assert "1 left out by the time budget" in why and "1 failed: OutOfMemoryError: boom" in why
+    assert costs_step(1) == (1, "scripts/gpu_costs.py exited 1: OutOfMemoryError: boom")
+    assert costs_step(124)[1].startswith("scripts/gpu_costs.py exited 124 (timed out)")
+
+    (data / "steps.tsv").write_text("".join(f"{s}\tok\t1.0\t\n" for s in STEPS))
+    subprocess.run([sys.executable, str(helper), "report"], env=env, check=True, capture_output=True)
+    rep = json.loads((tmp_path / "gpu_check.json").read_text())
+    summary = rep["costs"]
+    assert summary["device"]["name"] == "NVIDIA H100 80GB HBM3" and summary["not_measured"] == 1
+    want = {c["window"]: c["model_ms"] for c in costs["models"]["tiny-target"]["cases"] if "window" in c}
+    assert summary["models"]["tiny-target"]["window_forward_ms"] == {str(w): ms for w, ms in want.items()}
+    md = (tmp_path / "gpu_check.md").read_text().split("## Step costs of a PARSE window")[1]
+    assert "random weights in the geometries' real shapes" in md
+    assert "FAILED verify_forward tiny-target 16: OutOfMemoryError: boom" in md
+    assert "1 case(s) left out by the time budget" in md
+
+    (tmp_path / "gpu_costs.json").unlink()  # the script died before writing it
+    assert costs_step(1)[0] == 1

@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from . import common, e2e, verify
+from . import common, e2e, projection, verify
 
 
 def _dtype(e: dict) -> str:
@@ -96,14 +96,30 @@ def _drift_warning(bases: list[dict] | None) -> list[str]:
     ]
 
 
-def render(results: Path, figures: str, latency: Path | None = None, eagle3: Path | None = None) -> str:
+def render(
+    results: Path,
+    figures: str,
+    latency: Path | None = None,
+    eagle3: Path | None = None,
+    gpu_costs: Path | None = None,
+    counters: tuple[Path, ...] = projection.DEFAULT_COUNTERS,
+) -> str:
     """BENCHMARKS.md: the full runs in `results`, then the latency section from
-    `latency` (bench_latency.py --compare) and the EAGLE-3 section from `eagle3`
-    (`make bench-eagle3`) when given and present."""
+    `latency` (bench_latency.py --compare), the EAGLE-3 section from `eagle3`
+    (`make bench-eagle3`) when given and present, and the projection of the eval
+    summaries `counters` on the GPU of `gpu_costs` (scripts/gpu_costs.py) when given."""
     text = _render_full(results, figures)
     section = latency_section(latency) if latency is not None else []
     section += eagle3_section(eagle3) if eagle3 is not None else []
+    section += gpu_projection_section(gpu_costs, counters) if gpu_costs is not None else []
     return "\n".join([text.rstrip("\n"), "", *section]).rstrip("\n") + "\n" if section else text
+
+
+def gpu_projection_section(gpu_costs: Path, counters) -> list[str]:
+    """The projection of the eval summaries' batch-1 counters on the GPU that measured `gpu_costs`."""
+    costs = json.loads(gpu_costs.read_text())
+    proj = projection.projection(costs, projection.load_summaries(counters))
+    return projection.section(proj, costs, gpu_costs.name)
 
 
 # -- PARSE with EAGLE-3 (bench/eagle3/: a `parse-vllm eval` run at batch 1) --
@@ -499,7 +515,24 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     ap.add_argument("--latency", type=Path, default=Path("bench/latency"), help="bench_latency.py --compare output")
     ap.add_argument("--eagle3", type=Path, default=Path("bench/eagle3"), help="make bench-eagle3 output")
+    ap.add_argument(
+        "--gpu-costs",
+        type=Path,
+        default=None,
+        help="a gpu_costs.json (scripts/gpu_costs.py): adds the projection of the --counters runs on that GPU",
+    )
+    ap.add_argument(
+        "--counters",
+        type=Path,
+        nargs="+",
+        default=list(projection.DEFAULT_COUNTERS),
+        help="eval summary.json files whose batch-1 PARSE counters --gpu-costs projects",
+    )
     args = ap.parse_args(argv)
+    if args.gpu_costs is not None and not args.gpu_costs.is_file():
+        ap.error(f"--gpu-costs {args.gpu_costs} does not exist")
+    if args.gpu_costs is not None and not projection.load_summaries(args.counters):
+        ap.error("--gpu-costs: none of the --counters summaries exists: " + ", ".join(map(str, args.counters)))
     for name in ("verify.json", "e2e.json", "summary.json"):
         if not (args.results / name).exists():
             ap.error(f"{args.results / name} is missing: run the benchmarks in full mode first (make bench-full)")
@@ -515,6 +548,8 @@ def main(argv=None) -> int:
         summary = json.loads(path.read_text())
         summary.update(eagle3_figures(json.loads((args.eagle3 / "summary.json").read_text())))
         path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    args.out.write_text(render(args.full_dir, str(args.full_dir), args.latency, args.eagle3))
+    args.out.write_text(
+        render(args.full_dir, str(args.full_dir), args.latency, args.eagle3, args.gpu_costs, tuple(args.counters))
+    )
     print(f"wrote {args.out} and {args.full_dir}/")
     return 0
