@@ -22,7 +22,10 @@ Knobs (environment variables)
                           CPU backend does).  Use `default` for a build that must
                           run on any x86-64 / other CPU.
   PARSE_VLLM_CUDA_ARCHS   e.g. "8.0;9.0" (default: TORCH_CUDA_ARCH_LIST, else
-                          "8.0;8.6;8.9;9.0")
+                          DEFAULT_CUDA_ARCHS: SASS for Ampere, Ada and Hopper, and PTX of
+                          the highest, which newer GPUs (Blackwell) compile at first load).
+                          The list is compiled into the op (`ops.cuda_archs()`), and
+                          PARSE picks the kernel only on a GPU it covers.
   MAX_JOBS                parallel compile jobs (ninja), default 2
 """
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +42,9 @@ import tempfile
 from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+DEFAULT_CUDA_ARCHS = "8.0;8.6;8.9;9.0+PTX"
 
 
 def _log(msg: str) -> None:
@@ -180,15 +187,16 @@ def _extensions():
     link = ["-fopenmp"]
     if build_cuda:
         arch_list = os.environ.get("PARSE_VLLM_CUDA_ARCHS") or os.environ.get("TORCH_CUDA_ARCH_LIST") \
-            or "8.0;8.6;8.9;9.0"
+            or DEFAULT_CUDA_ARCHS
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
+        archs_macro = "-DPARSE_VLLM_CUDA_ARCHS=" + ",".join(re.split(r"[;,\s]+", arch_list.strip()))
         sources.append(_rel("csrc", "cuda", "prefix_verify_attention.cu"))
         ext = CUDAExtension(
             name="parse_vllm._C",
             sources=sources,
             extra_compile_args={
                 # PARSE_VLLM_WITH_CUDA: the bindings register the CUDA kernel too
-                "cxx": [*cxx, "-DPARSE_VLLM_WITH_CUDA"],
+                "cxx": [*cxx, "-DPARSE_VLLM_WITH_CUDA", archs_macro],
                 "nvcc": ["-O3", "--use_fast_math", "-lineinfo",
                          "--expt-relaxed-constexpr", "-DPARSE_VLLM_WITH_CUDA"],
             },

@@ -7,6 +7,7 @@
 #include <Python.h>
 
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <cmath>
@@ -136,6 +137,16 @@ std::vector<int64_t> supported_head_sizes() {
 }  // namespace
 }  // namespace parse_vllm
 
+// setup.py passes the CUDA archs as a bare comma-separated list (-DPARSE_VLLM_CUDA_ARCHS=8.0,9.0+PTX:
+// no quotes or semicolons to survive the build's shell); stringified here.
+#define PV_STRINGIFY(...) #__VA_ARGS__
+#define PV_XSTRINGIFY(...) PV_STRINGIFY(__VA_ARGS__)
+#ifdef PARSE_VLLM_CUDA_ARCHS
+#define PV_CUDA_ARCHS PV_XSTRINGIFY(PARSE_VLLM_CUDA_ARCHS)
+#else
+#define PV_CUDA_ARCHS ""
+#endif
+
 TORCH_LIBRARY(parse_vllm, m) {
   m.def(
       "prefix_verify_attention(Tensor(a!) out, Tensor q, Tensor k_new, Tensor v_new, "
@@ -146,6 +157,13 @@ TORCH_LIBRARY(parse_vllm, m) {
   m.def("cpu_uses_brgemm(ScalarType dtype) -> bool",
         [](c10::ScalarType dt) { return parse_vllm::cpu_uses_brgemm(dt); });
   m.def("supported_head_sizes() -> int[]", &parse_vllm::supported_head_sizes);
+  // What this library was built against: the torch version its ABI is tied to, and the CUDA
+  // architectures of its kernel ("8.0,9.0+PTX"; "" without CUDA).
+  m.def("built_for_torch() -> str", []() {
+    return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+           std::to_string(TORCH_VERSION_PATCH);
+  });
+  m.def("cuda_archs() -> str", []() { return std::string(PV_CUDA_ARCHS); });
 }
 
 TORCH_LIBRARY_IMPL(parse_vllm, CPU, m) { m.impl("prefix_verify_attention", &parse_vllm::prefix_verify_attention); }

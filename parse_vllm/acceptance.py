@@ -92,18 +92,21 @@ def constrained_view(view: DraftView, l_sem: int, allowed: int) -> tuple[DraftVi
     return replace(view, stop_allowed=False), min(l_sem, allowed)
 
 
-def guard_mask(logits: torch.Tensor, draft: torch.Tensor, top_k: int | torch.Tensor) -> torch.Tensor:
+def guard_mask(
+    logits: torch.Tensor, draft: torch.Tensor, top_k: int | np.ndarray, top_k_device: torch.Tensor | None = None
+) -> torch.Tensor:
     """The token guard: whether each draft token is among the target's `top_k`
     tokens at its position.
 
     logits [n, vocab]: the target's logits at the n draft positions (row j
     predicts draft[j]); draft [n]; top_k: one k, or [n] one per position on
-    the host (numpy or a CPU tensor; each >= 1). Returns [n] bool. top_k = 1
-    is the target's greedy choice exactly (argmax, as the greedy sampler
-    picks it); ties at the k-th value pass."""
-    k = torch.as_tensor(top_k)
-    kmax = min(int(k.max()), logits.shape[-1])
-    k = k.clamp(1, kmax).to(logits.device).expand(draft.shape[0])  # [n]
+    the host (each >= 1), and the same on the logits' device when the caller
+    has moved it already (`top_k_device`). Returns [n] bool. top_k = 1 is the
+    target's greedy choice exactly (argmax, as the greedy sampler picks it);
+    ties at the k-th value pass."""
+    kmax = min(int(np.max(top_k)), logits.shape[-1])
+    k = torch.as_tensor(top_k).to(logits.device) if top_k_device is None else top_k_device
+    k = k.clamp(1, kmax).expand(draft.shape[0])  # [n]
     kth = torch.topk(logits, kmax, dim=-1).values.gather(1, (k - 1)[:, None].long())[:, 0]  # [n]
     within = logits.gather(1, draft[:, None].long())[:, 0] >= kth
     return torch.where(k == 1, logits.argmax(dim=-1) == draft, within)

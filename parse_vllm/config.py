@@ -102,6 +102,10 @@ class ParseConfig:
     # outside can miss a short load on a busy machine; this cannot. Costs a
     # scan of the block tables per step.
     audit_kv_blocks: bool = False
+    # Testing aid: counts, per step, host-to-device copies PARSE's code makes from pageable
+    # memory (outside its staged copies; on a GPU each waits for the stream), reported by
+    # the `parse_step_audit` RPC as pageable_copies_max. Slows every step down.
+    audit_transfers: bool = False
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> ParseConfig:
@@ -152,7 +156,7 @@ class ParseConfig:
             raise bad("question", "must be a non-empty string")
         if self.labels[0] == self.labels[1]:
             raise bad("labels", "the two labels must differ")
-        for name in ("two_stage", "default_enabled", "audit_kv_blocks"):
+        for name in ("two_stage", "default_enabled", "audit_kv_blocks", "audit_transfers"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be true or false")
 

@@ -47,7 +47,8 @@ class ParseController:
     verifier: Verifier | None = None  # set once the KV cache exists
 
     def __post_init__(self) -> None:
-        self.host = HostCopies(self.device)  # every device -> host copy of a step, counted
+        # every copy between host and device of a step, counted
+        self.host = HostCopies(self.device, watch_pageable=self.config.audit_transfers)
         self.states: dict[str, RequestState] = {}
         self.windows: dict[str, OpenWindow] = {}  # windows drafted over several steps, by request
         self.stats = ParseStats()

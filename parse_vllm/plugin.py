@@ -13,8 +13,6 @@ scheduler — the user never passes --worker-cls or --scheduler-cls. Without a
 
 from __future__ import annotations
 
-import os
-
 from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, request_options
 
 SCHEDULER_CLS = "parse_vllm.scheduler.ParseScheduler"
@@ -42,7 +40,7 @@ def parse_enabled(vllm_config) -> bool:
 
 def arrange_engine(vllm_config, worker_cls: str) -> None:
     section = parse_section(vllm_config.additional_config)
-    if section is None:
+    if section is None or is_draft_config(vllm_config):
         return
     from parse_vllm import _vllm
 
@@ -107,7 +105,7 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
         )
     sc.disable_hybrid_kv_cache_manager = True
     if worker_cls == GPU_WORKER_CLS:
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        _vllm.set_vllm_env("VLLM_USE_V2_MODEL_RUNNER", "0")
     window = spec.num_speculative_tokens
     max_model_len = vllm_config.model_config.max_model_len
     if window >= max_model_len:
@@ -132,6 +130,17 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
         window,
         config.to_dict(),
     )
+
+
+def is_draft_config(vllm_config) -> bool:
+    """Whether `vllm_config` is the draft model's copy of an engine's config: vLLM's draft
+    proposer rebuilds the engine's config with the draft as its model
+    (DraftModelProposer._create_draft_vllm_config), which runs the platform hook again with
+    the PARSE section still in it. That copy was arranged as the engine; judged again, the
+    draft would be taken for the target (its head size checked for the kernel, its
+    tokenizer and template built)."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    return spec is not None and vllm_config.model_config is spec.draft_model_config
 
 
 def check_same_tokenizer(vllm_config) -> None:

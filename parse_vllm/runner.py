@@ -24,6 +24,7 @@ completed windows on the step's output (`drafting.WindowReport`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import torch
@@ -51,6 +52,21 @@ from parse_vllm.verify import factory as verifiers
 logger = _vllm.init_logger("parse_vllm.runner")
 
 
+def _watched(hook):
+    """A hook whose host-to-device copies are watched when the engine audits them
+    (parse.audit_transfers: `transfers.PageableCopyCounter`)."""
+
+    @functools.wraps(hook)
+    def run(self, *args, **kwargs):
+        p = self.parse
+        if p is None or p.host.pageable is None:
+            return hook(self, *args, **kwargs)
+        with p.host.watching():
+            return hook(self, *args, **kwargs)
+
+    return run
+
+
 class ParseRunnerMixin:
     """Mixed into vLLM's CPU and GPU model runners (see bottom of module).
     `self.parse`: the engine's ParseController, None when PARSE is not named."""
@@ -61,6 +77,7 @@ class ParseRunnerMixin:
     _parse_draft_lens: dict[str, int]  # this step's draft length per request
     _parse_window_report: WindowReport | None = None  # for the scheduler, on the step's output
     _token_proposer: _vllm.TokenProposer | None = None  # parse.token_proposer, beside the draft model
+    _parse_caches_by_layer: dict | None = None  # the KV cache by layer name, addressed by scheduler block ids
 
     # -- set-up -----------------------------------------------------------
 
@@ -129,6 +146,22 @@ class ParseRunnerMixin:
         self._parse_caches_by_layer = caches  # addressed by scheduler block ids
         return caches
 
+    def _check_and_update_cudagraph_mode(self, *args, **kwargs) -> None:
+        super()._check_and_update_cudagraph_mode(*args, **kwargs)
+        if self._token_proposer is not None:
+            self._token_proposer.initialize_cudagraph_keys(self.cudagraph_dispatcher.cudagraph_mode)
+
+    def _dummy_run(self, num_tokens, *args, **kwargs):
+        out = super()._dummy_run(num_tokens, *args, **kwargs)
+        if self._token_proposer is not None:
+            mode, capturing = _vllm.dummy_run_arguments(num_tokens, args, kwargs)
+            self._token_proposer.dummy_run(num_tokens, mode, capturing)
+        return out
+
+    def _cleanup_profiling_kv_cache(self) -> None:
+        self._parse_caches_by_layer = None
+        super()._cleanup_profiling_kv_cache()
+
     def initialize_metadata_builders(self, kv_cache_config, kernel_block_sizes, *args, **kwargs) -> None:
         super().initialize_metadata_builders(kv_cache_config, kernel_block_sizes, *args, **kwargs)
         if self._token_proposer is not None:
@@ -137,10 +170,13 @@ class ParseRunnerMixin:
     def initialize_kv_cache(self, kv_cache_config, *args, **kwargs) -> None:
         super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
         p = self.parse
-        is_profiling = kwargs.get("is_profiling", args[0] if args else False)
-        if p is None or is_profiling:
-            # (GPU CUDA-graph memory profiling builds a throwaway cache of a
-            # few blocks first; the verifier is set up on the real one.)
+        if kwargs.get("is_profiling", args[0] if args else False):
+            # GPU CUDA-graph memory profiling builds a throwaway cache of a few blocks
+            # first: not held past this call (the real one is allocated while vLLM's own
+            # references to it are gone), and no verifier is built over it.
+            self._parse_caches_by_layer = None
+            return
+        if p is None:
             return
         p.verifier = verifiers.build(self, p, kv_cache_config, self._parse_caches_by_layer)
         logger.info(
@@ -168,6 +204,7 @@ class ParseRunnerMixin:
             opts = dataclasses.replace(opts, enabled=False)
         return opts
 
+    @_watched
     def _update_states(self, scheduler_output):
         out = super()._update_states(scheduler_output)
         if self.parse is not None:
@@ -188,6 +225,7 @@ class ParseRunnerMixin:
 
     # -- steps with no request for the target --------------------------------
 
+    @_watched
     def execute_model(self, scheduler_output, *args, **kwargs):
         """A step that schedules nothing while windows are open (their
         requests held by the scheduler) advances those windows alone."""
@@ -201,6 +239,7 @@ class ParseRunnerMixin:
             self._draft_open_windows()
         return _vllm.with_window_report(out, self._parse_window_report)
 
+    @_watched
     def sample_tokens(self, *args, **kwargs):
         out = super().sample_tokens(*args, **kwargs)
         p = self.parse
@@ -227,6 +266,7 @@ class ParseRunnerMixin:
             return common_attn_metadata is not None
         return super()._input_fits_in_drafter(common_attn_metadata)
 
+    @_watched
     def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
         """Draft tokens per request, the drafter run only over the requests
         that draft this step, each at its own length (drafting.py). Returns
@@ -258,6 +298,8 @@ class ParseRunnerMixin:
 
         sampled, sampling_metadata, attn_metadata = _vllm.proposer_arguments(args, kwargs)
         tp = self._token_proposer
+        # EAGLE-3's input, taken before the draft model's passes can overwrite the target's outputs.
+        target_hidden = tp.target_hidden_states(args, kwargs) if tp is not None else None
         token_level = np.zeros(len(req_ids), dtype=bool)
         if tp is not None:  # token-level drafts come from it; the draft model writes windows only
             token_level = (wants > 0) & ~np.array([s.judging for s in states], dtype=bool)
@@ -296,12 +338,12 @@ class ParseRunnerMixin:
         if not tp.keeps_kv:  # (n-gram: the host's tokens; a row still in prefill has none yet)
             partial = _vllm.rows_in_partial_prefill(self, scheduler_output)
             new = [t[:0] if partial[i] else t for i, t in enumerate(self._parse_new_tokens(sampled))]
-        proposed, lens = tp.propose(self, args, kwargs, new, committed)  # [B, k], [B]
+        proposed, lens = tp.propose(self, args, kwargs, new, committed, target_hidden, p.host.to_device)  # [B, k], [B]
         if token_level.any():
             width = max(drafts.shape[1], proposed.shape[1])
             merged = torch.zeros((len(req_ids), width), dtype=torch.int64, device=self.device)
             merged[:, : drafts.shape[1]] = drafts
-            rows_t = torch.from_numpy(np.flatnonzero(token_level)).to(self.device)
+            (rows_t,) = p.host.to_device(np.flatnonzero(token_level))
             merged[rows_t, : proposed.shape[1]] = proposed[rows_t].to(torch.int64)
             drafts = merged
             for i in np.flatnonzero(token_level):
@@ -328,7 +370,7 @@ class ParseRunnerMixin:
         drafts = torch.zeros(
             (len(rows.req_ids), max((dp.num_draft for dp in passes), default=0)), dtype=torch.int64, device=self.device
         )
-        block_table = _vllm.drafting_block_table(self, batch_block_table, B, rows.req_ids[B:])
+        block_table = _vllm.drafting_block_table(self, batch_block_table, B, rows.req_ids[B:], p.host.to_device)
         for dp, inputs in zip(passes, staged):
             self._draft_pass(dp, inputs, block_table, sampling_metadata, rows.wants, rows.stops, drafts)
         for i, state in enumerate(states):
@@ -346,7 +388,7 @@ class ParseRunnerMixin:
         win = rows.window_rows
         got = np.zeros((0, 0), dtype=np.int64)
         if win.shape[0]:
-            (got,) = p.host.fetch(drafts[torch.from_numpy(win).to(drafts.device)], drafter=True)
+            (got,) = p.host.fetch(drafts[p.host.to_device(win)[0]], drafter=True)
         lens, done = advance_windows(rows, got, p.windows)
         for r in win:
             p.stats.note_window_chunk(int(rows.wants[r]))
@@ -385,7 +427,7 @@ class ParseRunnerMixin:
             if not going:
                 return
             active = active[going]
-            keep = torch.as_tensor(going, device=ids.device)
+            (keep,) = p.host.to_device(np.array(going, dtype=np.int64))
             inputs = self._parse_staging.stage_continuation(
                 dp.row[active], ids[keep, n - 2 :], dp.end[active] + done - 1
             )
@@ -398,6 +440,7 @@ class ParseRunnerMixin:
             (self._parse_sampled,) = self.parse.host.fetch(sampled)
         return [row[row != _vllm.PLACEHOLDER_TOKEN_ID] for row in self._parse_sampled]
 
+    @_watched
     def take_draft_token_ids(self):
         drafts = super().take_draft_token_ids()
         p = self.parse
@@ -421,6 +464,7 @@ class ParseRunnerMixin:
 
     # -- acceptance ---------------------------------------------------------
 
+    @_watched
     def _sample(self, logits, spec_decode_metadata):
         p = self.parse
         md = spec_decode_metadata
@@ -439,11 +483,13 @@ class ParseRunnerMixin:
         settings = p.settings(self.model_config.get_vocab_size(), self.model_config.max_model_len)
         batch, judged = self._draft_batch(logits, md)
         batch.views = draft_views(batch, settings.vocab_size)
-        checks = token_checks(batch, batch.views)  # [2, R] on the device
+        checks = token_checks(batch, batch.views, p.host.to_device)  # [2, R] on the device
 
         # 1. Token-level verification with vLLM's own rejection sampler (on at
         #    most its 128-token limit per request; longer drafts are judged).
-        std_logits, std_md = _vllm.truncate_spec_decode(logits, md, _vllm.REJECTION_SAMPLER_MAX_SPEC_LEN)
+        std_logits, std_md = _vllm.truncate_spec_decode(
+            logits, md, _vllm.REJECTION_SAMPLER_MAX_SPEC_LEN, p.host.to_device
+        )
         out = _vllm.widen_sampled(super()._sample(std_logits, std_md), md.max_spec_len + 1)  # [B, W+1]
         # The step's one read of its inputs: sampled tokens and the checks.
         sampled, batch.checks = p.host.fetch(out.sampled_token_ids, checks)
@@ -502,7 +548,7 @@ class ParseRunnerMixin:
         sm = self.input_batch.sampling_metadata
         forbidden = None
         if sm.allowed_token_ids_mask is not None and rows.shape[0]:
-            forbidden = sm.allowed_token_ids_mask[torch.from_numpy(rows).to(sm.allowed_token_ids_mask.device)]
+            forbidden = sm.allowed_token_ids_mask[self.parse.host.to_device(rows)[0]]
         bad_words = sm.bad_words_token_ids or {}
         cached_len = self.input_batch.num_computed_tokens_cpu[rows].astype(np.int64) + 1
         judged = JudgedRequests(
@@ -543,19 +589,19 @@ class ParseRunnerMixin:
         prefixes = {int(r): batch.draft_of(k)[:n_k].tolist() for k, r, n_k in zip(ks, rows, n)}
         take = _vllm.cu_sampled_tokens(md) - 1  # default: each request's bonus row
         take[rows] = batch.logits_start[ks] + n
-        dev = logits.device
+        host = self.parse.host
+        take_t, rows_t = host.to_device(take, rows)
         sampled = _vllm.sample_after_prefixes(
-            self.sampler, logits[torch.from_numpy(take).to(dev)], self.input_batch.sampling_metadata, prefixes
+            self.sampler, logits[take_t], self.input_batch.sampling_metadata, prefixes
         )  # [B]
-        rows_t = torch.from_numpy(rows).to(dev)
-        (tail,) = self.parse.host.fetch(sampled[rows_t])
+        (tail,) = host.fetch(sampled[rows_t])
         new = np.full((ks.shape[0], sampled_host.shape[1]), _vllm.PLACEHOLDER_TOKEN_ID, dtype=np.int64)
         for j, (r, n_k) in enumerate(zip(rows, n)):
             new[j, :n_k] = prefixes[int(r)]
         new[np.arange(ks.shape[0]), n] = tail
         sampled_host[rows] = new
         ids = out.sampled_token_ids
-        ids[rows_t] = torch.from_numpy(new).to(dev, ids.dtype)
+        ids[rows_t] = host.to_device(new)[0].to(ids.dtype)
 
     # -- KV audit -------------------------------------------------------------
 

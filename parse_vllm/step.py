@@ -37,6 +37,7 @@ applies the `StepResult`; the judge is any callable over a `CopyBatch`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,6 +54,7 @@ from parse_vllm.acceptance import (
 )
 from parse_vllm.boundaries import BoundaryRule
 from parse_vllm.transfers import fetch
+from parse_vllm.transfers import to_device as fetch_to_device
 from parse_vllm.verify import CopyBatch
 
 NO_LIMIT = np.iinfo(np.int64).max  # guard_len of a request without a guard
@@ -264,12 +266,13 @@ def draft_token_checks(batch: DraftBatch, views: list[DraftView]) -> tuple[np.nd
     return checks[0], checks[1]
 
 
-def token_checks(batch: DraftBatch, views: list[DraftView]) -> torch.Tensor:
+def token_checks(batch: DraftBatch, views: list[DraftView], to_device=None) -> torch.Tensor:
     """[2, R] int64 on the logits' device, not read back: for every draft
     with text, how many leading draft tokens (text and the stop token after
     it) the token guard lets through (row 0), and how many the request's
     constraints allow (row 1). One pass over the logits, no transfer: the
-    runner fetches it with the step's other inputs.
+    runner fetches it with the step's other inputs. `to_device` moves its
+    host indices over (`transfers.HostCopies.to_device`; default uncounted).
 
     guard_len: every token within the target's top-`guard` at its position
     (`guard` 1 = the greedy choice exactly, argmax; the strictest guard on a
@@ -288,6 +291,7 @@ def token_checks(batch: DraftBatch, views: list[DraftView]) -> torch.Tensor:
     """
     R = batch.num_reqs
     dev = batch.logits.device
+    to_device = to_device or functools.partial(fetch_to_device, dev)
     out = torch.full((2, R), NO_LIMIT, dtype=torch.int64, device=dev)
     ks = np.array([k for k in range(R) if views[k].text_len > 0], dtype=np.int64)
     if ks.shape[0] == 0:
@@ -296,37 +300,42 @@ def token_checks(batch: DraftBatch, views: list[DraftView]) -> torch.Tensor:
     cu_n = np.concatenate([[0], np.cumsum(n)])
     j = np.arange(cu_n[-1]) - np.repeat(cu_n[:-1], n)  # position within its draft
     req = np.repeat(np.arange(ks.shape[0]), n)  # index into ks
-    pos = batch.logits_start[ks][req] + j
-    tok = batch.draft[batch.cu_draft[ks][req] + j]
-    logits = batch.logits[torch.from_numpy(pos).to(dev)]  # [Σn, vocab]
-    tok_t = torch.from_numpy(tok).to(dev)
+    top_k = batch.guard[ks][req]  # [Σn], 0 = no guard
+    # Every index and flag the checks read, moved in one copy.
+    pos_t, tok_t, row_t, no_words, guard_t, no_guard_pass, ks_t, guarded, req_t, j_t = to_device(
+        batch.logits_start[ks][req] + j,
+        batch.draft[batch.cu_draft[ks][req] + j],
+        ks[req],
+        batch.bad_words[ks][req],
+        top_k,
+        (top_k == 1) & ~batch.greedy[ks][req],  # the strictest guard on a sampling request
+        ks,
+        batch.guard[ks] > 0,
+        req,
+        j,
+    )
+    logits = batch.logits[pos_t]  # [Σn, vocab]
     tok_logit = logits.gather(1, tok_t[:, None])[:, 0]
 
     allowed = torch.isfinite(tok_logit)
     if batch.forbidden is not None:
-        allowed &= ~batch.forbidden[torch.from_numpy(ks[req]).to(dev), tok_t]
-    no_words = torch.from_numpy(batch.bad_words[ks][req]).to(dev)
+        allowed &= ~batch.forbidden[row_t, tok_t]
     allowed &= ~no_words
 
-    top_k = batch.guard[ks][req]  # [Σn], 0 = no guard
     in_guard = torch.ones_like(allowed)
     if top_k.any():
-        guard_t = torch.from_numpy(top_k).to(dev)
-        in_guard = torch.where(guard_t == 0, in_guard, guard_mask(logits, tok_t, top_k))
-        in_guard &= ~torch.from_numpy((top_k == 1) & ~batch.greedy[ks][req]).to(dev)  # sampling: none
+        in_guard = torch.where(guard_t == 0, in_guard, guard_mask(logits, tok_t, top_k, guard_t))
+        in_guard &= ~no_guard_pass  # sampling: none
 
-    lens = _leading_true_lengths(torch.stack([in_guard, allowed]), req, j, ks.shape[0])  # [2, len(ks)]
-    ks_t = torch.from_numpy(ks).to(dev)
-    guarded = torch.from_numpy(batch.guard[ks] > 0).to(dev)
+    lens = _leading_true_lengths(torch.stack([in_guard, allowed]), req_t, j_t, ks.shape[0], int(j.max()) + 1)
     out[0, ks_t] = torch.where(guarded, lens[0], NO_LIMIT)
     out[1, ks_t] = lens[1]
     return out
 
 
-def _leading_true_lengths(masks: torch.Tensor, req: np.ndarray, j: np.ndarray, R: int) -> torch.Tensor:
-    """masks [M, Σn] bool, position j [Σn] of request req [Σn] of R -> [M, R]:
+def _leading_true_lengths(masks: torch.Tensor, req: torch.Tensor, j: torch.Tensor, R: int, width: int) -> torch.Tensor:
+    """masks [M, Σn] bool, position j [Σn] (< width) of request req [Σn] of R -> [M, R]:
     the length of each request's all-True head."""
-    dev = masks.device
-    padded = torch.zeros((masks.shape[0], R, int(j.max()) + 1 if j.shape[0] else 1), dtype=torch.int64, device=dev)
-    padded[:, torch.from_numpy(req).to(dev), torch.from_numpy(j).to(dev)] = masks.long()
+    padded = torch.zeros((masks.shape[0], R, width), dtype=torch.int64, device=masks.device)
+    padded[:, req, j] = masks.long()
     return padded.cumprod(dim=2).sum(dim=2)

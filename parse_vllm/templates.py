@@ -75,9 +75,9 @@ class LabelScoring:
 
     @staticmethod
     def _label(lp: torch.Tensor, ids: tuple[int, ...]) -> torch.Tensor:
-        # Label token j is predicted by row j (row 0: the suffix's last token).
-        idx = torch.tensor(ids, device=lp.device)
-        return lp[:, torch.arange(len(ids), device=lp.device), idx].sum(dim=-1)
+        # Label token j is predicted by row j (row 0: the suffix's last token); indexed by
+        # Python ints, so nothing is copied to the device.
+        return sum(lp[:, j, t] for j, t in enumerate(ids))
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ started with VLLM_SERVER_DEV_MODE=1, `POST /collective_rpc {"method": ...}`):
                     (leak checks; high-water marks with audit_kv_blocks)
   parse_scratch_ids   the scratch KV block ids this rank holds back (with
                     tensor parallelism every rank must hold back the same)
-  parse_step_audit    per engine step, the most device-to-host copies and
-                    drafter calls since the last call (which resets them)"""
+  parse_step_audit    per engine step, the most copies between host and
+                    device and drafter calls since the last call (which resets them)"""
 
 from __future__ import annotations
 
@@ -68,12 +68,9 @@ class _StatsRPC:
     def parse_step_audit(self) -> dict:
         import dataclasses
 
-        from parse_vllm.transfers import StepAudit
-
         if self._parse is None:
             return {}
-        audit, self._parse.host.audit = self._parse.host.audit, StepAudit()
-        return dataclasses.asdict(audit)
+        return dataclasses.asdict(self._parse.host.take_audit())
 
     def parse_reset_kv_audit(self) -> None:
         from parse_vllm.metrics import KvAudit

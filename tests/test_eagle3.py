@@ -80,6 +80,63 @@ def test_a_missing_head_is_refused_before_any_worker_starts(tiny_models, tmp_pat
     assert "no-head" in str(e.value)
 
 
+def _loaded_head(hf_config, use_aux=True):
+    """A TokenProposer for EAGLE-3 loaded over a stand-in target: which layers it asks the
+    target for, as vLLM's runner would for its own drafter."""
+    from types import SimpleNamespace
+
+    from parse_vllm._vllm.token_proposer import TokenProposer
+
+    tp = TokenProposer.__new__(TokenProposer)
+    tp.method = "eagle3"
+    tp.proposer = SimpleNamespace(load_model=lambda model: None, eagle3_use_aux_hidden_state=use_aux)
+    tp.config = SimpleNamespace(
+        speculative_config=SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf_config))
+    )
+    asked = []
+    model = SimpleNamespace(
+        set_aux_hidden_state_layers=asked.append, get_eagle3_default_aux_hidden_state_layers=lambda: (2, 9, 17)
+    )
+    runner = SimpleNamespace(model=model, use_aux_hidden_state_outputs=False)
+    tp.load(runner)
+    return tp, asked, runner
+
+
+@pytest.mark.parametrize(
+    "hf_config, layers",
+    [
+        ({"eagle_aux_hidden_state_layer_ids": [1, 4, 7]}, (1, 4, 7)),
+        ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [3, 5, 8]}}, (3, 5, 8)),
+        ({}, (2, 9, 17)),  # the target's own defaults
+    ],
+)
+def test_the_heads_layers_are_the_ones_vllm_picks_for_its_own_eagle3(hf_config, layers):
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    tp, asked, runner = _loaded_head(SimpleNamespace(**hf_config))
+    spec = tp.config.speculative_config
+    assert asked == [layers] and tp.aux_layers == layers and runner.use_aux_hidden_state_outputs
+    vllm_own = GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec))
+    assert vllm_own == (layers if hf_config else None)
+
+
+def test_a_head_without_auxiliary_states_reads_the_last_hidden_state():
+    """eagle_config.use_aux_hidden_state false: the target returns no auxiliary states and
+    the head reads the target's last hidden state, copied out of the step's outputs."""
+    from types import SimpleNamespace
+
+    import torch
+
+    tp, asked, runner = _loaded_head(SimpleNamespace(eagle_config={"use_aux_hidden_state": False}), use_aux=False)
+    assert asked == [] and not runner.use_aux_hidden_state_outputs
+    hidden = torch.arange(12.0).view(6, 2)
+    cm = SimpleNamespace(query_start_loc_cpu=torch.tensor([0, 3, 4]))
+    got = tp.target_hidden_states((None, None, hidden, None, None, None, cm, None), {})
+    assert torch.equal(got, hidden[:4]) and got.data_ptr() != hidden.data_ptr()
+
+
 # -- tiny models: EAGLE-3 and n-gram beside the draft model ---------------------
 
 
@@ -116,6 +173,26 @@ def test_a_mixed_batch_writes_what_each_request_writes_alone(tiny_eagle3):
     assert together == alone
     stats = parse_vllm.get_stats(tiny_eagle3)
     assert stats["tokens_accepted_semantic"] > 0 and stats["token_level_drafts"]["eagle3"] > 0
+
+
+def _head_setup(worker):
+    runner = worker.model_runner
+    tp = runner._token_proposer
+    return tp.dummy_runs, tp.proposer.cudagraph_dispatcher.keys_initialized
+
+
+def test_the_head_is_warmed_up_and_given_cuda_graph_keys_beside_vllms_drafter(tiny_models, tiny_head):
+    """vLLM warms up, profiles and captures only its own drafter; the head rides along in
+    the same runs (on a GPU: compiled before the first request, captured in CUDA graphs).
+    Here with compilation on, as a GPU engine runs: vLLM's CPU worker warms up then."""
+    kw = _with_proposer(tiny_models, {"method": "eagle3", "model": str(tiny_head)}, threshold=1.5)
+    llm = make_llm(**{**kw, "enforce_eager": False})
+    try:
+        ((dummy_runs, keys_initialized),) = llm.collective_rpc(_head_setup)
+        assert dummy_runs >= 1 and keys_initialized
+        assert len(_ids(llm.generate(_prompts(2), _params(8)))) == 2
+    finally:
+        close_llm(llm)
 
 
 NGRAM_RUN = """
@@ -224,6 +301,53 @@ def test_trained_head_lossless_settings_are_the_target_and_eagle3_accepts_tokens
         # guard 1 (τ 1): windows by the draft model, judged token by token only.
         assert _ids(llm.generate(prompts, _params(40, parse_threshold=1.0, parse_guard=1))) == smollm2_alone
         assert parse_vllm.get_stats(llm)["drafts"] > 0
+    finally:
+        close_llm(llm)
+
+
+def _overwrite_aux_after_drafting(worker) -> None:
+    """In the worker: after the draft model drafts in a step, overwrite the target's
+    auxiliary hidden states of that step, as a CUDA-graph replay of the draft model may on
+    a GPU (vLLM's graphs share one memory pool; the target's outputs are weak references
+    into it). EAGLE-3 must have read them before."""
+    from parse_vllm._vllm.drafting import proposer_call
+
+    runner = worker.model_runner
+    cls = type(runner)
+    step = {}
+
+    def propose_draft_token_ids(scheduler_output, *args, **kwargs):
+        step["aux"] = proposer_call(args, kwargs)["aux_hidden_states"]
+        return cls.propose_draft_token_ids(runner, scheduler_output, *args, **kwargs)
+
+    def draft_rows(*args, **kwargs):
+        out = cls._draft_rows(runner, *args, **kwargs)
+        for h in step.get("aux") or ():
+            h.normal_()
+        return out
+
+    runner.propose_draft_token_ids = propose_draft_token_ids
+    runner._draft_rows = draft_rows
+
+
+def test_eagle3_reads_the_targets_hidden_states_before_the_draft_model_drafts(smollm2_pair):
+    """Windows (τ 0.5) and EAGLE-3 (PARSE off) in the same steps: EAGLE-3's acceptance is
+    the same when the target's auxiliary hidden states are overwritten after drafting."""
+    prompts = _chat_prompts(smollm2_pair["smollm2-135m-instruct"])
+    params = [_params(40, **x) for x in ({"parse": False}, {"parse_threshold": 0.5}, {"parse": False})]
+    llm = make_llm(**_real_kwargs(smollm2_pair, threshold=0.5), enable_prefix_caching=False)
+    try:
+        runs = []
+        for overwrite in (False, True):
+            if overwrite:
+                llm.collective_rpc(_overwrite_aux_after_drafting)
+            parse_vllm.reset_stats(llm)
+            outs = _ids(llm.generate(prompts, params))
+            stats = parse_vllm.get_stats(llm)
+            runs.append((outs, stats["token_level_accepted_tokens"].get("eagle3", 0), stats["drafter_passes"]))
+        (outs, accepted, passes), (outs2, accepted2, passes2) = runs
+        assert accepted > 0 and passes > 0
+        assert (outs2, accepted2, passes2) == (outs, accepted, passes)
     finally:
         close_llm(llm)
 

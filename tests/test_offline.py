@@ -48,7 +48,7 @@ def draft(tiny_models):
 
 @pytest.fixture(scope="module")
 def parse(tiny_models):
-    llm = make_llm(**parse_kwargs(tiny_models, record_judgments=4096), disable_log_stats=False)
+    llm = make_llm(**parse_kwargs(tiny_models, record_judgments=4096, audit_transfers=True), disable_log_stats=False)
     yield llm
     close_llm(llm)
 
@@ -274,6 +274,13 @@ def test_host_transfers_per_step_do_not_grow_with_the_batch(parse, parse_long):
     assert two_stage["drafter_reads_max"] == 1 and two_stage["drafter_calls_max"] <= int(np.log2(LONG_WINDOW)) + 2, (
         two_stage
     )
+    # Host-to-device: every copy staged (pinned, not waited for on a GPU), none from
+    # pageable memory, whatever the step did: judging, resampling, windows over steps,
+    # token-level drafts, drafts past the rejection sampler's 128 tokens.
+    for audited in (small, large, two_stage):
+        assert audited["pageable_copies_max"] == 0, audited["pageable_sites"]
+    assert small["host_to_device_max"] == large["host_to_device_max"] <= 8, (small, large)  # 7 here
+    assert two_stage["host_to_device_max"] <= 8, two_stage
 
 
 def test_the_verifier_is_chosen_once_at_start(parse):
@@ -429,6 +436,7 @@ def parse_long(tiny_models):
             # likely, so P(yes) would be ~1 everywhere and no draft would fail
             labels=["Yes", "No"],
             record_judgments=4096,
+            audit_transfers=True,
         )
     )
     yield llm

@@ -14,6 +14,7 @@ One concern per module:
   log.py        PARSE's loggers under vLLM's
   workers.py    the model runner and worker classes PARSE subclasses
   platform.py   vLLM's platform classes; the platform vLLM would pick itself
+  envs.py       vLLM's environment variables, set inside a running process
   executor.py   vLLM's Ray executor on CPU
   models.py     registering a model architecture; the target's tokenizer
   batch.py      the runner's requests and input batch
@@ -72,6 +73,7 @@ from .attention import (  # noqa: E402
     attention_rows_limit,
     bound_kv_cache,
     copy_kv_blocks,
+    cuda_device_capability,
     current_layer_attn_metadata,
     is_cpu_attention_backend,
     kernel_verify_config_unsupported,
@@ -113,6 +115,7 @@ from .drafting import (  # noqa: E402
     window_report,
     with_window_report,
 )
+from .envs import set_vllm_env  # noqa: E402
 from .executor import cpu_ray_executor_cls  # noqa: E402
 from .forward import run_target_forward, run_target_forward_with_layer_metadata, target_logits  # noqa: E402
 from .log import init_logger  # noqa: E402
@@ -125,7 +128,12 @@ from .platform import (  # noqa: E402
 )
 from .sampling import cu_sampled_tokens, sample_after_prefixes, truncate_spec_decode, widen_sampled  # noqa: E402
 from .serve import run_vllm_serve, speculative_config_fields, vllm_serve_parser  # noqa: E402
-from .token_proposer import TokenProposer, token_proposer_config, token_proposer_unsupported  # noqa: E402
+from .token_proposer import (  # noqa: E402
+    TokenProposer,
+    dummy_run_arguments,
+    token_proposer_config,
+    token_proposer_unsupported,
+)
 from .workers import (  # noqa: E402
     cpu_model_runner_cls,
     cpu_worker_builds_runner,
@@ -161,6 +169,7 @@ _LAZY = {
 __all__ = [
     "SUPPORTED_VLLM",
     "TokenProposer",
+    "dummy_run_arguments",
     "token_proposer_config",
     "token_proposer_unsupported",
     "VLLM_VERSION",
@@ -170,6 +179,7 @@ __all__ = [
     "attention_layer_params",
     "bound_kv_cache",
     "copy_kv_blocks",
+    "cuda_device_capability",
     "current_layer_attn_metadata",
     "is_cpu_attention_backend",
     "kernel_verify_config_unsupported",
@@ -206,6 +216,7 @@ __all__ = [
     "rows_drafting_unsupported",
     "window_report",
     "with_window_report",
+    "set_vllm_env",
     "cpu_ray_executor_cls",
     "run_target_forward",
     "run_target_forward_with_layer_metadata",

@@ -317,3 +317,12 @@ def attention_rows_limit(runner, kv_cache_group_id: int) -> int | None:
 def max_batched_tokens(runner) -> int:
     """vllm.config.scheduler.SchedulerConfig.max_num_batched_tokens of the runner's engine."""
     return runner.scheduler_config.max_num_batched_tokens
+
+
+def cuda_device_capability() -> tuple[int, int] | None:
+    """(major, minor) compute capability of this process's GPU, as vLLM's platform reads it
+    (vllm.platforms.interface.Platform.get_device_capability; None off CUDA)."""
+    from vllm.platforms import current_platform
+
+    cap = current_platform.get_device_capability()
+    return None if cap is None else (int(cap.major), int(cap.minor))

@@ -182,14 +182,17 @@ class DrafterStaging:
         return staged
 
 
-def drafting_block_table(runner, batch_table: torch.Tensor | None, num_batch: int, others: list[str]) -> torch.Tensor:
+def drafting_block_table(
+    runner, batch_table: torch.Tensor | None, num_batch: int, others: list[str], to_device
+) -> torch.Tensor:
     """The block table [B + O, max_blocks] of a step's drafting rows: the
     input batch's B rows (`batch_table`, the step's
     CommonAttentionMetadata.block_table_tensor), then O requests outside the
     batch (windows drafted over several steps), from the runner's
     vllm.v1.worker.gpu_input_batch.CachedRequestState.block_ids of KV-cache
     group 0, the group the draft-model proposer's metadata reads (as the
-    batch's table: manager block ids, vllm.v1.worker.block_table.BlockTable.append_row)."""
+    batch's table: manager block ids, vllm.v1.worker.block_table.BlockTable.append_row).
+    `to_device` moves host arrays to the device (the caller's staged copies)."""
     if not others:
         return batch_table
     width = runner.input_batch.block_table[0].get_numpy_array().shape[1]
@@ -197,7 +200,7 @@ def drafting_block_table(runner, batch_table: torch.Tensor | None, num_batch: in
     for i, req_id in enumerate(others):
         ids = runner.requests[req_id].block_ids[0]
         table[i, : len(ids)] = ids
-    out = torch.from_numpy(table).to(runner.device)
+    (out,) = to_device(table)
     if num_batch == 0 or batch_table is None:
         return out
     return torch.cat([batch_table[:num_batch], out.to(batch_table.dtype)])

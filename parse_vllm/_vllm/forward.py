@@ -46,12 +46,17 @@ def run_target_forward(
         causal=True,
         positions=positions,
     )
+    # Only the target's groups: the draft model's and an EAGLE head's layers share the KV
+    # group but take no part in a target forward.
+    wanted = set(layer_names)
     per_layer: dict[str, Any] = {}
     for group in runner.attn_groups[kv_cache_group_id]:
+        if wanted.isdisjoint(group.layer_names):
+            continue
         md = group.build_metadata(cm)
         for name in group.layer_names:
             per_layer[name] = md
-    missing = set(layer_names) - per_layer.keys()
+    missing = wanted - per_layer.keys()
     if missing:
         raise RuntimeError(f"no attention metadata for target layers {sorted(missing)}")
     return run_target_forward_with_layer_metadata(

@@ -89,12 +89,13 @@ def truncate_spec_decode(
     logits: torch.Tensor,  # [Σ(d_i + 1), vocab]
     md: SpecDecodeMetadata,
     limit: int,
+    to_device,
 ) -> tuple[torch.Tensor, SpecDecodeMetadata]:
     """The same verification with every draft cut to its first `limit`
     tokens, as logits + metadata in the stock layout
     (vllm.v1.worker.gpu_model_runner.GPUModelRunner._calc_spec_decode_metadata,
     same in 0.33), for the stock rejection sampler, which asserts
-    max_spec_len <= 128."""
+    max_spec_len <= 128. `to_device` moves the new indices over in one copy."""
     if md.max_spec_len <= limit:
         return logits, md
     import numpy as np
@@ -108,21 +109,24 @@ def truncate_spec_decode(
     target = np.concatenate([np.arange(s, s + k) for s, k in zip(new_starts, n)] + [np.zeros(0, np.int64)])
     cu_draft_old = np.concatenate([[0], np.cumsum(d)])
     draft_idx = np.concatenate([np.arange(s, s + k) for s, k in zip(cu_draft_old[:-1], n)] + [np.zeros(0, np.int64)])
-    dev = logits.device
-
-    def t(a, dtype=torch.int32):
-        return torch.from_numpy(np.ascontiguousarray(a)).to(device=dev, dtype=dtype)
-
-    new_md = spec_decode_metadata(
-        draft_token_ids=md.draft_token_ids[t(draft_idx, torch.long)].contiguous(),
-        num_draft_tokens=n.tolist(),
-        cu_num_draft_tokens=t(np.cumsum(n)),
-        cu_num_sampled_tokens=t(cu_sampled),
-        target_logits_indices=t(target),
-        bonus_logits_indices=t(cu_sampled - 1),
-        logits_indices=t(keep),
+    cu_draft, cu_sampled_t, target_t, bonus_t, keep_t, draft_idx_t = to_device(
+        np.cumsum(n).astype(np.int32),
+        cu_sampled.astype(np.int32),
+        target.astype(np.int32),
+        (cu_sampled - 1).astype(np.int32),
+        keep.astype(np.int32),
+        draft_idx.astype(np.int64),
     )
-    return logits[t(keep, torch.long)], new_md
+    new_md = spec_decode_metadata(
+        draft_token_ids=md.draft_token_ids[draft_idx_t].contiguous(),
+        num_draft_tokens=n.tolist(),
+        cu_num_draft_tokens=cu_draft,
+        cu_num_sampled_tokens=cu_sampled_t,
+        target_logits_indices=target_t,
+        bonus_logits_indices=bonus_t,
+        logits_indices=keep_t,
+    )
+    return logits[keep_t.long()], new_md
 
 
 def widen_sampled(out, width: int):

@@ -49,6 +49,17 @@ def token_proposer_config(vllm_config, options: dict, num_tokens: int):
     )
 
 
+def eagle3_aux_layers(spec) -> tuple[int, ...] | None:
+    """The target layers an EAGLE-3 head's config names (None: it names none), read as vLLM
+    reads them for its own drafter (GPUModelRunner._get_eagle3_aux_layers_from_config, which
+    only looks at `speculative_config`)."""
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec))
+
+
 def token_proposer_unsupported(spec) -> str | None:
     """Why a token proposer's SpeculativeConfig cannot run beside PARSE (None:
     it can). Its drafts reach vLLM's rejection sampler as greedy proposals
@@ -72,6 +83,7 @@ class TokenProposer:
     def __init__(self, runner, options: dict, num_tokens: int):
         self.method = options["method"]
         self.num_tokens = num_tokens  # k: tokens proposed per request and step
+        self.dummy_runs = 0  # the head's warm-up, profiling and capture runs (dummy_run)
         config = copy.copy(runner.vllm_config)
         config.speculative_config = token_proposer_config(runner.vllm_config, options, num_tokens)
         # Without the PARSE section: the proposer re-validates its copy
@@ -98,40 +110,99 @@ class TokenProposer:
     def load(self, runner) -> None:
         """Load the head beside the target (it shares the target's embedding
         where its checkpoint has none) and make the target return the
-        hidden states it reads."""
+        hidden states it reads: the layers vLLM itself would pick for it
+        (GPUModelRunner._get_eagle3_aux_layers_from_config: the head's
+        eagle_aux_hidden_state_layer_ids, top level or in eagle_config, else the
+        target's defaults), or none for a head that reads the last hidden state
+        (eagle_config.use_aux_hidden_state false,
+        SpecDecodeBaseProposer.eagle3_use_aux_hidden_state)."""
         self.proposer.load_model(runner.model)
-        if self.method != "eagle3":
+        self.aux_layers: tuple[int, ...] = ()
+        if self.method != "eagle3" or not self.proposer.eagle3_use_aux_hidden_state:
             return
-        hf = self.config.speculative_config.draft_model_config.hf_config
-        layers = getattr(hf, "eagle_aux_hidden_state_layer_ids", None)
+        layers = eagle3_aux_layers(self.config.speculative_config)
         if not layers:
             layers = runner.model.get_eagle3_default_aux_hidden_state_layers()
         runner.model.set_aux_hidden_state_layers(tuple(layers))
         runner.use_aux_hidden_state_outputs = True
         self.aux_layers = tuple(int(x) for x in layers)
 
+    def target_hidden_states(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        """The target's hidden states EAGLE-3 reads for the step's tokens
+        [num_tokens, k * hidden] (its auxiliary layers, concatenated), from a
+        propose_draft_token_ids call's arguments; None for the n-gram proposer.
+        Built before anything else runs in the step: on a GPU the target's
+        outputs are weak references into the CUDA-graph pool that every graph
+        shares, so a later replay (the draft model's) may overwrite them (vLLM's
+        own EAGLE branch of GPUModelRunner.propose_draft_token_ids concatenates
+        them before its drafter runs, too)."""
+        if self.method != "eagle3":
+            return None
+        a = proposer_call(args, kwargs)
+        n = int(a["common_attn_metadata"].query_start_loc_cpu[-1])
+        if self.aux_layers:
+            return torch.cat([h[:n] for h in a["aux_hidden_states"]], dim=-1)
+        return a["hidden_states"][:n].clone()
+
     def initialize(self, kv_cache_config, kernel_block_sizes) -> None:
         if self.method == "eagle3":
             self.proposer.initialize_attn_backend(kv_cache_config, kernel_block_sizes)
 
-    def propose(self, runner, args: tuple, kwargs: dict, new_tokens, committed) -> tuple[torch.Tensor, np.ndarray]:
+    # vLLM wires only its own drafter (`runner.drafter`) into CUDA graphs, warm-up and memory
+    # profiling; the runner calls these beside it for the head.
+
+    def initialize_cudagraph_keys(self, cudagraph_mode) -> None:
+        """As GPUModelRunner._check_and_update_cudagraph_mode does for its drafter, with the
+        engine's resolved mode (the head runs PIECEWISE graphs where the target may)."""
+        if self.method == "eagle3":
+            self.proposer.initialize_cudagraph_keys(cudagraph_mode)
+
+    def dummy_run(self, num_tokens: int, cudagraph_runtime_mode, is_graph_capturing: bool) -> None:
+        """The head's share of a GPUModelRunner._dummy_run (warm-up, torch.compile, memory
+        profiling, CUDA-graph capture), as that method runs its drafter: graphs only for
+        PIECEWISE capture and replays, never with the head's enforce_eager; while capturing,
+        the head's own slot-mapping buffer (SpecDecodeBaseProposer.dummy_run takes it when
+        its layers are named in `slot_mappings`)."""
+        if self.method != "eagle3":
+            return
+        from vllm.config import CUDAGraphMode
+
+        mode = CUDAGraphMode.NONE if cudagraph_runtime_mode is None else cudagraph_runtime_mode
+        use_cudagraphs = (
+            (is_graph_capturing and mode == CUDAGraphMode.PIECEWISE)
+            or (not is_graph_capturing and mode != CUDAGraphMode.NONE)
+        ) and not self.config.speculative_config.enforce_eager
+        p = self.proposer
+        self.proposer.dummy_run(
+            num_tokens,
+            use_cudagraphs=use_cudagraphs,
+            is_graph_capturing=is_graph_capturing,
+            slot_mappings=dict.fromkeys(p._draft_attn_layer_names) if is_graph_capturing else None,
+        )
+        self.dummy_runs += 1
+
+    def propose(
+        self, runner, args: tuple, kwargs: dict, new_tokens, committed, target_hidden=None, to_device=None
+    ) -> tuple[torch.Tensor, np.ndarray]:
         """(proposed tokens [B, k] on the device, their number per request
         [B]) for every request of the batch; `args`, `kwargs` are the
         runner's propose_draft_token_ids arguments after scheduler_output.
         Runs last in a step: EAGLE's draft steps advance the step's attention
         metadata in place. The n-gram proposer reads `new_tokens`, the rows'
         tokens of this step (accepted draft tokens, then the sampled one),
-        and `committed` [B], the rows' token counts before it, on the host."""
+        and `committed` [B], the rows' token counts before it, on the host;
+        EAGLE-3 reads `target_hidden` (`target_hidden_states`, made first);
+        `to_device` moves the n-gram proposals over (the caller's staged copy)."""
         if self.method == "ngram":
-            return self._propose_ngram(runner, new_tokens, committed)
-        drafts = self._propose_eagle(runner, proposer_call(args, kwargs))
+            return self._propose_ngram(runner.input_batch, new_tokens, committed, to_device)
+        drafts = self._propose_eagle(runner, proposer_call(args, kwargs), target_hidden)
         return drafts, np.full(drafts.shape[0], self.num_tokens, dtype=np.int64)
 
-    def _propose_eagle(self, runner, a: dict) -> torch.Tensor:
+    def _propose_eagle(self, runner, a: dict, target_hidden: torch.Tensor) -> torch.Tensor:
         # As GPUModelRunner.propose_draft_token_ids's EAGLE branch, padded batch.
         p = self.proposer
         sampled = a["sampled_token_ids"]  # [B, W+1], -1 after each row's tokens
-        md, cm, aux = a["spec_decode_metadata"], a["common_attn_metadata"], a["aux_hidden_states"]
+        md, cm = a["spec_decode_metadata"], a["common_attn_metadata"]
         next_token_ids, valid_count = p.prepare_next_token_ids_padded(
             sampled, runner.requests, runner.input_batch, runner.discard_request_mask.gpu
         )
@@ -143,7 +214,7 @@ class TokenProposer:
             num_speculative_tokens=self.num_tokens,
             target_token_ids=runner.input_ids.gpu[:n],
             target_positions=runner._get_positions(n),
-            target_hidden_states=torch.cat([h[:n] for h in aux], dim=-1),
+            target_hidden_states=target_hidden[:n],
             next_token_ids=next_token_ids,
             token_indices_to_sample=token_indices_to_sample,
             sampling_metadata=a["sampling_metadata"],
@@ -152,11 +223,12 @@ class TokenProposer:
             slot_mappings=a["slot_mappings"],
         )
 
-    def _propose_ngram(self, runner, new_tokens: list[np.ndarray], committed) -> tuple[torch.Tensor, np.ndarray]:
+    def _propose_ngram(
+        self, batch, new_tokens: list[np.ndarray], committed, to_device
+    ) -> tuple[torch.Tensor, np.ndarray]:
         # NgramProposer reads each row's tokens from the input batch, which
         # gets this step's tokens in bookkeeping, after drafting: they are
         # written here first (the same values bookkeeping writes).
-        batch = runner.input_batch
         tokens = batch.token_ids_cpu
         lens = np.asarray(committed, dtype=np.int64).copy()
         for i, new in enumerate(new_tokens):
@@ -166,9 +238,20 @@ class TokenProposer:
         rows = self.proposer.propose(
             self.num_tokens, [t.tolist() for t in new_tokens], lens, tokens, None
         )  # B x [<= k]
-        out = torch.zeros((len(rows), self.num_tokens), dtype=torch.int64)
+        out = np.zeros((len(rows), self.num_tokens), dtype=np.int64)
         lens = np.zeros(len(rows), dtype=np.int64)
         for i, r in enumerate(rows):
             lens[i] = min(len(r), self.num_tokens)
-            out[i, : lens[i]] = torch.as_tensor(r[: lens[i]], dtype=torch.int64)
-        return out.to(runner.device), lens
+            out[i, : lens[i]] = r[: lens[i]]
+        return to_device(out)[0], lens
+
+
+def dummy_run_arguments(num_tokens: int, args: tuple, kwargs: dict) -> tuple:
+    """(cudagraph_runtime_mode, is_graph_capturing) of a GPUModelRunner._dummy_run call
+    (the CPU runner's is the same method)."""
+    import inspect
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    bound = inspect.signature(GPUModelRunner._dummy_run).bind(None, num_tokens, *args, **kwargs)
+    return bound.arguments.get("cudagraph_runtime_mode"), bool(bound.arguments.get("is_graph_capturing", False))

@@ -11,6 +11,8 @@ The plain-PyTorch reference is `parse_vllm.ops.reference.prefix_verify_attention
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from parse_vllm.ops.metadata import PrefixVerifyMetadata
@@ -24,6 +26,9 @@ __all__ = [
     "has_compiled_op",
     "has_cuda_op",
     "compiled_op_error",
+    "compiled_op_unusable",
+    "cuda_archs",
+    "cuda_arch_unsupported",
     "cpu_isa",
     "SUPPORTED_HEAD_SIZES",
 ]
@@ -35,7 +40,13 @@ _REBUILD_HINT = (
     "or PARSE_VLLM_BUILD_CUDA=1 to insist)"
 )
 
+_REINSTALL_HINT = (
+    "install vLLM first, then parse-vllm against vLLM's torch: "
+    "`pip install --no-build-isolation --no-deps --force-reinstall 'parse-vllm[gpu]'` (README, Install)"
+)
+
 _load_error: str | None = None
+_built = importlib.util.find_spec("parse_vllm._C") is not None  # a built library is here
 try:  # registers torch.ops.parse_vllm.* (CPU always, CUDA when it was built)
     import parse_vllm._C  # noqa: F401
 except ImportError as e:  # pragma: no cover - depends on the build
@@ -60,6 +71,53 @@ def has_cuda_op() -> bool:
 def compiled_op_error() -> str | None:
     """Why the extension failed to load (None when it loaded)."""
     return _load_error
+
+
+def built_for_torch() -> str | None:
+    """The torch version the loaded extension was compiled against (None: none loaded)."""
+    return torch.ops.parse_vllm.built_for_torch() if _load_error is None else None
+
+
+def compiled_op_unusable() -> str | None:
+    """Why the extension that was built here cannot serve this torch (None: it can, or none
+    was built). A library compiled against another torch either fails to load (missing C++
+    symbols) or loads with another ABI; both are errors, not a quiet fallback: it happens
+    when pip replaces torch after the op was built (vLLM brings its own torch)."""
+    if not _built:
+        return None
+    if _load_error is not None:
+        return (
+            f"parse_vllm._C is installed but does not load with torch {torch.__version__} ({_load_error}); "
+            f"it was likely built against another torch: {_REINSTALL_HINT}"
+        )
+    built = built_for_torch()
+    if built != torch.__version__.split("+")[0]:
+        return f"parse_vllm._C was built against torch {built}, this is torch {torch.__version__}: {_REINSTALL_HINT}"
+    return None
+
+
+def cuda_archs() -> tuple[str, ...]:
+    """The CUDA architectures the kernel was compiled for ("8.0", "9.0+PTX", ...; none without it)."""
+    if not has_cuda_op():
+        return ()
+    return tuple(a for a in torch.ops.parse_vllm.cuda_archs().split(",") if a)
+
+
+def cuda_arch_unsupported(capability: tuple[int, int], archs: tuple[str, ...] | None = None) -> str | None:
+    """Why the kernel cannot run on a GPU of compute capability `capability` (None: it can).
+    Machine code for sm_XY runs on sm_XZ with Z >= Y (same major); PTX for compute_XY is
+    compiled by the driver for any later GPU."""
+    archs = cuda_archs() if archs is None else archs
+    major, minor = capability
+    for arch in archs:
+        ptx = arch.endswith("+PTX")
+        a_major, a_minor = (int(x) for x in arch.removesuffix("+PTX").split("."))
+        if (a_major == major and a_minor <= minor) or (ptx and (a_major, a_minor) <= (major, minor)):
+            return None
+    return (
+        f"the CUDA kernel was built for {', '.join(archs) or 'no GPU'}, not for this GPU (sm_{major}{minor}); "
+        "rebuild with PARSE_VLLM_CUDA_ARCHS naming it"
+    )
 
 
 def cpu_isa() -> str | None:

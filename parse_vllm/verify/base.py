@@ -18,6 +18,7 @@ attention over forked block tables; the CPU path and the GPU fallback) and
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,6 +48,28 @@ class Judgments:
     requests_kv_unchanged: bool | None = None
 
 
+def pass_ranges(
+    num_copies: int,
+    max_copies: int | None,
+    need: np.ndarray | None = None,  # [C] units of a pooled resource each copy takes (scratch blocks)
+    capacity: int | None = None,  # units of that resource one pass has
+) -> list[tuple[int, int]]:
+    """[start, end) ranges of consecutive copies, one per forward, each within `max_copies`
+    copies and `capacity` units of `need`. Worked example: 5 copies needing [2, 1, 2, 2, 1]
+    scratch blocks of 4, at most 3 copies a pass -> [(0, 2), (2, 4), (4, 5)]."""
+    passes, start, used = [], 0, 0
+    for c in range(num_copies):
+        n = 0 if need is None else int(need[c])
+        full = (max_copies is not None and c - start >= max_copies) or (capacity is not None and used + n > capacity)
+        if full and c > start:
+            passes.append((start, c))
+            start, used = c, 0
+        used += n
+    if num_copies:
+        passes.append((start, num_copies))
+    return passes
+
+
 class Verifier(Protocol):
     suffix_len: int
 
@@ -70,10 +93,14 @@ class VerifierBase:
         num_blocks: int,
         block_size: int,
         check_isolation: bool = False,
+        max_tokens_per_pass: int | None = None,
         fetch=transfers.fetch,
+        to_device=None,
     ):
         self.runner = runner
         self.fetch = fetch  # device -> host, one transfer (the runner's HostCopies.fetch counts them)
+        # host -> device, one staged copy per call (the runner's HostCopies.to_device counts them)
+        self.to_device = to_device or functools.partial(transfers.to_device, torch.device(runner.device))
         self.suffix = np.asarray(suffix_ids, dtype=np.int64)  # [L]
         if self.suffix.shape[0] == 0:
             raise ValueError("empty verification suffix")
@@ -84,15 +111,28 @@ class VerifierBase:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.check_isolation = check_isolation
+        # Suffix tokens one forward may hold: the engine's max_num_batched_tokens, the
+        # largest size vLLM compiles the model for (and profiles its activations at).
+        self.max_tokens_per_pass = max_tokens_per_pass
+        if max_tokens_per_pass is not None and max_tokens_per_pass < self.suffix_len:
+            raise ValueError(
+                f"a verification pass of at most {max_tokens_per_pass} tokens cannot hold one copy of the "
+                f"{self.suffix_len}-token verification suffix; raise max_num_batched_tokens"
+            )
         self.device = torch.device(runner.device)
 
     @property
     def suffix_len(self) -> int:
         return int(self.suffix.shape[0])
 
+    @property
+    def max_copies_per_pass(self) -> int | None:
+        """Copies one forward may hold within `max_tokens_per_pass` (None: no limit)."""
+        return None if self.max_tokens_per_pass is None else self.max_tokens_per_pass // self.suffix_len
+
     def _passes(self, copies: CopyBatch) -> list[tuple[int, int]]:
         """[start, end) ranges of the copies, one per forward."""
-        raise NotImplementedError
+        return pass_ranges(int(copies.req_row.shape[0]), self.max_copies_per_pass)
 
     def _judge_pass(self, req_row: np.ndarray, prefix_len: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
@@ -123,5 +163,5 @@ class VerifierBase:
         for row in np.unique(copies.req_row):
             n = int(copies.prefix_len[copies.req_row == row].max()) + self.suffix_len
             ids.update(int(b) for b in tables[row, : min(tables.shape[1], -(-n // self.block_size))])
-        idx = torch.tensor(sorted(ids), dtype=torch.long)
-        return [c.unflatten(0, (self.num_blocks, -1))[idx.to(c.device)].clone() for c in self.layer_caches]
+        (idx,) = self.to_device(np.array(sorted(ids), dtype=np.int64))
+        return [c.unflatten(0, (self.num_blocks, -1))[idx].clone() for c in self.layer_caches]

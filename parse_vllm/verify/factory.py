@@ -8,8 +8,11 @@ back only for the forked verifier (scheduler.py, `scratch_block_count`), and
 the runner (worker) builds the same verifier (`build`).
 
 "auto" becomes "kernel" where the configuration allows the fused kernel (a
-CUDA device, the compiled CUDA op, a head size the kernel has, and nothing
-`_vllm.kernel_verify_config_unsupported` names), else "forked". What only
+CUDA device, the compiled CUDA op built for that GPU's architecture, a head
+size the kernel has, and nothing `_vllm.kernel_verify_config_unsupported`
+names), else "forked". An op that is installed but was built against another
+torch stops the start (auto included): falling back without it would hide a
+broken install. What only
 the loaded model shows (a layer kind the kernel cannot stand in for) stops
 the start with a message naming parse.verifier='forked': no blocks were held
 back for the fallback.
@@ -34,6 +37,11 @@ def kernel_unavailable(vllm_config, on_cuda: bool) -> str | None:
         return "the kernel reads the GPU backends' paged KV layout (vLLM's CPU KV cache is packed per instruction set)"
     if not _ops.has_cuda_op():
         return f"this build of parse-vllm has no CUDA kernel ({_ops.compiled_op_error() or 'built without nvcc'})"
+    capability = _vllm.cuda_device_capability()
+    if capability is not None:
+        why = _ops.cuda_arch_unsupported(capability)
+        if why is not None:
+            return why
     head_size = _vllm.target_head_size(vllm_config)
     if head_size not in _ops.SUPPORTED_HEAD_SIZES:
         return f"head size {head_size} (the kernel has {_ops.SUPPORTED_HEAD_SIZES})"
@@ -45,6 +53,9 @@ def resolve(requested: str, vllm_config, on_cuda: bool) -> str:
     where it cannot run."""
     if requested == "forked":
         return "forked"
+    broken = _ops.compiled_op_unusable() if on_cuda else None
+    if broken is not None:
+        raise ParseConfigError(f"PARSE: {broken}; or set parse.verifier='forked' to run without the kernel")
     why = kernel_unavailable(vllm_config, on_cuda)
     if why is None:
         return "kernel"
@@ -69,13 +80,15 @@ def build(runner, controller, kv_cache_config, layer_caches_by_name) -> Verifier
         num_blocks=num_blocks,
         block_size=kv_cache_config.kv_cache_groups[gid].kv_cache_spec.block_size,
         check_isolation=config.record_judgments > 0,
+        max_tokens_per_pass=_vllm.max_batched_tokens(runner),
         fetch=controller.host.fetch,
+        to_device=controller.host.to_device,
     )
     if config.verifier == "kernel":
         from parse_vllm.verify.kernel import KernelVerifier
 
         try:
-            return KernelVerifier(runner, **common, max_tokens_per_pass=_vllm.max_batched_tokens(runner))
+            return KernelVerifier(runner, **common)
         except (NotImplementedError, ValueError, RuntimeError) as e:
             raise ParseConfigError(
                 f"PARSE kernel verification cannot run on this model: {e}. No KV blocks were held back "

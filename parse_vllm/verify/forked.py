@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from parse_vllm import _vllm
-from parse_vllm.verify.base import CopyBatch, VerifierBase
+from parse_vllm.verify.base import CopyBatch, VerifierBase, pass_ranges
 
 
 def scratch_block_count(
@@ -67,17 +67,14 @@ class ForkedBlockTableVerifier(VerifierBase):
         return np.array([self.blocks_per_copy(int(n) % self.block_size) for n in prefix_len])
 
     def _passes(self, copies: CopyBatch) -> list[tuple[int, int]]:
-        # As many copies per pass as the scratch pool holds (and the row limit allows).
-        need = self._need(copies.prefix_len)
-        passes, start, used = [], 0, 0
-        for c in range(need.shape[0]):
-            limit_hit = self.max_rows_per_pass is not None and c - start >= self.max_rows_per_pass
-            if used + need[c] > self.scratch_ids.shape[0] or limit_hit:
-                passes.append((start, c))
-                start, used = c, 0
-            used += need[c]
-        passes.append((start, need.shape[0]))
-        return passes
+        # As many copies per pass as the scratch pool holds, within the token and row limits.
+        limits = [n for n in (self.max_copies_per_pass, self.max_rows_per_pass) if n is not None]
+        return pass_ranges(
+            int(copies.req_row.shape[0]),
+            min(limits) if limits else None,
+            need=self._need(copies.prefix_len),
+            capacity=int(self.scratch_ids.shape[0]),
+        )
 
     def _judge_pass(self, req_row: np.ndarray, prefix_len: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         B, L = self.block_size, self.suffix_len
@@ -103,28 +100,29 @@ class ForkedBlockTableVerifier(VerifierBase):
         _vllm.copy_kv_blocks(self.layer_caches, self.num_blocks, block_copies)
 
         # Suffix tokens of copy c sit at positions n_c .. n_c + L - 1.
-        positions = (prefix_len[:, None] + np.arange(L)[None, :]).reshape(-1)  # [C*L]
+        positions = (prefix_len[:, None] + np.arange(L)[None, :]).reshape(-1).astype(np.int64)  # [C*L]
         rows = np.repeat(np.arange(C), L)
         slots = table[rows, positions // B].astype(np.int64) * B + positions % B
         input_ids = np.tile(self.suffix, C)
         seq_lens = (prefix_len + L).astype(np.int32)
         qsl = np.arange(0, (C + 1) * L, L, dtype=np.int32)
 
-        dev = self.device
+        ids_t, pos_t, qsl_t, seq_lens_t, table_t, slots_t, last_t = self.to_device(
+            input_ids.astype(np.int32), positions, qsl, seq_lens, table, slots, qsl[1:] - 1
+        )
         hidden = _vllm.run_target_forward(
             self.runner,
-            input_ids=torch.from_numpy(input_ids.astype(np.int32)).to(dev),
-            positions=torch.from_numpy(positions.astype(np.int64)).to(dev),
-            query_start_loc=torch.from_numpy(qsl).to(dev),
+            input_ids=ids_t,
+            positions=pos_t,
+            query_start_loc=qsl_t,
             query_start_loc_cpu=torch.from_numpy(qsl),
-            seq_lens=torch.from_numpy(seq_lens).to(dev),
-            block_table=torch.from_numpy(table).to(dev),
-            slot_mapping=torch.from_numpy(slots).to(dev),
+            seq_lens=seq_lens_t,
+            block_table=table_t,
+            slot_mapping=slots_t,
             kv_cache_group_id=self.group_id,
             layer_names=self.layer_names,
             max_query_len=L,
             max_seq_len=int(seq_lens.max()),
         )
-        last = torch.from_numpy(qsl[1:] - 1).to(dev).long()
-        logits = self.runner.model.compute_logits(hidden[self.labels.row_index(last)])  # [C * rows, vocab]
+        logits = self.runner.model.compute_logits(hidden[self.labels.row_index(last_t)])  # [C * rows, vocab]
         return self.labels.log_probs(logits)

@@ -36,7 +36,7 @@ import torch
 from parse_vllm import _vllm
 from parse_vllm import ops as _ops
 from parse_vllm.ops import PrefixVerifyMetadata
-from parse_vllm.verify.base import CopyBatch, VerifierBase
+from parse_vllm.verify.base import VerifierBase
 
 __all__ = [
     "KernelVerifier",
@@ -162,12 +162,10 @@ class KernelVerifier(VerifierBase):
         *,
         scratch_ids: np.ndarray | None = None,
         max_rows_per_pass: int | None = None,
-        max_tokens_per_pass: int | None = None,
         **common,
     ):
         del scratch_ids, max_rows_per_pass  # see the class docstring
         super().__init__(runner, **common)  # VerifierBase's arguments
-        self.max_tokens_per_pass = max_tokens_per_pass
 
         self.layers = _vllm.target_attention_layers(runner.model, self.layer_names)
         cpu = [n for n, layer in self.layers.items() if _vllm.is_cpu_attention_backend(layer)]
@@ -202,6 +200,10 @@ class KernelVerifier(VerifierBase):
         has_kernel = (
             _ops.has_cuda_op() if self.device.type == "cuda" else (self.device.type == "cpu" and _ops.has_compiled_op())
         )
+        if has_kernel and self.device.type == "cuda":
+            why = _ops.cuda_arch_unsupported(torch.cuda.get_device_capability(self.device))
+            if why is not None:
+                raise NotImplementedError(f"PARSE kernel verifier: {why}")
         if not has_kernel:
             raise RuntimeError(
                 f"PARSE kernel verifier: parse_vllm.ops.prefix_verify_attention has no "
@@ -211,31 +213,29 @@ class KernelVerifier(VerifierBase):
             )
         self.layer_params = {n: _vllm.attention_layer_params(layer) for n, layer in self.layers.items()}
 
-    def _passes(self, copies: CopyBatch) -> list[tuple[int, int]]:
-        # At most max_tokens_per_pass suffix tokens per forward.
-        C = copies.req_row.shape[0]
-        per_pass = C if self.max_tokens_per_pass is None else max(1, self.max_tokens_per_pass // self.suffix_len)
-        return [(s, min(C, s + per_pass)) for s in range(0, C, per_pass)]
-
-    def layer_metadata(self, packed: PackedCopies) -> dict[str, PrefixVerifyMetadata]:
-        """Per-layer metadata of one pass, on the model's device."""
-        dev = self.device
-
-        def t(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
-
+    def layer_metadata(
+        self, packed: PackedCopies
+    ) -> tuple[dict[str, PrefixVerifyMetadata], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-layer metadata of one pass on the model's device, and the pass's input ids,
+        positions and last rows [C] there: everything in one staged copy."""
         tables = _vllm.layer_block_tables(self.runner, self.group_id, packed.block_table)
-        on_device: dict[int, torch.Tensor] = {}
-        copy_req, copy_prefix_len, cu = t(packed.copy_req), t(packed.copy_prefix_len), t(packed.cu_copy_lens)
+        distinct = list({id(tables[n]): tables[n] for n in self.layer_names}.values())
+        copy_req, copy_prefix_len, cu, input_ids, positions, last, *on_device = self.to_device(
+            packed.copy_req,
+            packed.copy_prefix_len,
+            packed.cu_copy_lens,
+            packed.input_ids,
+            packed.positions,
+            packed.last,
+            *[np.ascontiguousarray(t) for t in distinct],
+        )
+        table_of = {id(t): d for t, d in zip(distinct, on_device)}
         T = int(packed.cu_copy_lens[-1])
         out = {}
         for name in self.layer_names:
-            table = tables[name]
-            if id(table) not in on_device:
-                on_device[id(table)] = t(table)
             scale, softcap, window = self.layer_params[name]
             out[name] = PrefixVerifyMetadata(
-                block_table=on_device[id(table)],
+                block_table=table_of[id(tables[name])],
                 copy_req=copy_req,
                 copy_prefix_len=copy_prefix_len,
                 cu_copy_lens=cu,
@@ -244,7 +244,7 @@ class KernelVerifier(VerifierBase):
                 softcap=softcap,
                 sliding_window=window,
             )
-        return out
+        return out, input_ids, positions, last
 
     def _judge_pass(self, req_row: np.ndarray, prefix_len: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         packed = pack_copies(
@@ -254,15 +254,10 @@ class KernelVerifier(VerifierBase):
             _vllm.request_block_table(self.runner, self.group_id),
             self.block_size,
         )
-        md = self.layer_metadata(packed)
-        dev = self.device
+        md, input_ids, positions, last = self.layer_metadata(packed)
         with _vllm.replaced_attention_impls(self.layers, PrefixVerifyAttentionImpl):
             hidden = _vllm.run_target_forward_with_layer_metadata(
-                self.runner,
-                input_ids=torch.from_numpy(packed.input_ids).to(dev),
-                positions=torch.from_numpy(packed.positions).to(dev),
-                attn_metadata=md,
+                self.runner, input_ids=input_ids, positions=positions, attn_metadata=md
             )
-        last = torch.from_numpy(packed.last).to(dev)
         logits = _vllm.target_logits(self.runner, hidden[self.labels.row_index(last)])  # [C * rows, vocab]
         return self.labels.log_probs(logits)
