@@ -75,8 +75,8 @@ COPY csrc csrc
 COPY parse_vllm parse_vllm
 COPY configs configs
 
-# --no-deps: vLLM (and its torch) come with the image; the `gpu` extra would
-# rebuild flash-attn. --no-build-isolation: the op compiles against that torch.
+# --no-deps: vLLM (and its torch) come with the image and must stay as they are;
+# --no-build-isolation: the op compiles against that torch.
 # PARSE_VLLM_BUILD_CUDA=1 fails the build if the CUDA op cannot be built.
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_BREAK_SYSTEM_PACKAGES=1
