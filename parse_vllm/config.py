@@ -50,6 +50,11 @@ class ParseConfig:
     # whose next-token probabilities are compared.
     question: str = DEFAULT_QUESTION
     labels: tuple[str, str] = ("Correct", "Incorrect")
+    # A trained judge (`parse-vllm train-judge`): a head file, or the name of one shipped
+    # with parse-vllm; the verification pass then reads its logistic read-out of the
+    # target's hidden state instead of P(Correct) against P(Incorrect) (None: zero-shot).
+    # It must have been trained for this target, question and labels.
+    judge_head: str | None = None
     # Judge the whole draft first; run the prefix pass only for drafts that
     # fail it (cheaper when most drafts are right, one more pass when not).
     two_stage: bool = False
@@ -148,6 +153,8 @@ class ParseConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(name, "must be an integer >= 1")
         _check_token_proposer(self.token_proposer, self.spec_tokens)
+        if self.judge_head is not None and not (isinstance(self.judge_head, str) and self.judge_head.strip()):
+            raise bad("judge_head", "must be a path to a judge head (or the name of a shipped one)")
         if self.verifier not in VERIFIERS:
             raise bad("verifier", f"must be one of {VERIFIERS}")
         if self.on_reject not in ON_REJECT_MODES:

@@ -45,6 +45,7 @@ class ParseController:
     served_model_name: str
     device: str = "cpu"  # the model's
     verifier: Verifier | None = None  # set once the KV cache exists
+    read_out: object | None = None  # the judge head on the device (judge_head.ReadOut); None: zero-shot
 
     def __post_init__(self) -> None:
         # every copy between host and device of a step, counted
@@ -102,8 +103,8 @@ class ParseController:
 
     def judge(self, copies: CopyBatch, batch: DraftBatch, judged: JudgedRequests) -> np.ndarray:
         """One verification call through the verifier over copies of `batch`'s
-        drafts; P(yes) [C]. A recorded judgment names its copy's request,
-        boundary and token ids (`judged`)."""
+        drafts; the judgments' log-odds [C]. A recorded judgment names its copy's
+        request, boundary and token ids (`judged`)."""
         j = self.verifier.judge(copies)
         n = int(copies.req_row.shape[0])
         self.stats.verification_passes += j.passes
@@ -120,12 +121,14 @@ class ParseController:
                         "boundary": boundary,
                         "token_ids": judged.context[k].tolist() + batch.draft_of(k)[:boundary].tolist(),
                         "p_yes": float(j.p_yes[c]),
+                        "logit": float(j.logit[c]),
                         "logprob_yes": float(j.logprob_yes[c]),
                         "logprob_no": float(j.logprob_no[c]),
+                        "hidden": None if j.hidden is None else j.hidden[c],
                         "requests_kv_unchanged": j.requests_kv_unchanged,
                     }
                 )
-        return j.p_yes.numpy()
+        return j.logit
 
     def apply(self, req_ids: list[str], batch: DraftBatch, result: StepResult) -> None:
         """Counters and phase changes for the step's outcome; `req_ids` [R]

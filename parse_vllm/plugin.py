@@ -62,6 +62,7 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
     check_same_tokenizer(vllm_config)
     check_verification_template(vllm_config, config)
     check_token_proposer(vllm_config, config)
+    check_judge_head(vllm_config, config)
     if vllm_config.parallel_config.pipeline_parallel_size != 1:
         raise ParseConfigError("PARSE does not support pipeline parallelism yet")
 
@@ -200,6 +201,24 @@ def check_verification_template(vllm_config, config: ParseConfig) -> None:
         build_template(_vllm.target_tokenizer(vllm_config), config)
     except ParseConfigError as e:
         raise ParseConfigError(f"{e} (target {vllm_config.model_config.model!r})") from e
+
+
+def check_judge_head(vllm_config, config: ParseConfig) -> None:
+    """Refuse, before any worker starts, a judge head (parse.judge_head) trained for
+    another target, hidden size, question or labels (the worker then checks the weights)."""
+    if config.judge_head is None:
+        return
+    from parse_vllm import _vllm
+    from parse_vllm.judge_head import JudgeHeadError, engine_identity, load_for_engine
+    from parse_vllm.templates import build_template
+
+    template = build_template(_vllm.target_tokenizer(vllm_config), config)
+    try:
+        load_for_engine(
+            config.judge_head, engine_identity(**_vllm.target_shape(vllm_config), template=template, config=config)
+        )
+    except JudgeHeadError as e:
+        raise ParseConfigError(str(e)) from e
 
 
 def validate_request_params(params) -> None:

@@ -102,6 +102,8 @@ class ParseRunnerMixin:
             served_model_name=str(self.vllm_config.model_config.served_model_name),
             device=str(self.device),
         )
+        if config.judge_head is not None:
+            self.parse.read_out = self._load_judge_head(config, template)
         self._parse_draft_lens = {}
         # Every drafter call's inputs of a step, moved in one copy; sized for a
         # step's first passes (catch-up beyond it grows it).
@@ -140,6 +142,20 @@ class ParseRunnerMixin:
             template.labels.no_ids,
             config.on_reject,
         )
+
+    def _load_judge_head(self, config, template):
+        """The judge head's read-out on this worker's device, once its weights are known to
+        be the ones it was trained on (process 0 checked the rest)."""
+        from parse_vllm.judge_head import FINGERPRINT_DIMS, ReadOut, engine_identity, load_for_engine
+
+        identity = engine_identity(**_vllm.target_shape(self.vllm_config), template=template, config=config)
+        head = load_for_engine(config.judge_head, identity)
+        first_ids = [ids[0] for ids in identity.label_ids]
+        why = head.fingerprint_mismatch(_vllm.lm_head_columns(self.model, first_ids, FINGERPRINT_DIMS))
+        if why is not None:
+            raise ParseConfigError(f"parse.judge_head={config.judge_head!r}: {why}")
+        logger.info("PARSE judge head %s (%s)", config.judge_head, head.training.get("summary", head.features))
+        return ReadOut(head, self.device)
 
     def initialize_kv_cache_tensors(self, *args, **kwargs):
         caches = super().initialize_kv_cache_tensors(*args, **kwargs)

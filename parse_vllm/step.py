@@ -7,8 +7,9 @@ Terms, as in vLLM's RejectionSampler:
              (`acceptance.view_draft`); only text is judged.
   boundary   b: the judge reads draft[:b]; b_1 < ... < b_K = len(text).
   L_sem      the maximal valid prefix: the largest b_k with b_1..b_k all
-             passing (P(yes) >= τ), 0 if b_1 fails; boundaries start past
-             L_tok.
+             passing (the judgment's log-odds >= logit(τ): P(yes) >= τ, but
+             τ = 1 never passes, however sure the judge), 0 if b_1 fails;
+             boundaries start past L_tok.
   cut        a limit that is not the judge's: the token guard (the first draft
              token outside the target's top-k), the request's constraints
              (grammar bitmask, allowed token ids), or the context (a copy of
@@ -53,6 +54,7 @@ from parse_vllm.acceptance import (
     view_draft,
 )
 from parse_vllm.boundaries import BoundaryRule
+from parse_vllm.judge_head import judgment_passes
 from parse_vllm.transfers import fetch
 from parse_vllm.transfers import to_device as fetch_to_device
 from parse_vllm.verify import CopyBatch
@@ -128,7 +130,7 @@ class StepResult:
     judged: np.ndarray  # bool: the request's draft went to the judge (not taken whole token-level)
 
 
-Judge = Callable[[CopyBatch], np.ndarray]  # copies -> P(yes) [C]
+Judge = Callable[[CopyBatch], np.ndarray]  # copies -> the judgments' log-odds [C]
 
 
 def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
@@ -168,8 +170,9 @@ def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
             b = b[-1:]  # holistic check first; earlier boundaries only if it fails
         bounds.append(b)
 
-    # 4. Judge: P(yes) is in [0, 1], so τ <= 0 passes and τ > 1 fails every
-    #    copy without a pass; only the requests in between are asked.
+    # 4. Judge: a judgment is a probability, so τ <= 0 passes and τ > 1 fails every
+    #    copy without a pass; only the requests in between are asked, and
+    #    compared in log-odds (logit(1) = inf: τ = 1 fails every copy too).
     def ask(ks: list[int], bs: list[np.ndarray]) -> list[np.ndarray]:
         c = CopyBatch(
             req_row=np.repeat(batch.row[ks], [b.shape[0] for b in bs]),
@@ -181,16 +184,16 @@ def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
     passed = [np.full(b.shape[0], tau[k] <= 0) for k, b in enumerate(bounds)]
     ks = [k for k in range(R) if asked[k] and bounds[k].shape[0]]
     if ks:
-        for k, p_yes in zip(ks, ask(ks, [bounds[k] for k in ks])):
-            passed[k] = p_yes >= tau[k]
+        for k, z in zip(ks, ask(ks, [bounds[k] for k in ks])):
+            passed[k] = judgment_passes(z, tau[k])
     if s.two_stage:
         failed = [k for k in ks if not passed[k][0]]
         earlier = {k: _earlier_bounds(s, batch, k, text_len[k], bounds[k][0], context_len[k], l_tok[k]) for k in failed}
         earlier = {k: b for k, b in earlier.items() if b.shape[0]}
         if earlier:
-            for k, p_yes in zip(earlier, ask(list(earlier), list(earlier.values()))):
+            for k, z in zip(earlier, ask(list(earlier), list(earlier.values()))):
                 bounds[k] = np.concatenate([earlier[k], bounds[k]])
-                passed[k] = np.concatenate([p_yes >= tau[k], passed[k]])
+                passed[k] = np.concatenate([judgment_passes(z, tau[k]), passed[k]])
 
     cu_bounds = np.concatenate([[0], np.cumsum([b.shape[0] for b in bounds])]).astype(np.int64)
     l_sem, first_fail = maximal_valid_prefix(

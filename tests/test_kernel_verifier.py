@@ -352,11 +352,11 @@ def test_kernel_judgments_equal_full_target_forwards(env, block, physical, kerne
     expected_passes = 1 if max_tokens is None else -(-C // (max_tokens // v.suffix_len))
     assert j.passes == expected_passes and (max_tokens is None or j.passes > 1)
     want = np.array([env.hf_logits(t) for t in tokens])  # [C, 2]
-    got = np.stack([j.logprob_yes.numpy(), j.logprob_no.numpy()], axis=1)
+    got = np.stack([j.logprob_yes, j.logprob_no], axis=1)
     worst = float(np.abs(got - want).max())
     assert worst <= TOL, f"max |logit diff| {worst}"
     p_want = 1 / (1 + np.exp(want[:, 1] - want[:, 0]))
-    p_got = j.p_yes.numpy()
+    p_got = j.p_yes
     assert np.abs(p_got - p_want).max() <= TOL
     assert ((p_got >= 0.5) == (p_want >= 0.5)).all()
     # A threshold that splits the copies, so pass/fail is compared on both
@@ -375,6 +375,29 @@ def test_kernel_judgments_equal_full_target_forwards(env, block, physical, kerne
         f"\n{block=} {physical=} {kernel_block=}: {C} copies, {j.passes} passes, max |logit diff| {worst:.2e}, "
         f"P(yes) in [{p_want.min():.3f}, {p_want.max():.3f}]"
     )
+
+
+def test_kernel_judgments_with_a_judge_head_are_its_read_out_of_the_target_hidden_state(env):
+    """With a judge head the kernel path's judgment is the head's read-out of the same
+    hidden state a plain HF forward ends the chat suffix with, as on the forked path
+    (tests/test_judge_head.py): both verifiers share VerifierBase's read-out."""
+    from parse_vllm.judge_head import HeadIdentity, JudgeHead, ReadOut
+
+    runner, copies, tokens, manager_views, num_blocks = _setup(env, block=16, physical="HND", kernel_block=None, seed=5)
+    H = env.hf.config.hidden_size
+    rng = np.random.default_rng(3)
+    identity = HeadIdentity("tiny", "LlamaForCausalLM", H, NUM_LAYERS, 0, (), "", ("a", "b"), ((), ()), {})
+    head = JudgeHead(rng.normal(size=H + 1), 0.2, rng.normal(size=H + 1), rng.uniform(0.5, 2, H + 1),
+                     ("hidden", "zero_shot_logit"), identity)  # fmt: skip
+    v = _verifier(env, runner, manager_views, num_blocks, 16, read_out=ReadOut(head, "cpu"))
+    j = v.judge(copies)
+    chat = list(env.template.suffix_ids[: len(env.template.suffix_ids) - len(env.template.labels.extension)])
+    for c, t in enumerate(tokens):
+        with torch.no_grad():
+            h = env.hf(torch.tensor([t + chat]), output_hidden_states=True).hidden_states[-1][0, -1].numpy()
+        ly, ln = env.hf_logits(t)
+        assert np.abs(j.hidden[c] - h).max() <= TOL
+        assert abs(j.logit[c] - head.logit(h[None], np.array([ly - ln]))[0]) <= 1e-3
 
 
 def test_standard_kv_cache_views_read_vllm_layouts():

@@ -73,14 +73,17 @@ def batch_of(
 
 
 class Judge:
-    """P(yes) per (input-batch row, boundary b); 1.0 where not given. Records every call."""
+    """P(yes) per (input-batch row, boundary b); 1.0 where not given. Answers in log-odds, as
+    the verifiers do. Records every call."""
 
     def __init__(self, p: dict[tuple[int, int], float] | None = None):
         self.p, self.calls = p or {}, []
 
     def __call__(self, copies):
         self.calls.append([(int(r), int(n) - CACHED) for r, n in zip(copies.req_row, copies.prefix_len)])
-        return np.array([self.p.get(c, 1.0) for c in self.calls[-1]], dtype=np.float32)
+        p = np.array([self.p.get(c, 1.0) for c in self.calls[-1]], dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            return np.log(p) - np.log1p(-p)
 
 
 def test_maximal_valid_prefix_stops_at_the_first_failed_boundary():
@@ -106,6 +109,18 @@ def test_tau_outside_0_1_is_decided_without_judging():
     assert judge.calls == []
     assert r.accepted.tolist() == [4, 0] and r.rejected.tolist() == [False, True]
     assert r.first_fail.tolist() == [-1, 0]
+
+
+def test_tau_one_passes_nothing_however_sure_the_judge():
+    """τ = 1 is the judged reject-all setting: a judge sure enough that P(yes) rounds to 1.0
+    (log-odds 40, or infinite) still fails every prefix, while τ just below 1 takes the draft."""
+    d = [[1, 2, 3, 4]]
+    for sure in (1.0, float(1 / (1 + np.exp(-40.0)))):
+        judge = Judge({(0, 2): sure, (0, 4): sure})
+        r = parse_step(batch_of(d, target=[[9] * 5], tau=1.0), judge, settings())
+        assert judge.calls == [[(0, 2), (0, 4)]] and r.rejected[0] and r.accepted[0] == 0
+        r = parse_step(batch_of(d, target=[[9] * 5], tau=0.999), Judge({(0, 2): sure, (0, 4): sure}), settings())
+        assert not r.rejected[0] and r.accepted[0] == 4
 
 
 def test_a_draft_token_level_took_whole_is_not_judged():

@@ -119,7 +119,7 @@ from .envs import set_vllm_env  # noqa: E402
 from .executor import cpu_ray_executor_cls  # noqa: E402
 from .forward import run_target_forward, run_target_forward_with_layer_metadata, target_logits  # noqa: E402
 from .log import init_logger  # noqa: E402
-from .models import register_model, target_tokenizer  # noqa: E402
+from .models import lm_head_columns, register_model, target_shape, target_tokenizer  # noqa: E402
 from .platform import (  # noqa: E402
     builtin_platform_qualname,
     cpu_engine_in_one_process,
@@ -223,6 +223,8 @@ __all__ = [
     "target_logits",
     "init_logger",
     "register_model",
+    "lm_head_columns",
+    "target_shape",
     "target_tokenizer",
     "builtin_platform_qualname",
     "cpu_engine_in_one_process",

@@ -39,13 +39,23 @@ class CopyBatch:
 
 @dataclass
 class Judgments:
-    p_yes: torch.Tensor  # [C] P(yes) / (P(yes) + P(no)), float32
-    logprob_yes: torch.Tensor  # [C] log P(labels[0]), the label's tokens summed
-    logprob_no: torch.Tensor  # [C] log P(labels[1])
+    """One verification call's judgments, on the host. The step decides by `logit`: the
+    zero-shot log-odds log P(yes) - log P(no), or a judge head's read-out of the same
+    hidden state (judge_head.py); a copy passes when logit >= logit(τ)."""
+
+    logit: np.ndarray  # [C] float64, the judgment's log-odds
+    logprob_yes: np.ndarray  # [C] log P(labels[0]), the label's tokens summed
+    logprob_no: np.ndarray  # [C] log P(labels[1])
     passes: int  # forwards it took (more than 1 only when one would not fit)
     # With check_isolation: whether the requests' own KV blocks were left
     # bit-for-bit unchanged by the pass.
     requests_kv_unchanged: bool | None = None
+    hidden: np.ndarray | None = None  # [C, H] float32 at each copy's chat-suffix end (when recorded)
+
+    @property
+    def p_yes(self) -> np.ndarray:
+        """[C] the judgment as a probability, sigmoid(logit) (1.0 once logit passes ~37)."""
+        return 1.0 / (1.0 + np.exp(-self.logit))
 
 
 def pass_ranges(
@@ -93,6 +103,7 @@ class VerifierBase:
         num_blocks: int,
         block_size: int,
         check_isolation: bool = False,
+        read_out=None,
         max_tokens_per_pass: int | None = None,
         fetch=transfers.fetch,
         to_device=None,
@@ -111,6 +122,8 @@ class VerifierBase:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.check_isolation = check_isolation
+        # A judge head (judge_head.ReadOut) in place of the zero-shot log-odds; None: zero-shot.
+        self.read_out = read_out
         # Suffix tokens one forward may hold: the engine's max_num_batched_tokens, the
         # largest size vLLM compiles the model for (and profiles its activations at).
         self.max_tokens_per_pass = max_tokens_per_pass
@@ -134,26 +147,35 @@ class VerifierBase:
         """[start, end) ranges of the copies, one per forward."""
         return pass_ranges(int(copies.req_row.shape[0]), self.max_copies_per_pass)
 
-    def _judge_pass(self, req_row: np.ndarray, prefix_len: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _judge_pass(self, req_row: np.ndarray, prefix_len: np.ndarray) -> torch.Tensor:
+        """One forward over the copies: the target's final hidden states at each copy's
+        label rows, [C * labels.rows, H] copy-major (`LabelScoring.row_index`)."""
         raise NotImplementedError
+
+    def _read(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A pass's label rows [C * rows, H] -> (logit, log P(yes), log P(no)) [C] and the
+        hidden state the judgment reads [C, H] (row 0: the chat suffix's last token)."""
+        ly, ln = self.labels.log_probs(_vllm.target_logits(self.runner, hidden))
+        h = hidden.view(-1, self.labels.rows, hidden.shape[-1])[:, 0]
+        logit = ly - ln if self.read_out is None else self.read_out.logit(h, ly - ln)
+        return logit, ly, ln, h
 
     @torch.inference_mode()
     def judge(self, copies: CopyBatch) -> Judgments:
         if copies.req_row.shape[0] == 0:
-            empty = torch.zeros(0, dtype=torch.float32)
+            empty = np.zeros(0, dtype=np.float64)
             return Judgments(empty, empty, empty, 0)
         passes = self._passes(copies)
         before = self._request_blocks(copies) if self.check_isolation else None
-        lp = [self._judge_pass(copies.req_row[s:e], copies.prefix_len[s:e]) for s, e in passes]
-        ly, ln = (
-            torch.from_numpy(x).float()
-            for x in self.fetch(torch.cat([y for y, _ in lp]), torch.cat([n for _, n in lp]))
-        )
+        read = [self._read(self._judge_pass(copies.req_row[s:e], copies.prefix_len[s:e])) for s, e in passes]
+        logit, ly, ln, h = (torch.cat(x) for x in zip(*read))
+        # One read-back: the judgments (and, when they are recorded, the hidden states).
+        logit, ly, ln, *hidden = self.fetch(logit.double(), ly, ln, *([h.float()] if self.check_isolation else []))
         unchanged = None
         if before is not None:
             after = self._request_blocks(copies)
             unchanged = all(torch.equal(a, b) for a, b in zip(before, after))
-        return Judgments(torch.sigmoid(ly - ln), ly, ln, len(passes), unchanged)
+        return Judgments(logit, ly, ln, len(passes), unchanged, hidden[0].astype(np.float32) if hidden else None)
 
     def _request_blocks(self, copies: CopyBatch) -> list[torch.Tensor]:
         """Copies of every KV block (all target layers) that the judged

@@ -80,6 +80,7 @@ def build(runner, controller, kv_cache_config, layer_caches_by_name) -> Verifier
         num_blocks=num_blocks,
         block_size=kv_cache_config.kv_cache_groups[gid].kv_cache_spec.block_size,
         check_isolation=config.record_judgments > 0,
+        read_out=controller.read_out,
         max_tokens_per_pass=_vllm.max_batched_tokens(runner),
         fetch=controller.host.fetch,
         to_device=controller.host.to_device,

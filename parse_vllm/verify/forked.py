@@ -76,7 +76,7 @@ class ForkedBlockTableVerifier(VerifierBase):
             capacity=int(self.scratch_ids.shape[0]),
         )
 
-    def _judge_pass(self, req_row: np.ndarray, prefix_len: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _judge_pass(self, req_row: np.ndarray, prefix_len: np.ndarray) -> torch.Tensor:
         B, L = self.block_size, self.suffix_len
         C = req_row.shape[0]
         need = self._need(prefix_len)
@@ -124,5 +124,4 @@ class ForkedBlockTableVerifier(VerifierBase):
             max_query_len=L,
             max_seq_len=int(seq_lens.max()),
         )
-        logits = self.runner.model.compute_logits(hidden[self.labels.row_index(last_t)])  # [C * rows, vocab]
-        return self.labels.log_probs(logits)
+        return hidden[self.labels.row_index(last_t)]  # [C * rows, H]

@@ -246,7 +246,7 @@ class KernelVerifier(VerifierBase):
             )
         return out, input_ids, positions, last
 
-    def _judge_pass(self, req_row: np.ndarray, prefix_len: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _judge_pass(self, req_row: np.ndarray, prefix_len: np.ndarray) -> torch.Tensor:
         packed = pack_copies(
             self.suffix,
             req_row,
@@ -259,5 +259,4 @@ class KernelVerifier(VerifierBase):
             hidden = _vllm.run_target_forward_with_layer_metadata(
                 self.runner, input_ids=input_ids, positions=positions, attn_metadata=md
             )
-        logits = _vllm.target_logits(self.runner, hidden[self.labels.row_index(last)])  # [C * rows, vocab]
-        return self.labels.log_probs(logits)
+        return hidden[self.labels.row_index(last)]  # [C * rows, H]
