@@ -50,6 +50,15 @@ def first_stop_index(draft, stop_ids: frozenset[int]) -> int:
     return int(hits[0]) if hits.shape[0] else -1
 
 
+def cut_at_stop(draft, stop_ids: frozenset[int]) -> list[int]:
+    """`draft` up to and including its first token that ends the request (all of it
+    without one): what the drafter wrote after a stop token is no part of the answer. The
+    one place a draft is cut there (windows, and the drafts the scheduler is given)."""
+    tokens = [int(t) for t in draft]
+    stop = first_stop_index(tokens, stop_ids)
+    return tokens if stop < 0 else tokens[: stop + 1]
+
+
 def view_draft(
     draft: np.ndarray,  # [d] as scheduled
     stop_ids: frozenset[int],

@@ -1,29 +1,43 @@
-"""Per-engine PARSE state: what the model runner holds, as one object.
+"""Per-engine PARSE state, and the only writer of it.
 
-The configuration and what follows from it (window, boundary rule, template,
-verifier), each request's phase (`policy.RequestState`), the counters and
-their Prometheus export, the recorded judgments and the KV audit. It turns a
-`step.StepResult` into counters and phase changes; the step itself is
-`step.parse_step`. No vLLM object: the runner passes plain values.
+What the model runner holds, as one object: the configuration and what follows from it
+(window, boundary rule, template, verifier, judge head), each request's state
+(`policy.RequestState`) and open window (`windows.OpenWindow`), the counters and their
+Prometheus export, the recorded judgments and the KV audit. The runner reports what vLLM
+did through a few transitions, in step order, and reads back what to do:
+
+  begin_step(batch, finished, resumed, preempted)   a step's batch is known: requests
+                    come and go, preempted ones lose their draft KV and windows; a new
+                    StepScratch (`self.step`)
+  row_states()      what each batch row drafts (drafting.RowStates)
+  drafted(rows, kv_len, chunks)   the drafter ran: draft KV, windows advanced, the drafts'
+                    lengths
+  judge(...)        one verification call (the step's judge)
+  sampled(...)      the step's outcome: counters and phase changes
+
+No vLLM object: the runner passes plain values.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from parse_vllm.boundaries import BoundaryRule
-from parse_vllm.config import ParseConfig, RequestOptions
-from parse_vllm.drafting import OpenWindow
+from parse_vllm import proposers
+from parse_vllm.acceptance import cut_at_stop
+from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
+from parse_vllm.config import ParseConfig, ParseConfigError, RequestOptions, request_options
+from parse_vllm.drafting import DraftRows, RowStates
 from parse_vllm.metrics import KvAudit, ParseStats, PromExporter
 from parse_vllm.policy import Phase, RequestState
 from parse_vllm.step import DraftBatch, StepResult, StepSettings
-from parse_vllm.templates import VerificationTemplate
+from parse_vllm.templates import VerificationTemplate, build_template
 from parse_vllm.transfers import HostCopies
 from parse_vllm.verify import CopyBatch, Verifier
+from parse_vllm.windows import OpenWindow, StepReport, advance_windows
 
 
 @dataclass
@@ -32,6 +46,17 @@ class JudgedRequests:
 
     req_ids: list[str]  # [R]
     context: list[np.ndarray]  # [R] each request's tokens before its draft (only when judgments are recorded)
+
+
+@dataclass
+class StepScratch:
+    """One engine step's PARSE values, shared by the hooks that run in it."""
+
+    batch: object  # _vllm.BatchView of the step
+    report: StepReport  # for the scheduler, on the step's output
+    drafted: bool = False  # the drafter ran (vLLM skips it in some steps)
+    sampled: np.ndarray | None = None  # [B, W+1] the step's tokens on the host, once fetched
+    draft_lens: dict[str, int] = field(default_factory=dict)  # each batch row's draft length
 
 
 @dataclass
@@ -44,6 +69,7 @@ class ParseController:
     layer_names: list[str]
     served_model_name: str
     device: str = "cpu"  # the model's
+    token_proposer: str | None = None  # parse.token_proposer's method
     verifier: Verifier | None = None  # set once the KV cache exists
     read_out: object | None = None  # the judge head on the device (judge_head.ReadOut); None: zero-shot
 
@@ -52,43 +78,181 @@ class ParseController:
         self.host = HostCopies(self.device, watch_pageable=self.config.audit_transfers)
         self.states: dict[str, RequestState] = {}
         self.windows: dict[str, OpenWindow] = {}  # windows drafted over several steps, by request
+        self.step: StepScratch | None = None
         self.stats = ParseStats()
         self._exported = ParseStats()
         self._prom = PromExporter({"model_name": self.served_model_name})
         self.judgments: collections.deque = collections.deque(maxlen=max(1, self.config.record_judgments))
         self.kv_audit: KvAudit | None = KvAudit() if self.config.audit_kv_blocks else None
 
-    # -- requests -----------------------------------------------------------
+    @classmethod
+    def create(cls, config: ParseConfig, *, window: int, tokenizer, vocab_size: int, **engine) -> ParseController:
+        """The engine's controller from its PARSE configuration and the target's tokenizer:
+        the verification template, the sentence ends the boundaries and rewrites read, the
+        boundary rule. `engine`: layer_names, served_model_name, device."""
+        template = build_template(tokenizer, config)
+        sentence_end = sentence_end_mask(tokenizer, vocab_size)
+        return cls(
+            config=config,
+            window=window,
+            rule=BoundaryRule(config.boundaries, config.every, config.max_boundaries, sentence_end),
+            sentence_end=sentence_end,
+            template=template,
+            token_proposer=(config.token_proposer or {}).get("method"),
+            **engine,
+        )
 
-    def state(self, req_id: str, options: Callable[[], RequestOptions]) -> RequestState:
-        """The request's state, created from `options()` on first sight."""
-        state = self.states.get(req_id)
-        if state is None:
-            state = self.states[req_id] = RequestState(options())
-        return state
+    def load_judge_head(self, target_shape: dict, lm_head_columns) -> None:
+        """The judge head (parse.judge_head) on the device, once it is known to fit the
+        target (`target_shape`: _vllm.target_shape) and its weights (`lm_head_columns(ids,
+        n)`: the LM head's first n columns of the rows `ids`); process 0 checked the rest."""
+        from parse_vllm.judge_head import FINGERPRINT_DIMS, ReadOut, engine_identity, load_for_engine
 
-    def forget(self, req_ids) -> None:
-        for req_id in req_ids:
+        identity = engine_identity(**target_shape, template=self.template, config=self.config)
+        head = load_for_engine(self.config.judge_head, identity)
+        why = head.fingerprint_mismatch(lm_head_columns([ids[0] for ids in identity.label_ids], FINGERPRINT_DIMS))
+        if why is not None:
+            raise ParseConfigError(f"parse.judge_head={self.config.judge_head!r}: {why}")
+        self.read_out = ReadOut(head, self.device)
+
+    def describe(self) -> str:
+        """The engine's PARSE settings, one line for the log."""
+        c, t = self.config, self.template
+        return (
+            f"window W={self.window}, τ={c.threshold:.3g}, guard={c.guard}, boundaries={c.boundaries}, "
+            f"max K={c.max_boundaries}, suffix {t.suffix_len} tokens {t.suffix_text!r}, labels {c.labels[0]!r}/"
+            f"{c.labels[1]!r} (ids {t.labels.yes_ids}/{t.labels.no_ids}), on_reject={c.on_reject}, "
+            f"judge={c.judge_head or 'zero-shot'}, token-level drafts by {proposers.writer(self.token_proposer)}"
+        )
+
+    def count_drafter(self, calls: int, rows: int, tokens: int) -> None:
+        """A step's drafter calls, the rows in them and the tokens they wrote draft KV for."""
+        self.stats.drafter_passes += calls
+        self.stats.drafter_rows += rows
+        self.stats.drafter_tokens += tokens
+        self.host.count_drafter_calls(calls)
+
+    # -- transitions ------------------------------------------------------------
+
+    def begin_step(self, batch, finished: set[str], resumed: set[str], preempted: set[str]) -> StepScratch:
+        """A step's batch (`_vllm.BatchView`) is known: finished requests are forgotten, new
+        ones get their state; a request preempted or resumed lost its blocks (its draft
+        KV, and any window being drafted: it drafts again), and a window whose request is
+        scheduled again is dropped too."""
+        for req_id in finished:
             self.states.pop(req_id, None)
             self.windows.pop(req_id, None)
-
-    def drop_windows(self, req_ids) -> None:
-        """Preempted or resumed: the window's blocks are gone; it starts again
-        when the request drafts next."""
-        for req_id in req_ids:
+        for req_id in resumed & self.states.keys():
+            self.states[req_id].draft_kv_len = self.states[req_id].draft_ahead = 0
+        for req_id in resumed | preempted | (self.windows.keys() & set(batch.req_ids)):
             if self.windows.pop(req_id, None) is not None:
                 self.states[req_id].draft_kv_len = self.states[req_id].draft_ahead = 0
                 self.stats.windows_dropped += 1
+        for i, req_id in enumerate(batch.req_ids):
+            if req_id not in self.states:
+                self.states[req_id] = RequestState(self.options(batch.extra_args[i], bool(batch.wants_logprobs[i])))
+        self.host.new_step()
+        self.step = StepScratch(batch, StepReport(open=frozenset(self.windows)))
+        return self.step
 
-    def rewriting(self, req_id: str) -> bool:
-        """Whether the target is writing for the request (REWRITE phase): its
-        tokens count towards the next draft."""
-        state = self.states.get(req_id)
-        return state is not None and state.phase is Phase.REWRITE
+    def row_states(self) -> RowStates:
+        """What each batch row of the step drafts, from its state."""
+        states = [self.states[r] for r in self.step.batch.req_ids]
+        return RowStates(
+            wants=np.array([s.draft_len(self.config, self.window) for s in states], dtype=np.int64),
+            judging=np.array([s.judging for s in states], dtype=bool),
+            kv_len=np.array([s.draft_kv_len for s in states], dtype=np.int64),
+            ahead=np.array([s.draft_ahead for s in states], dtype=np.int64),
+        )
 
-    def draft_len(self, state: RequestState) -> int:
-        """Draft tokens to schedule for the request next step."""
-        return state.draft_len(self.config, self.window)
+    def plan(self, keeps_kv: bool) -> tuple[RowStates, proposers.ProposerPlan]:
+        """The step's row states and who drafts for whom (proposers.py)."""
+        rows = self.row_states()
+        who = proposers.plan(rows.wants, rows.judging, self.token_proposer, keeps_kv)
+        return dataclasses.replace(rows, wants=who.draft_model_wants), who
+
+    def drafted(self, rows: DraftRows | None, kv_len: np.ndarray | None, chunks: np.ndarray) -> np.ndarray:
+        """The drafter ran over `rows` (None: not at all this step); `kv_len` [B + O] the
+        rows' draft KV after it, `chunks` [len(rows.window_rows), n] on the host this step's
+        drafts of the window rows. Advances the windows, sets the report's open windows and
+        returns the batch rows' draft lengths [B] (0 for a window left open)."""
+        states = [self.states[r] for r in self.step.batch.req_ids]
+        if rows is None:
+            for state in states:  # (the credit needs this step's tokens, which it did not read)
+                state.draft_ahead = 0
+            return np.zeros(len(states), dtype=np.int64)
+        B = rows.num_batch
+        for i, state in enumerate(states):
+            state.draft_kv_len = int(kv_len[i])
+            state.draft_ahead = max(0, int(rows.wants[i]) - 1)  # the KV of the draft tokens it is given
+        lens, done = advance_windows(rows, chunks, self.windows)
+        for r in rows.window_rows:
+            self.stats.note_window_chunk(int(rows.wants[r]))
+        for r in np.flatnonzero(lens < rows.wants[:B]):
+            states[r].draft_ahead = 0  # its window is open: no draft this step
+        for req_id, window in done.items():
+            state = self.states[req_id]
+            state.draft_kv_len, state.draft_ahead = window.start, len(window.draft) - 1
+        self.step.report = StepReport(drafts={r: w.draft for r, w in done.items()}, open=frozenset(self.windows))
+        self.step.draft_lens = dict(zip(rows.req_ids[:B], lens.tolist()))
+        return lens
+
+    def report_drafts(self, req_ids, drafts, live) -> None:
+        """The batch rows' drafts as the drafter wrote them ([B] lists, vLLM's copy) onto the
+        step's report, each cut to its length and its first stop token; `live`: the
+        requests the runner still holds."""
+        stops = dict(zip(self.step.batch.req_ids, self.step.batch.stops))
+        for req_id, draft in zip(req_ids, drafts):
+            n = self.step.draft_lens.get(req_id, 0)
+            if n and req_id in live:
+                self.step.report.drafts[req_id] = cut_at_stop(draft[:n], stops[req_id])
+
+    def sampled(
+        self, judged: JudgedRequests, batch: DraftBatch, result: StepResult | None, sampled: np.ndarray
+    ) -> None:
+        """The step's outcome: counters and phase changes of the judged requests, and the
+        tokens the target wrote for requests it is rewriting (REWRITE phase: they count
+        towards the next draft; a request judged this step starts counting from the next)."""
+        if result is not None:
+            self._apply(judged.req_ids, batch, result)
+        done = set(judged.req_ids)
+        for i, req_id in enumerate(self.step.batch.req_ids):
+            state = self.states.get(req_id)
+            if req_id not in done and state is not None and state.phase is Phase.REWRITE:
+                state.after_tokens(sampled[i][sampled[i] >= 0].tolist(), self.sentence_end)
+        self.step.sampled = sampled
+
+    # -- requests ---------------------------------------------------------------
+
+    def options(self, extra_args: dict | None, wants_logprobs: bool) -> RequestOptions:
+        """A request's PARSE options from its extra_args (validated at admission; a bad
+        one turns PARSE off for it)."""
+        try:
+            opts = request_options(extra_args, self.config)
+        except ParseConfigError:
+            opts = dataclasses.replace(request_options(None, self.config), enabled=False)
+        if wants_logprobs:
+            # Logprobs of semantically accepted tokens are not produced: such requests get
+            # token-level speculation only.
+            opts = dataclasses.replace(opts, enabled=False)
+        return opts
+
+    def judged_requests(self, batch: DraftBatch) -> JudgedRequests:
+        """Who the step's DraftBatch rows are (and, when judgments are recorded, the tokens
+        each had before its draft)."""
+        view = self.step.batch
+        context = []
+        if self.config.record_judgments:
+            context = [view.token_ids[i, :n].copy() for i, n in zip(batch.row, batch.cached_len)]
+        return JudgedRequests(req_ids=[view.req_ids[i] for i in batch.row], context=context)
+
+    def judging(self, req_id: str) -> bool:
+        return self.states[req_id].judging
+
+    def will_draft(self) -> bool:
+        """Whether some request of the step drafts a window now or later (a drafter that
+        runs over the whole batch must keep up with its tokens)."""
+        return any(self.states[r].will_draft for r in self.step.batch.req_ids)
 
     # -- the step -------------------------------------------------------------
 
@@ -130,9 +294,20 @@ class ParseController:
                 )
         return j.logit
 
-    def apply(self, req_ids: list[str], batch: DraftBatch, result: StepResult) -> None:
-        """Counters and phase changes for the step's outcome; `req_ids` [R]
-        names the DraftBatch's requests."""
+    def count_token_level(self, num_draft: np.ndarray, judged_rows: np.ndarray, accepted: np.ndarray) -> None:
+        """Drafts verified token by token only (not judged), [B] each, counted by the
+        proposer that wrote them."""
+        plain = num_draft > 0
+        plain[judged_rows] = False
+        if plain.any():
+            self.stats.token_level(
+                proposers.writer(self.token_proposer),
+                int(plain.sum()),
+                int(num_draft[plain].sum()),
+                int(accepted[plain].sum()),
+            )
+
+    def _apply(self, req_ids: list[str], batch: DraftBatch, result: StepResult) -> None:
         stats = self.stats
         for k, req_id in enumerate(req_ids):
             text_len = int(result.text_len[k])
@@ -163,12 +338,6 @@ class ParseController:
             )
             if state.phase is Phase.REWRITE and before is not Phase.REWRITE:
                 stats.rounds += 1
-
-    def after_tokens(self, req_id: str, tokens: list[int]) -> None:
-        """Tokens the target emitted for a request not judged this step."""
-        state = self.states.get(req_id)
-        if state is not None and state.phase is Phase.REWRITE:
-            state.after_tokens(tokens, self.sentence_end)
 
     # -- counters -------------------------------------------------------------
 

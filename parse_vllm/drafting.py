@@ -34,38 +34,36 @@ Rows wanting different lengths share a pass when their lengths round up to
 the same bucket (the next power of two, or exactly `window` and
 `spec_tokens`); a row drafts its bucket's length and keeps what it wanted.
 
-A window longer than `draft_chunk` is drafted over several engine steps, at
-most `draft_chunk` tokens each (`OpenWindow`): the step it starts in drafts
-the first chunk, and until it is complete (W tokens, a stop token, or as
-many as max_tokens and the context allow) its request stays out of the
-target's batch (the scheduler holds it, `WindowReport`) while the drafter
-advances it beside the other requests, each step or, when no request is
-scheduled, in a step of its own. Its span each step is its last two draft
-tokens (the first one's KV is the drafter's own and is passed again, the
-second is where drafting continues). Worked example, W 20, chunk 8, the
-request's last known token x at position 50:
+A window longer than `draft_chunk` is drafted over several engine steps
+(windows.py): its rows join the step's rows (`DraftRows`) and the drafter
+advances them with the rest.
 
-    step  span (positions)   drafts        window
-    t     catch-up .. 50     d1..d8        open, 8 of 20 (the request leaves the batch)
-    t+1   [57, 58] = d7 d8   d9..d16       open, 16 of 20
-    t+2   [65, 66]           d17..d20      complete: d1..d20 is the request's
-                                           draft, judged in the next target step
+A pass drafting more than TOKENS_PER_DRAFTER_CALL tokens calls the drafter
+several times (`run_passes`); between calls the rows whose draft has ended (a
+stop token, or as many as the row wants) leave, so a window is not drafted on
+past the end of the answer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from parse_vllm.acceptance import first_stop_index
 
-# Draft tokens per drafter call. A pass drafting more makes several calls, and
-# between calls the rows whose draft has ended (a stop token, or as many as the
-# row wants) stop: a window is not drafted on past the end of the answer. Each
-# later call passes each row's last two draft tokens again (the first one's KV
-# is the drafter's own; the second is where drafting continues).
-DRAFT_CHUNK = 16
+if TYPE_CHECKING:
+    from parse_vllm._vllm.batch import BatchView
+    from parse_vllm.windows import OpenWindow
+
+# Draft tokens per drafter call (not the `draft_chunk` option: tokens a window advances per
+# engine step, over as many calls as it takes). Each later call of a pass passes each
+# row's last two draft tokens again (the first one's KV is the drafter's own; the second is
+# where drafting continues).
+TOKENS_PER_DRAFTER_CALL = 16
 
 
 @dataclass
@@ -206,35 +204,13 @@ def pass_spans(
 
 
 @dataclass
-class OpenWindow:
-    """A window drafted over several engine steps (module docstring)."""
+class RowStates:
+    """What the controller says of each batch row before drafting, [B] each."""
 
-    tokens: list[int]  # the request's last known token, then the draft so far
-    start: int  # the position of tokens[0]
-    length: int  # draft tokens the window is to hold
-    stops: frozenset[int]  # the token ids that end the request
-
-    @property
-    def draft(self) -> list[int]:
-        return self.tokens[1:]
-
-    def add(self, chunk: np.ndarray) -> bool:
-        """Append a step's chunk, up to its first stop token; whether the
-        window is now complete."""
-        stop = first_stop_index(chunk, self.stops)
-        self.tokens += [int(t) for t in (chunk if stop < 0 else chunk[: stop + 1])]
-        return stop >= 0 or len(self.tokens) - 1 >= self.length
-
-
-@dataclass
-class WindowReport:
-    """What the runner tells the scheduler after a step (on the model runner's
-    output): the requests whose window is still open (held out of the next
-    step), and the windows that completed outside the batch with their drafts
-    (scheduled, with them as draft tokens, next step)."""
-
-    open: frozenset[str] = frozenset()
-    done: dict[str, list[int]] = field(default_factory=dict)
+    wants: np.ndarray  # draft tokens the row's phase asks for from the draft model (0: none)
+    judging: np.ndarray  # bool: the row drafts windows the judge reads
+    kv_len: np.ndarray  # leading positions whose draft KV is valid
+    ahead: np.ndarray  # positions past kv_len the drafter wrote while drafting its last draft
 
 
 @dataclass
@@ -269,84 +245,131 @@ class DraftRows:
 
 
 def step_rows(
-    req_ids: list[str],  # [B]
-    wants: np.ndarray,  # [B] draft tokens each row's phase asks for
-    judging: np.ndarray,  # [B] bool: the row drafts windows the judge reads
-    draft_kv_len: np.ndarray,  # [B]
-    draft_ahead: np.ndarray,  # [B]
-    committed: np.ndarray,  # [B]
+    view: BatchView,  # the step's batch
+    states: RowStates,  # [B]
     new: list[np.ndarray],  # [B] this step's accepted draft tokens, then the sampled one
-    max_tokens: np.ndarray,  # [B]
-    output_len: np.ndarray,  # [B] output tokens before this step's
-    stops: list[frozenset[int]],  # [B]
-    prefilling: np.ndarray,  # [B] bool
-    max_len: int,
     windows: dict[str, OpenWindow],  # the open windows (requests outside the batch)
+    *,
+    max_len: int,  # the context: a token's position must stay below it
     chunk: int,  # draft_chunk (0: whole windows)
 ) -> DraftRows:
     """This step's DraftRows: each batch row's draft length within its own
     limits (`draft_lengths`), windows longer than `chunk` cut to their first
     chunk, then each open window's next chunk."""
     new_len = np.array([t.shape[0] for t in new], dtype=np.int64)
-    known_len = committed + new_len
+    known_len = view.num_tokens + new_len
     # The drafter's own KV of the draft tokens this step accepted stays valid.
-    kv_len = credit_drafted_kv(draft_kv_len, draft_ahead, new_len - 1)
+    kv_len = credit_drafted_kv(states.kv_len, states.ahead, new_len - 1)
     n = draft_lengths(
-        wants,
+        states.wants,
         known_len,
-        max_tokens - output_len - new_len,
+        view.max_tokens - view.output_len - new_len,
         max_len,
-        prefilling,
+        view.prefilling,
         # A row whose tokens of this step end its answer is finished: a draft
         # for it would never be judged.
-        np.array([ends_answer(t, s) for t, s in zip(new, stops)], dtype=bool),
+        np.array([ends_answer(t, s) for t, s in zip(new, view.stops)], dtype=bool),
     )
-    window_len = np.where(judging & (chunk > 0) & (n > chunk), n, 0)
+    window_len = np.where(states.judging & (chunk > 0) & (n > chunk), n, 0)
     n = np.where(window_len > 0, chunk, n)
-    ids, opened = list(req_ids), list(windows.values())
-    ids += list(windows)
-    return DraftRows(
-        req_ids=ids,
-        wants=np.concatenate([n, [min(chunk, w.length - len(w.draft)) for w in opened]]).astype(np.int64),
-        kv_len=np.concatenate([kv_len, [w.start + max(0, len(w.draft) - 1) for w in opened]]).astype(np.int64),
-        committed=np.concatenate([committed, [w.start for w in opened]]).astype(np.int64),
-        new=list(new) + [np.array(w.tokens, dtype=np.int64) for w in opened],
-        stops=list(stops) + [w.stops for w in opened],
-        window_len=np.concatenate([window_len, np.zeros(len(opened))]).astype(np.int64),
-        num_batch=len(req_ids),
+    batch = DraftRows(
+        req_ids=list(view.req_ids),
+        wants=n.astype(np.int64),
+        kv_len=kv_len.astype(np.int64),
+        committed=view.num_tokens.astype(np.int64),
+        new=list(new),
+        stops=list(view.stops),
+        window_len=window_len.astype(np.int64),
+        num_batch=view.num_reqs,
     )
+    return with_open_windows(batch, windows, chunk)
 
 
-def open_window_rows(windows: dict[str, OpenWindow], chunk: int) -> DraftRows:
+def window_rows(windows: dict[str, OpenWindow], chunk: int) -> DraftRows:
     """The DraftRows of a step with no batch rows: the open windows alone."""
     none = np.zeros(0, dtype=np.int64)
-    no = none.astype(bool)
-    return step_rows([], none, no, none, none, none, [], none, none, [], no, 0, windows, chunk)
+    empty = DraftRows([], none, none, none, [], [], none, 0)
+    return with_open_windows(empty, windows, chunk)
 
 
-def advance_windows(
-    rows: DraftRows,
-    got: np.ndarray,  # [len(rows.window_rows), n] this step's drafts of the window rows, in that order
-    windows: dict[str, OpenWindow],  # the open windows, updated
-) -> tuple[np.ndarray, dict[str, OpenWindow]]:
-    """Each window row's chunk added to its window: a batch row's window opens
-    (unless its first chunk already completes it), an open one advances; the
-    ones complete outside the batch leave `windows`. Returns the batch rows'
-    draft lengths this step [B] (0 for a window left open: its request gets no
-    draft this step) and the completed windows by request."""
-    B = rows.num_batch
-    lens = rows.wants[:B].copy()
-    done: dict[str, OpenWindow] = {}
-    for r, chunk in zip(rows.window_rows.tolist(), got):
-        req_id = rows.req_ids[r]
-        chunk = chunk[: rows.wants[r]]
-        if r < B:
-            window = OpenWindow(
-                [int(rows.new[r][-1])], int(rows.known_len[r]) - 1, int(rows.window_len[r]), rows.stops[r]
-            )
-            if not window.add(chunk):
-                windows[req_id] = window
-                lens[r] = 0
-        elif windows[req_id].add(chunk):
-            done[req_id] = windows.pop(req_id)
-    return lens, done
+def with_open_windows(rows: DraftRows, windows: dict[str, OpenWindow], chunk: int) -> DraftRows:
+    """`rows` followed by each open window's next chunk (its span: its last two tokens)."""
+    opened = list(windows.values())
+    return DraftRows(
+        req_ids=rows.req_ids + list(windows),
+        wants=np.concatenate([rows.wants, [min(chunk, w.chunk_left) for w in opened]]).astype(np.int64),
+        kv_len=np.concatenate([rows.kv_len, [w.start + max(0, len(w.draft) - 1) for w in opened]]).astype(np.int64),
+        committed=np.concatenate([rows.committed, [w.start for w in opened]]).astype(np.int64),
+        new=rows.new + [np.array(w.tokens, dtype=np.int64) for w in opened],
+        stops=rows.stops + [w.stops for w in opened],
+        window_len=np.concatenate([rows.window_len, np.zeros(len(opened))]).astype(np.int64),
+        num_batch=rows.num_batch,
+    )
+
+
+@dataclass
+class Drafter:
+    """The drafter as `run_passes` calls it (the runner binds vLLM's proposer). Each call
+    returns the drafts [G, n] on the device and the rows they belong to ([G] on the device).
+      first(i, n)   pass i's first call, over its staged spans, drafting n tokens (n 0:
+                    only the spans' draft KV is written)
+      more(rows, keep, prev, start, n)
+                    a later call, for the pass's rows still drafting (`rows` [G']): each
+                    one's last two draft tokens so far, from `prev` (the previous call's
+                    drafts) at indices `keep` [G'], the first at position `start` [G']
+      fetch(ids)    the drafts on the host, for the stop checks between calls"""
+
+    first: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+    more: Callable[[np.ndarray, np.ndarray, torch.Tensor, np.ndarray, int], tuple[torch.Tensor, torch.Tensor]]
+    fetch: Callable[[torch.Tensor], np.ndarray]
+
+
+@dataclass
+class PassesRun:
+    """What `run_passes` did: the drafts, and the drafter calls it made."""
+
+    drafts: torch.Tensor  # [N, longest] on the device, N = rows of the step (DraftRows)
+    calls: int = 0
+    call_rows: int = 0  # Σ rows over the calls
+    call_tokens: int = 0  # Σ tokens the calls wrote draft KV for (spans, or two draft tokens a row)
+
+
+def run_passes(
+    passes: list[DrafterPass],
+    drafter: Drafter,
+    wants: np.ndarray,  # [N] draft tokens each row wants
+    stops: list[frozenset[int]],  # [N]
+    num_rows: int,  # N
+    device,
+) -> PassesRun:
+    """Every pass of the step, each drafting its bucket's length in calls of at most
+    TOKENS_PER_DRAFTER_CALL tokens, the rows whose draft ended (a stop token, or all they
+    want) leaving between calls: one read of each call's drafts but the last."""
+    longest = max((dp.num_draft for dp in passes), default=0)
+    run = PassesRun(torch.zeros((num_rows, longest), dtype=torch.int64, device=device))
+    for i, dp in enumerate(passes):
+        active = np.arange(dp.row.shape[0])  # rows of the pass still drafting
+        done = 0
+        n = min(TOKENS_PER_DRAFTER_CALL, dp.num_draft)
+        ids, rows_t = drafter.first(i, n)
+        run.call_tokens += int((dp.end - dp.start).sum()) + active.shape[0]
+        while True:
+            run.calls += 1
+            run.call_rows += int(active.shape[0])
+            if n == 0:
+                break
+            run.drafts[rows_t, done : done + n] = ids
+            done += n
+            if done >= dp.num_draft:
+                break
+            got = drafter.fetch(ids)
+            going = [
+                g for g, r in enumerate(dp.row[active]) if done < wants[r] and first_stop_index(got[g], stops[r]) < 0
+            ]
+            if not going:
+                break
+            active = active[going]
+            n = min(TOKENS_PER_DRAFTER_CALL, dp.num_draft - done)
+            ids, rows_t = drafter.more(dp.row[active], np.array(going), ids, dp.end[active] + done - 1, n)
+            run.call_tokens += 2 * active.shape[0]
+    return run

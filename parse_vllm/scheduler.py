@@ -6,14 +6,12 @@ block ids [N - R, N) are never given to a request and the verification pass
 can write its suffix KV there (verify/forked.py). R comes from the same function
 the runner uses, on the same inputs.
 
-A window drafted over several steps (drafting.py) keeps its request out of the
-target's batch until it is complete: after each step the runner reports the
-open windows and the completed ones (`drafting.WindowReport`, on the model
-runner's output). An open window's request is held: it stays running (it keeps
-its blocks, the W lookahead slots its last step reserved, and counts towards
-max_num_seqs) but is not scheduled; a completed one gets its draft as its
-draft tokens and is scheduled again. A held request that is preempted is
-released: it drafts its window again once resumed.
+After each step the runner reports (`windows.StepReport`, on the model runner's output)
+every request's draft for the next step and the requests whose window is still being
+drafted (windows.py): such a request is held: it stays running (it keeps its blocks, the
+W lookahead slots its last step reserved, and counts towards max_num_seqs) but is not
+scheduled; once its window is complete it gets it as its draft and is scheduled again. A
+held request that is preempted is released: it drafts its window again once resumed.
 """
 
 from __future__ import annotations
@@ -37,10 +35,9 @@ class ParseScheduler(_vllm.Scheduler):
 
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        report = _vllm.window_report(model_runner_output)
+        report = _vllm.step_report(model_runner_output)
         if report is not None:
-            # (as drafts from take_draft_token_ids are: grammar-checked, skipped for finished requests)
-            self.update_draft_token_ids(_vllm.DraftTokenIds(list(report.done), list(report.done.values())))
+            _vllm.deliver_drafts(self, report.drafts)
             for request in self.running:
                 if request.request_id in report.open:
                     _vllm.hold_request(request)

@@ -105,6 +105,40 @@ class DraftBatch:
         return self.draft[self.cu_draft[k] : self.cu_draft[k + 1]]
 
 
+def judged_drafts(
+    view,  # the step's _vllm.BatchView, [B] rows
+    num_draft: np.ndarray,  # [B] draft tokens scheduled per row (SpecDecodeMetadata.num_draft_tokens)
+    drafts: np.ndarray,  # [Σd] the scheduled drafts, row after row
+    logits_start: np.ndarray,  # [B] row of the logits of each row's last token
+    judging: np.ndarray,  # [B] bool: the row's drafts are judged (DRAFT phase, PARSE on)
+    options: list,  # [B] each row's config.RequestOptions
+    logits: torch.Tensor,  # [N, vocab]
+) -> DraftBatch:
+    """The DraftBatch of the rows PARSE judges this step: those judging with a draft.
+    `l_tok` is filled once the rejection sampler has run; `forbidden` by the caller, who
+    holds the sampler's masks."""
+    cu_all = np.concatenate([[0], np.cumsum(num_draft)])
+    rows = np.flatnonzero((num_draft > 0) & judging)
+    opts = [options[i] for i in rows]
+    return DraftBatch(
+        row=rows,
+        draft=np.concatenate([drafts[cu_all[i] : cu_all[i + 1]] for i in rows]) if rows.shape[0] else drafts[:0],
+        cu_draft=np.concatenate([[0], np.cumsum(num_draft[rows])]).astype(np.int64),
+        logits_start=logits_start[rows],
+        cached_len=view.num_computed[rows] + 1,
+        output_len=view.output_len[rows],
+        max_tokens=view.max_tokens[rows],
+        min_tokens=view.min_tokens[rows],
+        stop_ids=[view.stops[i] for i in rows],
+        l_tok=np.zeros(rows.shape[0], dtype=np.int64),
+        threshold=np.array([o.threshold for o in opts], dtype=np.float64),
+        guard=np.array([o.guard for o in opts], dtype=np.int64),
+        greedy=view.greedy[rows],
+        bad_words=view.bad_words[rows],
+        logits=logits,
+    )
+
+
 @dataclass(frozen=True)
 class StepSettings:
     """What the step needs from the engine's PARSE configuration."""
@@ -238,6 +272,20 @@ def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
         first_fail=first_fail,
         judged=judged,
     )
+
+
+def resampled_rows(
+    prefixes: dict[int, list[int]], rows: np.ndarray, tail: np.ndarray, width: int, pad: int
+) -> np.ndarray:
+    """[len(rows), width] the sampled tokens of the rows that take more than token-level
+    acceptance: each one's accepted prefix (`prefixes` by row), then the token sampled
+    after it (`tail` [len(rows)]), then `pad`."""
+    new = np.full((rows.shape[0], width), pad, dtype=np.int64)
+    for j, r in enumerate(rows):
+        prefix = prefixes[int(r)]
+        new[j, : len(prefix)] = prefix
+        new[j, len(prefix)] = tail[j]
+    return new
 
 
 def _earlier_bounds(

@@ -8,7 +8,7 @@ P(yes)) and once when some request takes more than token-level acceptance
 did (the token sampled after its accepted prefix): at most `MAX_PER_STEP`,
 whatever the batch. Drafts go back through vLLM's own asynchronous copy
 (GPUModelRunner._copy_draft_token_ids_to_cpu); a draft longer than
-drafting.DRAFT_CHUNK reads its chunk back after each drafter call but the
+drafting.TOKENS_PER_DRAFTER_CALL reads its drafts back after each drafter call but the
 last, to stop rows whose draft has ended, and the windows drafted over several
 steps read their step's chunks back once (`fetch(..., drafter=True)`, counted
 apart: one per extra drafter call, plus one). Tests bound both
@@ -97,8 +97,8 @@ class HostCopies:
         self.audit.pageable_copies_max = max(self.audit.pageable_copies_max, count)
         self.audit.pageable_sites = tuple(sorted(self.pageable.sites))
 
-    def count_drafter_call(self) -> None:
-        self.drafter_calls += 1
+    def count_drafter_calls(self, n: int = 1) -> None:
+        self.drafter_calls += n
         self.audit.drafter_calls_max = max(self.audit.drafter_calls_max, self.drafter_calls)
 
     def fetch(self, *tensors: torch.Tensor, drafter: bool = False) -> list[np.ndarray]:
@@ -112,6 +112,10 @@ class HostCopies:
             self.in_step += 1
             a.host_copies_max = max(a.host_copies_max, self.in_step)
         return _fetch(tensors, self._to_host)
+
+    def fetch_one(self, tensor: torch.Tensor, drafter: bool = False) -> np.ndarray:
+        """`fetch` of one tensor."""
+        return self.fetch(tensor, drafter=drafter)[0]
 
     def _to_host(self, flat: torch.Tensor) -> torch.Tensor:
         if flat.device.type == "cpu":

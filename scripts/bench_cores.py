@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""How many cores the model gets on a CPU, by engine mode (issue "Both cores").
+"""How many cores the model gets on a CPU, by engine mode.
 
 vLLM's CPU engine, by default, is an engine-core process plus a worker
 process; the worker is bound to the cores vLLM does not reserve for the

@@ -1,6 +1,5 @@
 #!/usr/bin/env python
-"""What a PARSE server's other users see: latency under a seeded arrival schedule
-(issue "Serving without stalls").
+"""What a PARSE server's other users see: latency under a seeded arrival schedule.
 
 Per pair and batch size B (the server's --max-num-seqs), two servers, one after the
 other (time nothing else meanwhile):
@@ -42,7 +41,7 @@ import yaml
 from bench_cores import QUESTIONS, _paths
 
 from parse_vllm.presets import engine_flag, load_preset
-from parse_vllm.tools.server_process import ServerProcess
+from parse_vllm.tools.server_process import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 # Per pair: its preset, tokens per request, the mean gap between arrivals (s;
@@ -180,14 +179,6 @@ def server_argv(pair: dict, batch: int, port: int, with_parse: bool) -> tuple[li
         flags += ["--speculative-config", json.dumps(spec), "--additional-config", json.dumps({"parse": parse})]
     cmd = [sys.executable, "-m", "parse_vllm.cli", "serve", *flags]
     return cmd, str(target), float(parse.get("threshold", 0.5))
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure_pair(

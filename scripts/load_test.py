@@ -50,7 +50,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -58,7 +57,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from parse_vllm.tools.server_process import ServerProcess
+from parse_vllm.tools.server_process import ServerProcess, free_port
 
 WORDS = (
     "the river mountain light quickly because sentence answer question model story "
@@ -295,12 +294,6 @@ def metric_in(text: str, name: str) -> float | None:
 
 
 # -- processes ----------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server(ServerProcess):

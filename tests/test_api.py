@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ import pytest
 import requests
 from conftest import BLOCK, WINDOW, running_server
 
+from parse_vllm.tools.server_process import free_port
+
 pytestmark = pytest.mark.slow
 
 ACCEPT_ALL = {"vllm_xargs": {"parse_threshold": 0.0}}
@@ -33,12 +34,6 @@ ACCEPT_ALL = {"vllm_xargs": {"parse_threshold": 0.0}}
 LOSSLESS = {"vllm_xargs": {"parse_threshold": 1.0, "parse_guard": 1}}
 MESSAGES = [{"role": "user", "content": "Write two sentences about rivers."}]
 PROMPT = "The river flows to the sea because"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve_cmd(target, draft, port, parse: dict, window: int = WINDOW, extra: tuple[str, ...] = ()) -> list[str]:
@@ -104,7 +99,7 @@ def models(tiny_models, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("api-server") / "server.log"
     # Compact JSON: the random target would otherwise write whitespace forever.
     compact = json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})
@@ -451,7 +446,7 @@ def test_server_refuses_bad_config_and_leaves_nothing(models, tmp_path, case):
         draft, want = tmp_path / "no-such-draft", "no-such-draft"
     elif case == "labels":
         parse, want = {"labels": ["Correct", "Correctly"]}, "parse.labels"
-    cmd = _serve_cmd(models["target"], draft, _free_port(), parse)
+    cmd = _serve_cmd(models["target"], draft, free_port(), parse)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=300)

@@ -119,33 +119,40 @@ def test_credit_drafted_kv_keeps_what_the_next_step_accepted():
     assert got.tolist() == [49, 55, 55, 7]  # no more than it wrote; a row that did not draft keeps its own
 
 
+def _view(known: int):
+    """The BatchView of one row "a" whose last known token (before this step's) sits at
+    position known - 2, as far as step_rows reads it."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        req_ids=["a"],
+        num_reqs=1,
+        num_tokens=np.array([known - 1]),
+        max_tokens=np.array([1000]),
+        output_len=np.array([10]),
+        stops=[frozenset({2})],
+        prefilling=np.array([False]),
+    )
+
+
 def _one_row(known: int, wants: int, *, judging=True, chunk=8, windows=None, kv=None):
     """step_rows for one batch row whose last known token sits at position known - 1."""
-    from parse_vllm.drafting import step_rows
+    from parse_vllm.drafting import RowStates, step_rows
 
-    windows = windows or {}
-    return step_rows(
-        ["a"],
-        np.array([wants]),
-        np.array([judging]),
-        np.array([known - 1 if kv is None else kv]),
-        np.array([0]),
-        np.array([known - 1]),
-        [np.array([7])],  # this step's sampled token, the last known one
-        np.array([1000]),
-        np.array([10]),
-        [frozenset({2})],
-        np.array([False]),
-        4096,
-        windows,
-        chunk,
+    states = RowStates(
+        wants=np.array([wants]),
+        judging=np.array([judging]),
+        kv_len=np.array([known - 1 if kv is None else kv]),
+        ahead=np.array([0]),
     )
+    new = [np.array([7])]  # this step's sampled token, the last known one
+    return step_rows(_view(known), states, new, windows or {}, max_len=4096, chunk=chunk)
 
 
 def test_a_window_in_chunks_the_worked_example():
     """W 20, chunk 8, the last known token x at 50: d1..d8, d9..d16, d17..d20, each step
     one pass over the row's span, the window complete in the third step."""
-    from parse_vllm.drafting import OpenWindow
+    from parse_vllm.windows import OpenWindow
 
     drafter = iter(range(100, 200))  # d1 = 100, d2 = 101, ...
     rows = _one_row(known=51, wants=20)
@@ -176,7 +183,7 @@ def test_windows_no_longer_than_a_chunk_and_other_drafts_are_whole():
 
 
 def test_a_stop_token_completes_a_window_early():
-    from parse_vllm.drafting import OpenWindow
+    from parse_vllm.windows import OpenWindow
 
     w = OpenWindow([7], 50, 20, frozenset({2}))
     assert not w.add(np.array([3, 4, 5]))
@@ -185,7 +192,7 @@ def test_a_stop_token_completes_a_window_early():
 
 
 def test_draft_rows_docstring_example():
-    from parse_vllm.drafting import OpenWindow
+    from parse_vllm.windows import OpenWindow
 
     window = OpenWindow([9] + list(range(1, 9)), 50, 20, frozenset({2}))
     rows = _one_row(known=31, wants=0, windows={"w": window})
@@ -198,14 +205,15 @@ def test_advance_windows_opens_advances_and_completes():
     """A batch row's first chunk opens its window (no draft this step); an open
     window's last chunk completes it and hands it over; a first chunk with a stop
     token is a whole (short) draft at once."""
-    from parse_vllm.drafting import advance_windows, open_window_rows
+    from parse_vllm.drafting import window_rows
+    from parse_vllm.windows import advance_windows
 
     rows = _one_row(known=51, wants=20)
     windows: dict = {}
     lens, done = advance_windows(rows, np.arange(100, 108)[None], windows)
     assert lens.tolist() == [0] and done == {} and windows["a"].tokens == [7, *range(100, 108)]
     windows["a"].tokens += list(range(108, 116))  # a second chunk, 16 of 20
-    rows = open_window_rows(windows, 8)
+    rows = window_rows(windows, 8)
     assert rows.wants.tolist() == [4] and rows.window_rows.tolist() == [0]
     lens, done = advance_windows(rows, np.arange(116, 124)[None], windows)
     assert lens.shape == (0,) and windows == {} and done["a"].draft == list(range(100, 120))

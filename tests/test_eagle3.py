@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from conftest import BLOCK, PROMPTS, close_llm, engine_kwargs, make_llm, parse_k
 
 import parse_vllm
 from parse_vllm.config import ParseConfig, ParseConfigError
+from parse_vllm.tools.server_process import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -133,7 +133,7 @@ def test_a_head_without_auxiliary_states_reads_the_last_hidden_state():
     assert asked == [] and not runner.use_aux_hidden_state_outputs
     hidden = torch.arange(12.0).view(6, 2)
     cm = SimpleNamespace(query_start_loc_cpu=torch.tensor([0, 3, 4]))
-    got = tp.target_hidden_states((None, None, hidden, None, None, None, cm, None), {})
+    got = tp.target_hidden_states({"hidden_states": hidden, "common_attn_metadata": cm})
     assert torch.equal(got, hidden[:4]) and got.data_ptr() != hidden.data_ptr()
 
 
@@ -320,14 +320,14 @@ def _overwrite_aux_after_drafting(worker) -> None:
         step["aux"] = proposer_call(args, kwargs)["aux_hidden_states"]
         return cls.propose_draft_token_ids(runner, scheduler_output, *args, **kwargs)
 
-    def draft_rows(*args, **kwargs):
-        out = cls._draft_rows(runner, *args, **kwargs)
+    def draft(*args, **kwargs):
+        out = cls._draft(runner, *args, **kwargs)
         for h in step.get("aux") or ():
             h.normal_()
         return out
 
     runner.propose_draft_token_ids = propose_draft_token_ids
-    runner._draft_rows = draft_rows
+    runner._draft = draft
 
 
 def test_eagle3_reads_the_targets_hidden_states_before_the_draft_model_drafts(smollm2_pair):
@@ -352,18 +352,12 @@ def test_eagle3_reads_the_targets_hidden_states_before_the_draft_model_drafts(sm
         close_llm(llm)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_server_with_eagle3_is_lossless_and_exports_counters(smollm2_pair, smollm2_alone, tmp_path):
     from openai import OpenAI
 
     target = smollm2_pair["smollm2-135m-instruct"]
     kw = _real_kwargs(smollm2_pair)
-    port = _free_port()
+    port = free_port()
     exe = shutil.which("parse-vllm", path=os.path.dirname(sys.executable)) or "parse-vllm"
     cmd = [
         exe, "serve", str(target), "--served-model-name", "smol", "--host", "127.0.0.1", "--port", str(port),

@@ -33,6 +33,7 @@ import pytest
 import torch
 
 from parse_vllm import ops
+from parse_vllm._vllm import TargetAccess
 from parse_vllm.ops import PrefixVerifyMetadata
 from parse_vllm.verify import CopyBatch
 from parse_vllm.verify.kernel import KernelVerifier, PrefixVerifyAttentionImpl
@@ -303,7 +304,7 @@ def _setup(env, *, block: int, physical: str, kernel_block: int | None, seed: in
 def _verifier(env, runner, manager_views, num_blocks, block, **kw):
     t = env.template
     return KernelVerifier(
-        runner,
+        TargetAccess(runner),
         suffix_ids=t.suffix_ids,
         labels=t.labels,
         kv_cache_group_id=0,
@@ -480,7 +481,7 @@ def test_refuses_cpu_backend(env):
     t = env.template
     with pytest.raises(NotImplementedError, match=r"CPU attention backend \(CPU_ATTN\).*ForkedBlockTableVerifier"):
         KernelVerifier(
-            runner,
+            TargetAccess(runner),
             suffix_ids=t.suffix_ids,
             labels=t.labels,
             kv_cache_group_id=0,

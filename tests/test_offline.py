@@ -268,9 +268,9 @@ def test_host_transfers_per_step_do_not_grow_with_the_batch(parse, parse_long):
     two_stage = audit(parse_long, 8)  # holistic copies, then earlier boundaries: up to two judge calls
     assert 3 <= two_stage["host_copies_max"] <= MAX_PER_STEP, two_stage
     # Windows longer than draft_chunk are drafted over steps, their chunks read back once a
-    # step (a draft of more than drafting.DRAFT_CHUNK in one step adds a read per extra call)
+    # step (a draft of more than drafting.TOKENS_PER_DRAFTER_CALL in one step adds a read per extra call)
     assert large["drafter_reads_max"] == 1  # W = 16 in two steps of 8 (TEST_DRAFT_CHUNK): one call each
-    # W = 256 in steps of 8 < drafting.DRAFT_CHUNK: one call per draft length a step, one read
+    # W = 256 in steps of 8 < drafting.TOKENS_PER_DRAFTER_CALL: one call per draft length a step, one read
     assert two_stage["drafter_reads_max"] == 1 and two_stage["drafter_calls_max"] <= int(np.log2(LONG_WINDOW)) + 2, (
         two_stage
     )

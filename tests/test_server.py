@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -16,18 +15,14 @@ import pytest
 import requests
 from conftest import BLOCK, WINDOW, running_server
 
+from parse_vllm.tools.server_process import free_port
+
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     exe = shutil.which("parse-vllm", path=os.path.dirname(sys.executable)) or "parse-vllm"
     cmd = [

@@ -103,8 +103,10 @@ def test_maximal_valid_prefix_stops_at_the_first_failed_boundary():
 
 
 def test_tau_outside_0_1_is_decided_without_judging():
+    """τ 0 takes a draft whole and τ 1.5 none of it, without asking a judge that would
+    fail every prefix."""
     d = [[1, 2, 3, 4], [1, 2, 3, 4]]
-    judge = Judge()
+    judge = Judge({(r, b): 0.0 for r in (0, 2) for b in (2, 4)})
     r = parse_step(batch_of(d, target=[[9] * 5] * 2, tau=[0.0, 1.5]), judge, settings())
     assert judge.calls == []
     assert r.accepted.tolist() == [4, 0] and r.rejected.tolist() == [False, True]

@@ -25,8 +25,8 @@ def test_host_copies_count_transfers_and_drafter_calls_per_step():
     h.new_step()
     h.fetch(torch.zeros(3), torch.ones(2, dtype=torch.long))
     h.fetch(torch.zeros(1))
-    h.count_drafter_call()
-    h.count_drafter_call()
+    h.count_drafter_calls()
+    h.count_drafter_calls()
     h.fetch(torch.zeros(1), drafter=True)  # the drafter's stop check: counted apart
     h.new_step()
     h.fetch(torch.zeros(1))

@@ -380,7 +380,6 @@ def test_request_stop_ids_follow_ignore_eos():
     """The tokens that end a request, as vLLM's check_stop reads them: EOS (and
     the generation config's extra EOS ids) only without ignore_eos; stop_token_ids
     always. A draft is cut at the first of them."""
-    from types import SimpleNamespace
 
     from vllm import SamplingParams
 
@@ -389,8 +388,7 @@ def test_request_stop_ids_follow_ignore_eos():
     def limits(**kw):
         sp = SamplingParams(max_tokens=9, stop_token_ids=[7], **kw)
         sp.update_from_generation_config({"eos_token_id": [2, 3]}, eos_token_id=2)
-        runner = SimpleNamespace(requests={"r": SimpleNamespace(sampling_params=sp)})
-        return _vllm.request_limits(runner, "r")
+        return _vllm.request_stops(sp)
 
-    assert limits() == (9, 0, frozenset({2, 3, 7}))
-    assert limits(ignore_eos=True) == (9, 0, frozenset({7}))
+    assert limits() == frozenset({2, 3, 7})
+    assert limits(ignore_eos=True) == frozenset({7})

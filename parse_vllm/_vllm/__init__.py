@@ -17,10 +17,11 @@ One concern per module:
   envs.py       vLLM's environment variables, set inside a running process
   executor.py   vLLM's Ray executor on CPU
   models.py     registering a model architecture; the target's tokenizer
-  batch.py      the runner's requests and input batch
+  batch.py      the runner's input batch, read once a step (BatchView); block tables
   drafting.py   the draft-model proposer over chosen rows of the batch
+  scheduling.py the scheduler's side: the step report, held requests
   attention.py  attention layers, KV-cache groups, layouts and backends
-  forward.py    target forwards outside vLLM's step
+  forward.py    target forwards outside vLLM's step (TargetAccess: what verifiers get)
   sampling.py   spec-decode metadata, sampler and rejection-sampler output
   serve.py      `vllm serve` and its argument parser
   token_proposer.py  a second, token-level proposer (EAGLE-3, n-gram) beside the draft model
@@ -88,36 +89,33 @@ from .attention import (  # noqa: E402
     target_head_size,
 )
 from .batch import (  # noqa: E402
+    BatchView,
     batch_request_block_ids,
-    committed_tokens,
+    batch_view,
     discarded_rows_cpu_generators,
     generators_hidden,
     request_block_table,
-    request_extra_args,
-    request_is_greedy,
-    request_limits,
-    request_output_len,
-    request_wants_logprobs,
-    rows_in_partial_prefill,
+    request_stops,
     scheduled_drafts,
 )
 from .drafting import (  # noqa: E402
     DrafterStaging,
+    RowsDrafter,
     StagedPass,
     drafting_block_table,
-    hold_request,
-    preempted_request_ids,
     propose_rows,
     proposer_arguments,
-    release_request,
-    resumed_request_ids,
+    proposer_call,
     rows_drafting_unsupported,
-    window_report,
-    with_window_report,
 )
 from .envs import set_vllm_env  # noqa: E402
 from .executor import cpu_ray_executor_cls  # noqa: E402
-from .forward import run_target_forward, run_target_forward_with_layer_metadata, target_logits  # noqa: E402
+from .forward import (  # noqa: E402
+    TargetAccess,
+    run_target_forward,
+    run_target_forward_with_layer_metadata,
+    target_logits,
+)
 from .log import init_logger  # noqa: E402
 from .models import lm_head_columns, register_model, target_shape, target_tokenizer  # noqa: E402
 from .platform import (  # noqa: E402
@@ -127,14 +125,27 @@ from .platform import (  # noqa: E402
     cuda_platform_cls,
 )
 from .sampling import cu_sampled_tokens, sample_after_prefixes, truncate_spec_decode, widen_sampled  # noqa: E402
+from .scheduling import (  # noqa: E402
+    deliver_drafts,
+    finished_request_ids,
+    hold_request,
+    preempted_request_ids,
+    release_request,
+    resumed_request_ids,
+    step_report,
+    with_step_report,
+)
 from .serve import run_vllm_serve, speculative_config_fields, vllm_serve_parser  # noqa: E402
 from .token_proposer import (  # noqa: E402
+    ProposerStep,
     TokenProposer,
     dummy_run_arguments,
+    proposer_step,
     token_proposer_config,
     token_proposer_unsupported,
 )
 from .workers import (  # noqa: E402
+    CpuSeededChunkedPrefill,
     cpu_model_runner_cls,
     cpu_worker_builds_runner,
     cpu_worker_cls,
@@ -147,7 +158,6 @@ from .workers import (  # noqa: E402
 _LAZY = {
     "get_tokenizer": "vllm.tokenizers.registry:get_tokenizer",
     "Scheduler": "vllm.v1.core.sched.scheduler:Scheduler",
-    "DraftTokenIds": "vllm.v1.outputs:DraftTokenIds",
     "StatLoggerBase": "vllm.v1.metrics.loggers:StatLoggerBase",
     # vllm.exceptions.VLLMValidationError: a ValueError the OpenAI server maps to HTTP 400.
     "ValidationError": "vllm.exceptions:VLLMValidationError",
@@ -168,80 +178,84 @@ _LAZY = {
 
 __all__ = [
     "SUPPORTED_VLLM",
-    "TokenProposer",
-    "dummy_run_arguments",
-    "token_proposer_config",
-    "token_proposer_unsupported",
     "VLLM_VERSION",
+    "BatchView",
+    "CpuSeededChunkedPrefill",
+    "DrafterStaging",
+    "ProposerStep",
+    "RowsDrafter",
+    "StagedPass",
+    "TargetAccess",
+    "TokenProposer",
     "attention_backend_name",
-    "attention_rows_limit",
     "attention_layer_names",
     "attention_layer_params",
+    "attention_rows_limit",
+    "batch_request_block_ids",
+    "batch_view",
     "bound_kv_cache",
+    "builtin_platform_qualname",
     "copy_kv_blocks",
+    "cpu_engine_in_one_process",
+    "cpu_model_runner_cls",
+    "cpu_platform_cls",
+    "cpu_ray_executor_cls",
+    "cpu_worker_builds_runner",
+    "cpu_worker_cls",
+    "cu_sampled_tokens",
     "cuda_device_capability",
+    "cuda_platform_cls",
     "current_layer_attn_metadata",
+    "deliver_drafts",
+    "discarded_rows_cpu_generators",
+    "drafting_block_table",
+    "dummy_run_arguments",
+    "finished_request_ids",
+    "generators_hidden",
+    "gpu_model_runner_cls",
+    "gpu_worker_cls",
+    "hold_request",
+    "init_logger",
     "is_cpu_attention_backend",
     "kernel_verify_config_unsupported",
     "kernel_verify_unsupported",
     "kv_cache_group_of_layers",
     "kv_transfer_configured",
     "layer_block_tables",
+    "lm_head_columns",
     "max_batched_tokens",
-    "replaced_attention_impls",
-    "standard_kv_cache_views",
-    "target_attention_layers",
-    "target_head_size",
-    "batch_request_block_ids",
-    "committed_tokens",
-    "rows_in_partial_prefill",
-    "scheduled_drafts",
-    "discarded_rows_cpu_generators",
-    "generators_hidden",
-    "request_block_table",
-    "request_extra_args",
-    "request_is_greedy",
-    "request_limits",
-    "request_output_len",
-    "request_wants_logprobs",
-    "DrafterStaging",
-    "StagedPass",
-    "drafting_block_table",
-    "hold_request",
     "preempted_request_ids",
     "propose_rows",
     "proposer_arguments",
+    "proposer_call",
+    "proposer_step",
+    "register_model",
     "release_request",
+    "replaced_attention_impls",
+    "request_block_table",
+    "request_stops",
     "resumed_request_ids",
     "rows_drafting_unsupported",
-    "window_report",
-    "with_window_report",
-    "set_vllm_env",
-    "cpu_ray_executor_cls",
     "run_target_forward",
     "run_target_forward_with_layer_metadata",
+    "run_vllm_serve",
+    "sample_after_prefixes",
+    "scheduled_drafts",
+    "set_vllm_env",
+    "speculative_config_fields",
+    "standard_kv_cache_views",
+    "step_report",
+    "target_attention_layers",
+    "target_head_size",
     "target_logits",
-    "init_logger",
-    "register_model",
-    "lm_head_columns",
     "target_shape",
     "target_tokenizer",
-    "builtin_platform_qualname",
-    "cpu_engine_in_one_process",
-    "cpu_platform_cls",
-    "cuda_platform_cls",
-    "cu_sampled_tokens",
-    "sample_after_prefixes",
+    "token_proposer_config",
+    "token_proposer_unsupported",
     "truncate_spec_decode",
-    "widen_sampled",
-    "run_vllm_serve",
-    "speculative_config_fields",
     "vllm_serve_parser",
-    "cpu_model_runner_cls",
-    "cpu_worker_builds_runner",
-    "cpu_worker_cls",
-    "gpu_model_runner_cls",
-    "gpu_worker_cls",
+    "widen_sampled",
+    "with_step_report",
     *_LAZY,
 ]
 

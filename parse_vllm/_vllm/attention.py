@@ -49,7 +49,7 @@ def copy_kv_blocks(
     copy_kv_cache_blocks_inplace(kv_caches, num_blocks, [KVCacheBlockCopy(s, d) for s, d in pairs])
 
 
-# --- kernel verification path (issue 3) ---
+# --- kernel verification path ---
 #
 # What parse_vllm/verify/kernel.py needs from vLLM, read against vLLM 0.32.0
 # and 0.33.0 (the same unless said otherwise):

@@ -93,6 +93,13 @@ class DrafterStaging:
     | query_start_loc (G + 1) | seq_lens (G) | rows (G)]. A draft made in chunks
     appends its later calls' inputs (`stage_continuation`), one small copy each."""
 
+    @classmethod
+    def for_runner(cls, runner) -> DrafterStaging:
+        """Sized for a step's first passes (vllm.config.SchedulerConfig max_num_batched_tokens
+        and max_num_seqs); catch-up beyond it grows it."""
+        sc = runner.scheduler_config
+        return cls(runner.device, 4 * (sc.max_num_batched_tokens + sc.max_num_seqs))
+
     def __init__(self, device: torch.device, capacity: int):
         self.device = device
         self.buffer = None
@@ -117,15 +124,19 @@ class DrafterStaging:
         self.used = b
         return self.buffer.gpu[a:b], self.buffer.cpu[a:b]
 
-    def stage_continuation(self, rows: np.ndarray, last_two: torch.Tensor, start: np.ndarray) -> StagedPass:
-        """The next call of a draft in chunks: each row's last two draft tokens so far
-        (`last_two` [G, 2] on the device: the first at position `start` [G], whose KV
-        the drafter wrote but is passed again, the second drafting continues from)."""
+    def stage_continuation(
+        self, rows: np.ndarray, keep: np.ndarray, prev: torch.Tensor, start: np.ndarray
+    ) -> StagedPass:
+        """The next call of a draft in calls: for rows `rows` [G], each row's last two
+        draft tokens so far, from `prev` (the previous call's drafts on the device) at
+        indices `keep` [G]: the first at position `start` [G] (its KV the drafter wrote, but
+        it is passed again), the second where drafting continues."""
         G = rows.shape[0]
         seq_lens = start + 1
-        dev, host = self._put(np.concatenate([start, np.arange(G + 1), seq_lens, rows]).astype(np.int64))
+        dev, host = self._put(np.concatenate([start, np.arange(G + 1), seq_lens, rows, keep]).astype(np.int64))
+        last_two = prev[dev[4 * G + 1 :]][:, -2:]
         return StagedPass(
-            rows=dev[3 * G + 1 :],
+            rows=dev[3 * G + 1 : 4 * G + 1],
             target_tokens=last_two[:, 0].to(torch.int32),
             positions=dev[:G],
             next_tokens=last_two[:, 1].to(torch.int32),
@@ -248,60 +259,21 @@ def propose_rows(
     )
 
 
-def resumed_request_ids(scheduler_output) -> set[str]:
-    """Requests resumed from preemption this step (their KV was recomputed,
-    the draft's included only as far as the drafter runs over them again)."""
-    return set(scheduler_output.scheduled_cached_reqs.resumed_req_ids or ())
+class RowsDrafter:
+    """vLLM's draft-model proposer over chosen rows, as drafting.run_passes calls it (the
+    `drafting.Drafter` contract): a pass's first call over its staged spans, later calls
+    from each row's last two draft tokens, and the read of a call's drafts."""
 
+    def __init__(
+        self, runner, staging: DrafterStaging, staged: list[StagedPass], block_table, sampling_metadata, fetch
+    ):
+        self.runner, self.staging, self.staged = runner, staging, staged
+        self.block_table, self.sampling_metadata, self.fetch = block_table, sampling_metadata, fetch
 
-def preempted_request_ids(scheduler_output) -> set[str]:
-    """Requests preempted while this step was scheduled (their blocks freed:
-    vllm.v1.core.sched.output.SchedulerOutput.preempted_req_ids)."""
-    return set(getattr(scheduler_output, "preempted_req_ids", None) or ())
+    def first(self, i: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = self.staged[i]
+        return propose_rows(self.runner, self.block_table, self.sampling_metadata, inputs, n), inputs.rows
 
-
-# The runner's WindowReport rides on the step's
-# vllm.v1.outputs.ModelRunnerOutput (a dataclass: an extra attribute survives
-# the executors' pickling) to the scheduler's update_from_output, which every
-# step calls, with or without scheduled tokens (vllm.v1.engine.core.EngineCore.step;
-# take_draft_token_ids is called only after steps that ran the model).
-WINDOW_REPORT_ATTR = "parse_windows"
-
-
-def with_window_report(output, report):
-    """`output` (a ModelRunnerOutput) carrying `report`; the shared
-    vllm.v1.outputs.EMPTY_MODEL_RUNNER_OUTPUT is copied first."""
-    import copy
-
-    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
-
-    if report is None or not isinstance(output, ModelRunnerOutput):
-        return output
-    if output is EMPTY_MODEL_RUNNER_OUTPUT:
-        output = copy.copy(output)
-    setattr(output, WINDOW_REPORT_ATTR, report)
-    return output
-
-
-def window_report(output):
-    return getattr(output, WINDOW_REPORT_ATTR, None)
-
-
-# A held request stays in vllm.v1.core.sched.scheduler.Scheduler.running (it
-# counts towards max_num_seqs, keeps its blocks and can be preempted) but is
-# passed over when the running requests are scheduled: Scheduler.schedule
-# skips a request while `current_step < request.next_decode_eligible_step`
-# (vllm.v1.request.Request; otherwise set only by
-# vllm.v1.core.sched.async_scheduler.AsyncScheduler and
-# vllm.v1.core.sched.diffusion_scheduler, neither of which ParseScheduler
-# derives from). 0.33: the same skip and symbols.
-_HELD = 1 << 62
-
-
-def hold_request(request) -> None:
-    request.next_decode_eligible_step = _HELD
-
-
-def release_request(request) -> None:
-    if request.next_decode_eligible_step == _HELD:
-        request.next_decode_eligible_step = 0
+    def more(self, rows, keep, prev, start, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = self.staging.stage_continuation(rows, keep, prev, start)
+        return propose_rows(self.runner, self.block_table, self.sampling_metadata, inputs, n), inputs.rows

@@ -102,3 +102,57 @@ def run_target_forward_with_layer_metadata(
 def target_logits(runner, hidden: torch.Tensor) -> torch.Tensor:
     """The target's logits [n, vocab] for hidden states [n, hidden]."""
     return runner.model.compute_logits(hidden)
+
+
+class TargetAccess:
+    """What a verification forward needs of the model runner, and nothing more: the
+    target model, its device and config, the input batch's block tables, the runner's
+    attention groups and limits. The verifiers take this, never the runner."""
+
+    def __init__(self, runner):
+        self._runner = runner
+
+    @property
+    def model(self):
+        return self._runner.model
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self._runner.device)
+
+    @property
+    def vllm_config(self):
+        return self._runner.vllm_config
+
+    def block_table(self, kv_cache_group_id: int):
+        """The input batch's block table of one KV-cache group, numpy [max_reqs, max_blocks]
+        (rows = input-batch rows, manager block ids)."""
+        from .batch import request_block_table
+
+        return request_block_table(self._runner, kv_cache_group_id)
+
+    def layer_block_tables(self, kv_cache_group_id: int, table):
+        from .attention import layer_block_tables
+
+        return layer_block_tables(self._runner, kv_cache_group_id, table)
+
+    def rows_limit(self, kv_cache_group_id: int) -> int | None:
+        from .attention import attention_rows_limit
+
+        return attention_rows_limit(self._runner, kv_cache_group_id)
+
+    def max_batched_tokens(self) -> int:
+        from .attention import max_batched_tokens
+
+        return max_batched_tokens(self._runner)
+
+    def forward(self, **kwargs) -> torch.Tensor:
+        """`run_target_forward` over the given pseudo-requests."""
+        return run_target_forward(self._runner, **kwargs)
+
+    def forward_with_layer_metadata(self, **kwargs) -> torch.Tensor:
+        """`run_target_forward_with_layer_metadata`."""
+        return run_target_forward_with_layer_metadata(self._runner, **kwargs)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return target_logits(self._runner, hidden)

@@ -29,11 +29,11 @@ validation, where the platform would arrange a PARSE engine again):
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from .drafting import proposer_call
 
 
 def token_proposer_config(vllm_config, options: dict, num_tokens: int):
@@ -75,6 +75,43 @@ def token_proposer_unsupported(spec) -> str | None:
     return None
 
 
+@dataclass
+class ProposerStep:
+    """What the token proposer reads in a step (`proposer_step` builds it): the runner's
+    propose_draft_token_ids call (`proposer_call`); the rows' tokens of the step on the
+    host (accepted draft tokens, then the sampled one; none for a row still in prefill)
+    and their counts before it; EAGLE-3's input (`target_hidden_states`, taken first); the
+    step's staged host-to-device copy; and of the runner, the inputs vLLM's own EAGLE
+    branch reads (GPUModelRunner.requests, input_batch, discard_request_mask, input_ids,
+    _get_positions)."""
+
+    call: dict
+    new_tokens: list[np.ndarray]  # [B]
+    committed: np.ndarray  # [B]
+    target_hidden: torch.Tensor | None  # [num_tokens, k * hidden]
+    to_device: Callable
+    requests: dict
+    input_batch: object
+    discard_mask: torch.Tensor  # [max_reqs] on the device
+    input_ids: torch.Tensor  # [max_tokens] on the device
+    positions: Callable[[int], torch.Tensor]
+
+
+def proposer_step(runner, call: dict, new_tokens, committed, target_hidden, to_device) -> ProposerStep:
+    return ProposerStep(
+        call=call,
+        new_tokens=new_tokens,
+        committed=committed,
+        target_hidden=target_hidden,
+        to_device=to_device,
+        requests=runner.requests,
+        input_batch=runner.input_batch,
+        discard_mask=runner.discard_request_mask.gpu,
+        input_ids=runner.input_ids.gpu,
+        positions=runner._get_positions,
+    )
+
+
 class TokenProposer:
     """The second proposer: built and loaded with the runner's model
     (`load`), given its KV-cache metadata builders (`initialize`), then run
@@ -100,6 +137,13 @@ class TokenProposer:
 
             self.proposer = NgramProposer(config)
         self.config = config
+
+    @classmethod
+    def attach(cls, runner, options: dict, num_tokens: int) -> TokenProposer:
+        """Built and loaded beside the runner's model."""
+        tp = cls(runner, options, num_tokens)
+        tp.load(runner)
+        return tp
 
     @property
     def keeps_kv(self) -> bool:
@@ -127,10 +171,10 @@ class TokenProposer:
         runner.use_aux_hidden_state_outputs = True
         self.aux_layers = tuple(int(x) for x in layers)
 
-    def target_hidden_states(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    def target_hidden_states(self, a: dict) -> torch.Tensor | None:
         """The target's hidden states EAGLE-3 reads for the step's tokens
         [num_tokens, k * hidden] (its auxiliary layers, concatenated), from a
-        propose_draft_token_ids call's arguments; None for the n-gram proposer.
+        propose_draft_token_ids call's arguments (`proposer_call`); None for n-gram.
         Built before anything else runs in the step: on a GPU the target's
         outputs are weak references into the CUDA-graph pool that every graph
         shares, so a later replay (the draft model's) may overwrite them (vLLM's
@@ -138,7 +182,6 @@ class TokenProposer:
         them before its drafter runs, too)."""
         if self.method != "eagle3":
             return None
-        a = proposer_call(args, kwargs)
         n = int(a["common_attn_metadata"].query_start_loc_cpu[-1])
         if self.aux_layers:
             return torch.cat([h[:n] for h in a["aux_hidden_states"]], dim=-1)
@@ -181,30 +224,22 @@ class TokenProposer:
         )
         self.dummy_runs += 1
 
-    def propose(
-        self, runner, args: tuple, kwargs: dict, new_tokens, committed, target_hidden=None, to_device=None
-    ) -> tuple[torch.Tensor, np.ndarray]:
-        """(proposed tokens [B, k] on the device, their number per request
-        [B]) for every request of the batch; `args`, `kwargs` are the
-        runner's propose_draft_token_ids arguments after scheduler_output.
-        Runs last in a step: EAGLE's draft steps advance the step's attention
-        metadata in place. The n-gram proposer reads `new_tokens`, the rows'
-        tokens of this step (accepted draft tokens, then the sampled one),
-        and `committed` [B], the rows' token counts before it, on the host;
-        EAGLE-3 reads `target_hidden` (`target_hidden_states`, made first);
-        `to_device` moves the n-gram proposals over (the caller's staged copy)."""
+    def propose(self, step: ProposerStep) -> tuple[torch.Tensor, np.ndarray]:
+        """(proposed tokens [B, k] on the device, their number per request [B]) for every
+        request of the batch. Runs last in a step: EAGLE's draft steps advance the step's
+        attention metadata in place."""
         if self.method == "ngram":
-            return self._propose_ngram(runner.input_batch, new_tokens, committed, to_device)
-        drafts = self._propose_eagle(runner, proposer_call(args, kwargs), target_hidden)
+            return self._propose_ngram(step)
+        drafts = self._propose_eagle(step)
         return drafts, np.full(drafts.shape[0], self.num_tokens, dtype=np.int64)
 
-    def _propose_eagle(self, runner, a: dict, target_hidden: torch.Tensor) -> torch.Tensor:
+    def _propose_eagle(self, step: ProposerStep) -> torch.Tensor:
         # As GPUModelRunner.propose_draft_token_ids's EAGLE branch, padded batch.
-        p = self.proposer
+        p, a = self.proposer, step.call
         sampled = a["sampled_token_ids"]  # [B, W+1], -1 after each row's tokens
         md, cm = a["spec_decode_metadata"], a["common_attn_metadata"]
         next_token_ids, valid_count = p.prepare_next_token_ids_padded(
-            sampled, runner.requests, runner.input_batch, runner.discard_request_mask.gpu
+            sampled, step.requests, step.input_batch, step.discard_mask
         )
         token_indices_to_sample = num_rejected = None  # (no drafts this step: each row's last token)
         if md is not None:
@@ -212,9 +247,9 @@ class TokenProposer:
         n = int(cm.num_actual_tokens)
         return p.propose(
             num_speculative_tokens=self.num_tokens,
-            target_token_ids=runner.input_ids.gpu[:n],
-            target_positions=runner._get_positions(n),
-            target_hidden_states=target_hidden[:n],
+            target_token_ids=step.input_ids[:n],
+            target_positions=step.positions(n),
+            target_hidden_states=step.target_hidden[:n],
             next_token_ids=next_token_ids,
             token_indices_to_sample=token_indices_to_sample,
             sampling_metadata=a["sampling_metadata"],
@@ -223,14 +258,13 @@ class TokenProposer:
             slot_mappings=a["slot_mappings"],
         )
 
-    def _propose_ngram(
-        self, batch, new_tokens: list[np.ndarray], committed, to_device
-    ) -> tuple[torch.Tensor, np.ndarray]:
+    def _propose_ngram(self, step: ProposerStep) -> tuple[torch.Tensor, np.ndarray]:
         # NgramProposer reads each row's tokens from the input batch, which
         # gets this step's tokens in bookkeeping, after drafting: they are
         # written here first (the same values bookkeeping writes).
-        tokens = batch.token_ids_cpu
-        lens = np.asarray(committed, dtype=np.int64).copy()
+        new_tokens = step.new_tokens
+        tokens = step.input_batch.token_ids_cpu
+        lens = np.asarray(step.committed, dtype=np.int64).copy()
         for i, new in enumerate(new_tokens):
             end = min(int(lens[i]) + new.shape[0], tokens.shape[1])
             tokens[i, lens[i] : end] = new[: end - lens[i]]
@@ -243,7 +277,7 @@ class TokenProposer:
         for i, r in enumerate(rows):
             lens[i] = min(len(r), self.num_tokens)
             out[i, : lens[i]] = r[: lens[i]]
-        return to_device(out)[0], lens
+        return step.to_device(out)[0], lens
 
 
 def dummy_run_arguments(num_tokens: int, args: tuple, kwargs: dict) -> tuple:

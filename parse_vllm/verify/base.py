@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from parse_vllm import _vllm, transfers
+from parse_vllm import transfers
 from parse_vllm.templates import LabelScoring
 
 
@@ -93,7 +93,7 @@ class VerifierBase:
 
     def __init__(
         self,
-        runner,
+        target,
         *,
         suffix_ids: tuple[int, ...],
         labels: LabelScoring,
@@ -108,10 +108,10 @@ class VerifierBase:
         fetch=transfers.fetch,
         to_device=None,
     ):
-        self.runner = runner
+        self.target = target  # _vllm.TargetAccess: the model, its device, the batch's block tables
         self.fetch = fetch  # device -> host, one transfer (the runner's HostCopies.fetch counts them)
         # host -> device, one staged copy per call (the runner's HostCopies.to_device counts them)
-        self.to_device = to_device or functools.partial(transfers.to_device, torch.device(runner.device))
+        self.to_device = to_device or functools.partial(transfers.to_device, torch.device(target.device))
         self.suffix = np.asarray(suffix_ids, dtype=np.int64)  # [L]
         if self.suffix.shape[0] == 0:
             raise ValueError("empty verification suffix")
@@ -132,7 +132,7 @@ class VerifierBase:
                 f"a verification pass of at most {max_tokens_per_pass} tokens cannot hold one copy of the "
                 f"{self.suffix_len}-token verification suffix; raise max_num_batched_tokens"
             )
-        self.device = torch.device(runner.device)
+        self.device = torch.device(target.device)
 
     @property
     def suffix_len(self) -> int:
@@ -155,7 +155,7 @@ class VerifierBase:
     def _read(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """A pass's label rows [C * rows, H] -> (logit, log P(yes), log P(no)) [C] and the
         hidden state the judgment reads [C, H] (row 0: the chat suffix's last token)."""
-        ly, ln = self.labels.log_probs(_vllm.target_logits(self.runner, hidden))
+        ly, ln = self.labels.log_probs(self.target.logits(hidden))
         h = hidden.view(-1, self.labels.rows, hidden.shape[-1])[:, 0]
         logit = ly - ln if self.read_out is None else self.read_out.logit(h, ly - ln)
         return logit, ly, ln, h
@@ -180,7 +180,7 @@ class VerifierBase:
     def _request_blocks(self, copies: CopyBatch) -> list[torch.Tensor]:
         """Copies of every KV block (all target layers) that the judged
         requests own up to their longest judged prefix + suffix length."""
-        tables = _vllm.request_block_table(self.runner, self.group_id)
+        tables = self.target.block_table(self.group_id)
         ids = set()
         for row in np.unique(copies.req_row):
             n = int(copies.prefix_len[copies.req_row == row].max()) + self.suffix_len

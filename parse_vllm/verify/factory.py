@@ -65,9 +65,9 @@ def resolve(requested: str, vllm_config, on_cuda: bool) -> str:
     return "forked"
 
 
-def build(runner, controller, kv_cache_config, layer_caches_by_name) -> Verifier:
-    """The verifier `controller.config.verifier` names, over the runner's KV
-    cache (`layer_caches_by_name`: the caches addressed by scheduler block ids)."""
+def build(target, controller, kv_cache_config, layer_caches_by_name) -> Verifier:
+    """The verifier `controller.config.verifier` names, over the target (`_vllm.TargetAccess`)
+    and its KV cache (`layer_caches_by_name`: the caches addressed by scheduler block ids)."""
     config = controller.config
     gid = _vllm.kv_cache_group_of_layers(kv_cache_config, controller.layer_names)
     num_blocks = kv_cache_config.num_blocks
@@ -81,7 +81,7 @@ def build(runner, controller, kv_cache_config, layer_caches_by_name) -> Verifier
         block_size=kv_cache_config.kv_cache_groups[gid].kv_cache_spec.block_size,
         check_isolation=config.record_judgments > 0,
         read_out=controller.read_out,
-        max_tokens_per_pass=_vllm.max_batched_tokens(runner),
+        max_tokens_per_pass=target.max_batched_tokens(),
         fetch=controller.host.fetch,
         to_device=controller.host.to_device,
     )
@@ -89,7 +89,7 @@ def build(runner, controller, kv_cache_config, layer_caches_by_name) -> Verifier
         from parse_vllm.verify.kernel import KernelVerifier
 
         try:
-            return KernelVerifier(runner, **common)
+            return KernelVerifier(target, **common)
         except (NotImplementedError, ValueError, RuntimeError) as e:
             raise ParseConfigError(
                 f"PARSE kernel verification cannot run on this model: {e}. No KV blocks were held back "
@@ -97,8 +97,15 @@ def build(runner, controller, kv_cache_config, layer_caches_by_name) -> Verifier
             ) from e
     scratch = scratch_block_count(config.scratch_blocks, num_blocks, config.verifier)
     return ForkedBlockTableVerifier(
-        runner,
+        target,
         **common,
         scratch_ids=np.arange(num_blocks - scratch, num_blocks),
-        max_rows_per_pass=_vllm.attention_rows_limit(runner, gid),
+        max_rows_per_pass=target.rows_limit(gid),
     )
+
+
+def describe(verifier, num_blocks: int) -> str:
+    """The verifier an engine built, one line for the log."""
+    scratch = getattr(verifier, "scratch_ids", None)
+    held = 0 if scratch is None else int(np.asarray(scratch).shape[0])
+    return f"{type(verifier).__name__}, scratch {held} of {num_blocks} KV blocks"

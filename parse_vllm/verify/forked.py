@@ -45,8 +45,8 @@ class ForkedBlockTableVerifier(VerifierBase):
     suffixes; `max_rows_per_pass`: the row limit of backends with per-request
     buffers (None: none)."""
 
-    def __init__(self, runner, *, scratch_ids: np.ndarray, max_rows_per_pass: int | None = None, **common):
-        super().__init__(runner, **common)  # VerifierBase's arguments
+    def __init__(self, target, *, scratch_ids: np.ndarray, max_rows_per_pass: int | None = None, **common):
+        super().__init__(target, **common)  # VerifierBase's arguments
         self.scratch_ids = scratch_ids
         self.max_rows_per_pass = max_rows_per_pass
         worst = self.blocks_per_copy(self.block_size - 1)
@@ -80,7 +80,7 @@ class ForkedBlockTableVerifier(VerifierBase):
         B, L = self.block_size, self.suffix_len
         C = req_row.shape[0]
         need = self._need(prefix_len)
-        req_tables = _vllm.request_block_table(self.runner, self.group_id)
+        req_tables = self.target.block_table(self.group_id)
         width = int(max(int(n) // B + k for n, k in zip(prefix_len, need)))
         table = np.zeros((C, width), dtype=np.int32)  # [C, width]
         block_copies: list[tuple[int, int]] = []
@@ -110,8 +110,7 @@ class ForkedBlockTableVerifier(VerifierBase):
         ids_t, pos_t, qsl_t, seq_lens_t, table_t, slots_t, last_t = self.to_device(
             input_ids.astype(np.int32), positions, qsl, seq_lens, table, slots, qsl[1:] - 1
         )
-        hidden = _vllm.run_target_forward(
-            self.runner,
+        hidden = self.target.forward(
             input_ids=ids_t,
             positions=pos_t,
             query_start_loc=qsl_t,

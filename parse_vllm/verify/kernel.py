@@ -1,4 +1,4 @@
-"""The kernel path of the one-pass verification (issue 3): every (request,
+"""The kernel path of the one-pass verification: every (request,
 boundary) copy of the verification suffix judged by the target in one
 forward, with the verification attention computed by the compiled op
 `parse_vllm.ops.prefix_verify_attention` straight from the requests' paged
@@ -158,16 +158,16 @@ class KernelVerifier(VerifierBase):
 
     def __init__(
         self,
-        runner,
+        target,
         *,
         scratch_ids: np.ndarray | None = None,
         max_rows_per_pass: int | None = None,
         **common,
     ):
         del scratch_ids, max_rows_per_pass  # see the class docstring
-        super().__init__(runner, **common)  # VerifierBase's arguments
+        super().__init__(target, **common)  # VerifierBase's arguments
 
-        self.layers = _vllm.target_attention_layers(runner.model, self.layer_names)
+        self.layers = _vllm.target_attention_layers(target.model, self.layer_names)
         cpu = [n for n, layer in self.layers.items() if _vllm.is_cpu_attention_backend(layer)]
         if cpu:
             raise NotImplementedError(
@@ -192,7 +192,7 @@ class KernelVerifier(VerifierBase):
             key_cache, _ = _vllm.standard_kv_cache_views(_vllm.bound_kv_cache(layer), layer.head_size)
             if key_cache.shape[2] != layer.num_kv_heads:
                 raise ValueError(f"layer {name}: cache has {key_cache.shape[2]} kv heads, layer {layer.num_kv_heads}")
-        if _vllm.kv_transfer_configured(runner.vllm_config):
+        if _vllm.kv_transfer_configured(target.vllm_config):
             raise NotImplementedError(
                 "PARSE kernel verifier: a KV connector (kv_transfer_config) would save "
                 "the verification forward's KV; use the forked-block-table verifier"
@@ -218,7 +218,7 @@ class KernelVerifier(VerifierBase):
     ) -> tuple[dict[str, PrefixVerifyMetadata], torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-layer metadata of one pass on the model's device, and the pass's input ids,
         positions and last rows [C] there: everything in one staged copy."""
-        tables = _vllm.layer_block_tables(self.runner, self.group_id, packed.block_table)
+        tables = self.target.layer_block_tables(self.group_id, packed.block_table)
         distinct = list({id(tables[n]): tables[n] for n in self.layer_names}.values())
         copy_req, copy_prefix_len, cu, input_ids, positions, last, *on_device = self.to_device(
             packed.copy_req,
@@ -251,12 +251,10 @@ class KernelVerifier(VerifierBase):
             self.suffix,
             req_row,
             prefix_len,
-            _vllm.request_block_table(self.runner, self.group_id),
+            self.target.block_table(self.group_id),
             self.block_size,
         )
         md, input_ids, positions, last = self.layer_metadata(packed)
         with _vllm.replaced_attention_impls(self.layers, PrefixVerifyAttentionImpl):
-            hidden = _vllm.run_target_forward_with_layer_metadata(
-                self.runner, input_ids=input_ids, positions=positions, attn_metadata=md
-            )
+            hidden = self.target.forward_with_layer_metadata(input_ids=input_ids, positions=positions, attn_metadata=md)
         return hidden[self.labels.row_index(last)]  # [C * rows, H]

@@ -1,4 +1,4 @@
-"""Quality against speed: `parse-vllm eval` (issue 12).
+"""Quality against speed: `parse-vllm eval`.
 
 tasks   -- prompt sets: MT-Bench's questions, a checkable task set made here from a seed
            (short answers with exact checks), the user's own JSONL;
