@@ -20,7 +20,7 @@ BOUNDARY_MODES = ("sentence", "tokens", "both")
 DEFAULT_DRAFT_CHUNK = 2
 VERIFIERS = ("auto", "forked", "kernel")
 TOKEN_PROPOSERS = ("eagle3", "ngram")  # methods of parse.token_proposer
-ON_REJECT_MODES = ("continue", "redraft")
+ON_REJECT_MODES = ("continue", "redraft", "adaptive")
 
 
 class ParseConfigError(ValueError):
@@ -69,7 +69,9 @@ class ParseConfig:
     # answer (the paper), optionally with token-level speculation of
     # `spec_tokens` draft tokens (0: the target alone); "redraft" = the target writes up to `redraft_tokens` tokens or
     # to the next sentence end, then the draft drafts again, at most
-    # `max_rounds` times.
+    # `max_rounds` times; "adaptive" = each time a request could open a window,
+    # window_policy.py chooses its length, or the token-level arm for a while,
+    # from what the judge has taken and what a window costs on this engine.
     on_reject: str = "continue"
     spec_tokens: int = 0
     # Who writes the token-level drafts (`spec_tokens` tokens: after a

@@ -37,6 +37,8 @@ from parse_vllm.step import DraftBatch, StepResult, StepSettings
 from parse_vllm.templates import VerificationTemplate, build_template
 from parse_vllm.transfers import HostCopies
 from parse_vllm.verify import CopyBatch, Verifier
+from parse_vllm.window_policy import FEATURES as WINDOW_COST_FEATURES
+from parse_vllm.window_policy import RequestPolicy, WindowPolicy
 from parse_vllm.windows import OpenWindow, StepReport, advance_windows
 
 
@@ -79,6 +81,15 @@ class ParseController:
         self.states: dict[str, RequestState] = {}
         self.windows: dict[str, OpenWindow] = {}  # windows drafted over several steps, by request
         self.step: StepScratch | None = None
+        self.policy: WindowPolicy | None = None  # on_reject adaptive
+        if self.config.on_reject == "adaptive":
+            copies = 1 if self.config.two_stage else self.config.max_boundaries
+            self.policy = WindowPolicy(
+                self.window, self.config.spec_tokens, self.config.draft_chunk, copies * self.template.suffix_len
+            )
+        self._step_x = np.zeros(len(WINDOW_COST_FEATURES))  # what the step ran (window_policy.FEATURES)
+        self._step_start: float | None = None
+        self._rows = 0  # requests in the step being timed
         self.stats = ParseStats()
         self._exported = ParseStats()
         self._prom = PromExporter({"model_name": self.served_model_name})
@@ -125,16 +136,20 @@ class ParseController:
             f"judge={c.judge_head or 'zero-shot'}, token-level drafts by {proposers.writer(self.token_proposer)}"
         )
 
-    def count_drafter(self, calls: int, rows: int, tokens: int) -> None:
-        """A step's drafter calls, the rows in them and the tokens they wrote draft KV for."""
-        self.stats.drafter_passes += calls
-        self.stats.drafter_rows += rows
-        self.stats.drafter_tokens += tokens
-        self.host.count_drafter_calls(calls)
+    def count_drafter(self, run) -> None:
+        """A step's drafter calls (drafting.PassesRun): counters, and the step's cost."""
+        self.stats.drafter_passes += run.calls
+        self.stats.drafter_rows += run.call_rows
+        self.stats.drafter_tokens += run.call_tokens
+        self.host.count_drafter_calls(run.calls)
+        self._step_x[3] += run.forwards
+        self._step_x[4] += run.call_tokens + run.drafted
 
     # -- transitions ------------------------------------------------------------
 
-    def begin_step(self, batch, finished: set[str], resumed: set[str], preempted: set[str]) -> StepScratch:
+    def begin_step(
+        self, batch, finished: set[str], resumed: set[str], preempted: set[str], now: float | None = None
+    ) -> StepScratch:
         """A step's batch (`_vllm.BatchView`) is known: finished requests are forgotten, new
         ones get their state; a request preempted or resumed lost its blocks (its draft
         KV, and any window being drafted: it drafts again), and a window whose request is
@@ -150,13 +165,48 @@ class ParseController:
                 self.stats.windows_dropped += 1
         for i, req_id in enumerate(batch.req_ids):
             if req_id not in self.states:
-                self.states[req_id] = RequestState(self.options(batch.extra_args[i], bool(batch.wants_logprobs[i])))
+                state = RequestState(self.options(batch.extra_args[i], bool(batch.wants_logprobs[i])))
+                if self.policy is not None and state.judging:
+                    state.adaptive = RequestPolicy(key=(round(state.options.threshold, 4), state.options.guard))
+                self.states[req_id] = state
+        self._time_step(batch, now)
         self.host.new_step()
         self.step = StepScratch(batch, StepReport(open=frozenset(self.windows)))
         return self.step
 
+    def _time_step(self, batch, now: float | None) -> None:
+        """The last step's time, with what it ran, to the window policy's cost model; this
+        step's target work counted."""
+        if self.policy is None or now is None:
+            return
+        if self._step_start is not None:
+            self.policy.step_done(now - self._step_start, self._step_x, rows=self._rows)
+        scheduled = int(batch.num_scheduled.sum())
+        self._step_x = np.zeros(len(WINDOW_COST_FEATURES))
+        self._step_x[:3] = (1.0, float(scheduled > 0), scheduled)
+        self._step_start, self._rows = now, batch.num_reqs
+
+    def _decide_windows(self, view) -> None:
+        """Adaptive requests with no move in flight get their next one from the policy: a
+        window of some length, or the token-level arm for a while."""
+        for i, req_id in enumerate(view.req_ids):
+            state = self.states[req_id]
+            r = state.adaptive
+            if r is None or state.arm_window or state.phase is not Phase.DRAFT:
+                continue
+            room = int(view.max_tokens[i] - view.output_len[i] - 1) if view.max_tokens[i] else self.window
+            decision = self.policy.decide(r, room)
+            if decision.window:
+                state.arm_window = decision.window
+                self.stats.window_opened(decision.window)
+                self.stats.policy_probes += int(decision.probe)
+            else:
+                self.stats.policy_token_level_steps += 1
+
     def row_states(self) -> RowStates:
         """What each batch row of the step drafts, from its state."""
+        if self.policy is not None:
+            self._decide_windows(self.step.batch)
         states = [self.states[r] for r in self.step.batch.req_ids]
         return RowStates(
             wants=np.array([s.draft_len(self.config, self.window) for s in states], dtype=np.int64),
@@ -216,10 +266,19 @@ class ParseController:
         if result is not None:
             self._apply(judged.req_ids, batch, result)
         done = set(judged.req_ids)
-        for i, req_id in enumerate(self.step.batch.req_ids):
+        view = self.step.batch
+        for i, req_id in enumerate(view.req_ids):
             state = self.states.get(req_id)
-            if req_id not in done and state is not None and state.phase is Phase.REWRITE:
-                state.after_tokens(sampled[i][sampled[i] >= 0].tolist(), self.sentence_end)
+            if req_id in done or state is None:
+                continue
+            tokens = sampled[i][sampled[i] >= 0]
+            if state.phase is Phase.REWRITE:
+                state.after_tokens(tokens.tolist(), self.sentence_end)
+            elif state.adaptive is not None and not state.arm_window and tokens.shape[0]:
+                # the token-level arm: its acceptance, and the back-off counted in tokens
+                if view.spec_tokens[i]:
+                    self.policy.token_level_verified(state.adaptive, 1, int(tokens.shape[0]) - 1)
+                self.policy.tokens_out(state.adaptive, int(tokens.shape[0]))
         self.step.sampled = sampled
 
     # -- requests ---------------------------------------------------------------
@@ -274,6 +333,8 @@ class ParseController:
         self.stats.verification_passes += j.passes
         self.stats.copies += n
         self.stats.suffix_tokens += n * self.template.suffix_len
+        self._step_x[5] += j.passes
+        self._step_x[6] += n * self.template.suffix_len
         if self.config.record_judgments:
             k_of = {int(r): k for k, r in enumerate(batch.row)}
             for c in range(n):
@@ -311,6 +372,17 @@ class ParseController:
         stats = self.stats
         for k, req_id in enumerate(req_ids):
             text_len = int(result.text_len[k])
+            state = self.states[req_id]
+            if state.adaptive is not None:
+                # the window is done (the policy decides the next move): what it took
+                if text_len:
+                    self.policy.window_judged(
+                        state.adaptive,
+                        state.arm_window,
+                        min(int(result.accepted[k]), text_len),
+                        rejected=bool(result.rejected[k]),
+                    )
+                state.arm_window = 0
             if text_len == 0:
                 continue  # nothing was offered (placeholder drafts, or a stop first)
             l_tok = int(batch.l_tok[k])
@@ -327,7 +399,6 @@ class ParseController:
                 stats.reject_at(max(0, int(result.first_fail[k])))
             elif accepted >= text_len:
                 stats.drafts_accepted_whole += 1
-            state = self.states[req_id]
             before = state.phase
             state.after_judged_draft(
                 self.config,

@@ -332,6 +332,8 @@ class PassesRun:
     calls: int = 0
     call_rows: int = 0  # Σ rows over the calls
     call_tokens: int = 0  # Σ tokens the calls wrote draft KV for (spans, or two draft tokens a row)
+    forwards: int = 0  # the drafter's sequential forwards (a call drafting n tokens makes n; a catch-up, 1)
+    drafted: int = 0  # Σ rows x tokens drafted
 
 
 def run_passes(
@@ -356,6 +358,8 @@ def run_passes(
         while True:
             run.calls += 1
             run.call_rows += int(active.shape[0])
+            run.forwards += max(n, 1)
+            run.drafted += n * int(active.shape[0])
             if n == 0:
                 break
             run.drafts[rows_t, done : done + n] = ids

@@ -68,6 +68,10 @@ class ParseStats:
     drafter_tokens: int = _counter("Tokens the drafter's first passes wrote draft KV for (catch-up included).")
     window_chunks: int = _counter("Chunks of windows drafted over several engine steps (one per window and step).")
     windows_dropped: int = _counter("Windows dropped unfinished: their request was preempted (it drafts again).")
+    policy_token_level_steps: int = _counter(
+        "Steps a request spent on the token-level arm because the adaptive window policy chose it."
+    )
+    policy_probes: int = _counter("Short windows the adaptive policy opened after a back-off (re-probes).")
     # Labelled families (LABELLED: the Prometheus label of each key).
     # index (0-based) of the first failed boundary -> count
     rejections_by_boundary: dict[int, int] = field(default_factory=dict)
@@ -76,6 +80,8 @@ class ParseStats:
     token_level_drafts: dict[str, int] = field(default_factory=dict)
     token_level_draft_tokens: dict[str, int] = field(default_factory=dict)
     token_level_accepted_tokens: dict[str, int] = field(default_factory=dict)
+    # Windows opened, by length (tokens), under on_reject adaptive.
+    windows_opened: dict[int, int] = field(default_factory=dict)
     # A high-water mark, not a counter (not exported): the most draft tokens a
     # window drafted in chunks took in one engine step (<= draft_chunk).
     window_chunk_max: int = 0
@@ -83,6 +89,9 @@ class ParseStats:
     def note_window_chunk(self, num_tokens: int) -> None:
         self.window_chunks += 1
         self.window_chunk_max = max(self.window_chunk_max, num_tokens)
+
+    def window_opened(self, length: int) -> None:
+        _add(self.windows_opened, length, 1)
 
     def reject_at(self, boundary_index: int) -> None:
         self.rejections += 1
@@ -121,6 +130,7 @@ LABELLED = {
     "token_level_drafts": ("proposer", "Token-level drafts (not judged) verified, by proposer."),
     "token_level_draft_tokens": ("proposer", "Tokens of token-level drafts (not judged), by proposer."),
     "token_level_accepted_tokens": ("proposer", "Tokens of token-level drafts accepted, by proposer."),
+    "windows_opened": ("length", "Windows the adaptive policy opened, by length."),
 }
 
 

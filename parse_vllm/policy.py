@@ -14,6 +14,11 @@ is about twice what the guard let through (at least GUARD_MIN_WINDOW),
 doubling back towards W with each draft taken whole, so a draft that keeps
 missing the target's top-k is not drafted W tokens deep every step.
 
+Under `on_reject: adaptive` a request stays in DRAFT for good and a window policy
+(window_policy.py) chooses, each time it could open a window, the window's length or
+the token-level arm (`arm_window` 0) for a back-off; its drafts are judged only when
+it opened a window.
+
 A request whose threshold no judgment can reach (τ > 1) starts in CONTINUE:
 its output is the target's either way, and a draft it cannot keep costs a
 window of drafter steps and a target forward over W tokens.
@@ -36,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from parse_vllm.config import ParseConfig, RequestOptions
+from parse_vllm.window_policy import RequestPolicy
 
 GUARD_MIN_WINDOW = 8
 
@@ -57,6 +63,8 @@ class RequestState:
     # Positions after draft_kv_len whose draft KV the drafter wrote while drafting
     # (its own draft tokens): valid as far as the next step accepts that draft.
     draft_ahead: int = 0
+    adaptive: RequestPolicy | None = None  # on_reject adaptive: the request's window policy state
+    arm_window: int = 0  # adaptive: the window in flight (0: the token-level arm, or not decided)
 
     def __post_init__(self) -> None:
         if self.options.enabled and self.options.threshold > 1:
@@ -65,6 +73,8 @@ class RequestState:
     @property
     def judging(self) -> bool:
         """Whether this request's drafts are judged semantically now."""
+        if self.adaptive is not None:
+            return self.options.enabled and self.phase is Phase.DRAFT and self.arm_window > 0
         return self.options.enabled and self.phase is Phase.DRAFT
 
     @property
@@ -77,13 +87,19 @@ class RequestState:
         """How many draft tokens to schedule for this request next step."""
         if not self.judging:
             return config.spec_tokens
+        if self.adaptive is not None:
+            return self.arm_window
         return min(window, self.window_cap) if self.window_cap else window
 
     def after_judged_draft(
         self, config: ParseConfig, rejected: bool, *, guard_cut: bool = False, accepted: int = 0, window: int = 0
     ) -> None:
         """A judged draft was accepted whole, cut by the token guard (stay in
-        DRAFT, with a shorter window), or rejected by the judge."""
+        DRAFT, with a shorter window), or rejected by the judge. (Under adaptive the
+        window policy takes it: the request stays in DRAFT.)"""
+        if self.adaptive is not None:
+            self.arm_window = 0
+            return
         if not rejected:
             if guard_cut:
                 self.window_cap = min(window, max(GUARD_MIN_WINDOW, 2 * accepted))

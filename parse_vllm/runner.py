@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 
 import numpy as np
 import torch
@@ -146,6 +147,7 @@ class ParseRunnerMixin:
                 finished=_vllm.finished_request_ids(scheduler_output),
                 resumed=_vllm.resumed_request_ids(scheduler_output),
                 preempted=_vllm.preempted_request_ids(scheduler_output),
+                now=time.monotonic(),
             )
             self._parse_audit_kv()  # this step's tables, before any verification
         return out
@@ -347,7 +349,7 @@ class ParseRunnerMixin:
         fetch = functools.partial(p.host.fetch_one, drafter=True)  # the drafter's stop checks, counted apart
         drafter = _vllm.RowsDrafter(self, self._parse_staging, staged, block_table, sampling_metadata, fetch)
         run = run_passes(passes, drafter, rows.wants, rows.stops, len(rows.req_ids), self.device)
-        p.count_drafter(run.calls, run.call_rows, run.call_tokens)
+        p.count_drafter(run)
         win = rows.window_rows
         chunks = fetch(run.drafts[p.host.to_device(win)[0]]) if win.shape[0] else np.zeros((0, 0), dtype=np.int64)
         p.drafted(rows, kv_len, chunks)

@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="V",
         help="what a PARSE engine does after a rejection, one engine each: continue, redraft, kN "
         "(continue with token-level speculation of N draft tokens), or e3 (continue with the --eagle3 head "
-        "proposing --eagle3-k tokens; also PARSE-off and τ > 1 requests) (default: the PARSE options')",
+        "proposing --eagle3-k tokens; also PARSE-off and τ > 1 requests); adaptive, adaptive-kN, adaptive-e3: "
+        "the same token-level arm, windows chosen by the adaptive policy (default: the PARSE options')",
     )
     p = ap.add_argument_group("prompts")
     p.add_argument(
@@ -198,10 +199,13 @@ def check_args(args: argparse.Namespace) -> None:
     if any(k < 1 for k in args.spec_k) or any(w < 1 for w in args.windows or ()):
         raise EvalError("--spec-k and --windows take integers >= 1")
     for v in args.variants or ():
-        if v not in ("continue", "redraft", "e3") and not (v[:1] == "k" and v[1:].isdigit() and int(v[1:]) >= 1):
-            raise EvalError(f"--variants: {v!r} is not continue, redraft, kN (N >= 1) or e3")
-    if "e3" in (args.variants or ()) and not args.eagle3:
-        raise EvalError("--variants e3 needs --eagle3 HEAD")
+        base = _variant_base(v)
+        if base not in ("continue", "redraft", "e3") and not (
+            base[:1] == "k" and base[1:].isdigit() and int(base[1:]) >= 1
+        ):
+            raise EvalError(f"--variants: {v!r} is not continue, redraft, kN (N >= 1) or e3, or adaptive-<one of them>")
+        if base == "e3" and not args.eagle3:
+            raise EvalError(f"--variants {v} needs --eagle3 HEAD")
     if args.eagle3_k < 1:
         raise EvalError("--eagle3-k must be >= 1")
     if args.judge and not args.draft_alone:
@@ -278,18 +282,26 @@ def parse_engines(args: argparse.Namespace, res: dict) -> list[tuple[str, int, d
     for w in args.windows or [res["window"]]:
         for v in args.variants or [res["parse"].get("on_reject", "continue")]:
             opts = dict(res["parse"])
-            if v == "redraft":
+            base = _variant_base(v)
+            if base == "redraft":
                 opts.update(on_reject="redraft")
-            elif v == "e3":
+            elif base == "e3":
                 opts.update(
                     on_reject="continue",
                     spec_tokens=args.eagle3_k,
                     token_proposer={"method": "eagle3", "model": str(args.eagle3)},
                 )
             else:
-                opts.update(on_reject="continue", spec_tokens=int(v[1:]) if v.startswith("k") else 0)
+                opts.update(on_reject="continue", spec_tokens=int(base[1:]) if base.startswith("k") else 0)
+            if v.startswith("adaptive"):
+                opts.update(on_reject="adaptive")
             out.append((f"parse W={w}" + ("" if v == "continue" else f" {v}"), w, opts))
     return out
+
+
+def _variant_base(v: str) -> str:
+    """A variant's token-level arm: adaptive-k4 -> k4, adaptive -> continue."""
+    return (v[len("adaptive") :].lstrip("-") or "continue") if v.startswith("adaptive") else v
 
 
 # -- running -----------------------------------------------------------------------------

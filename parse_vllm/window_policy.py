@@ -1,0 +1,258 @@
+"""How long a request's next window is, or none: the choice `on_reject: adaptive` makes each
+time a request could open a window.
+
+Two arms. A **window** of w tokens: w draft-model steps, then the target's forward over the
+window and the verification pass, yielding the prefix the judge (or token-level
+acceptance) takes plus the token the target samples after it. The **token-level arm**:
+each step, `spec_tokens` draft tokens verified token by token (or the target alone),
+yielding the accepted ones plus one. The policy picks the arm, and the window length, with
+the higher expected tokens per second (goodput, as SmartSpec and vLLM's RFC #44336 choose
+k), from plain numbers:
+
+  what the judge takes: a per-token survival rate ρ (each judged token kept with
+  probability ρ, independently): E[taken | w] = ρ(1 - ρ^w)/(1 - ρ). Estimated per request
+  from its windows (a window that took `a` of its tokens and was rejected saw a survivals
+  and one failure; one taken whole saw w survivals and no failure: the geometric MLE
+  ρ = Σ a / (Σ a + rejections), with the engine's own estimate over the requests of the
+  same τ and guard as a prior worth `PRIOR_TOKENS` tokens).
+
+  what a window and a step cost: `CostModel`, a linear model of the engine's step time
+  in the tokens a step runs through the target, the drafter and the verification pass,
+  fitted online (recursive least squares with forgetting) to the step times the engine
+  sees: a GPU step costs about the same for 1 or 100 tokens, a CPU step grows with them,
+  and the fit tells which this machine is.
+
+  what the token-level arm yields: its own acceptance (accepted tokens per draft, per
+  request, with the engine's as a prior).
+
+Windows start at `MIN_WINDOW`; one taken whole is followed by one twice as long while
+windows pay (a request whose windows are all taken reaches W, as Hugging Face's schedule
+grows its draft on full acceptance), otherwise the best-paying length up to twice the last. After a window is
+rejected, or whenever the token-level arm wins, the request stays with the token-level
+arm for a back-off, counted in output tokens, that doubles with every window rejected in a
+row; when it ends the request re-probes with a window of MIN_WINDOW tokens, whatever the
+estimates say. So a request whose judge never accepts pays at most MIN_WINDOW drafted
+tokens per probe, and probes at output tokens b, 3b, 7b, ... (b = `FIRST_BACKOFF`): over
+an answer of N tokens at most MIN_WINDOW * (log2(N / b + 1) + 1) draft tokens on windows
+(`exploration_bound`).
+
+Pure: plain numbers in, a decision out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MIN_WINDOW = 16  # the shortest window, and the probe after a back-off
+FIRST_BACKOFF = 16  # output tokens of the token-level arm after the first rejected window
+PRIOR_TOKENS = 32.0  # how much the engine's estimate weighs in a request's, in judged tokens
+OPTIMISTIC_RHO = 0.98  # the engine's survival rate before any window was judged
+# What a step ran, the cost model's inputs: the step itself (host work), whether the target
+# ran its forward, the tokens through it, the drafter's sequential forwards (a w-token draft
+# takes w, however many rows share them) and the tokens through them (rows x positions),
+# the verification passes (each a forward of the target) and their tokens. A GPU step is
+# mostly the forwards' fixed costs (weights read once, whatever the tokens); a CPU step grows
+# with the tokens; the fit tells which this machine is.
+FEATURES = (
+    "step",
+    "target_forward",
+    "target_tokens",
+    "draft_forwards",
+    "draft_tokens",
+    "verify_passes",
+    "verify_tokens",
+)
+
+
+def expected_taken(rho: float, w: int) -> float:
+    """E[tokens taken of a w-token window] when each is kept with probability rho in a row."""
+    rho = min(max(rho, 0.0), 1.0 - 1e-9)
+    return rho * (1.0 - rho**w) / (1.0 - rho)
+
+
+def exploration_bound(answer_tokens: int, min_window: int = MIN_WINDOW, first_backoff: int = FIRST_BACKOFF) -> int:
+    """The most draft tokens a request spends on windows over an answer of `answer_tokens`
+    tokens when every window it opens is rejected (module docstring)."""
+    probes = 1 + int(math.floor(math.log2(answer_tokens / first_backoff + 1)))
+    return min_window * probes
+
+
+class CostModel:
+    """Step time ≈ θ · x over FEATURES, θ ≥ 0, fitted by recursive least squares with
+    forgetting (`forget` per step) from a weak prior: every token free, the fixed cost
+    unknown. A step much slower than predicted (an engine that sat idle between steps) is
+    not learnt from."""
+
+    def __init__(self, forget: float = 0.98, prior_weight: float = 1.0):
+        self.forget = forget
+        self.theta = np.zeros(len(FEATURES))
+        self.P = np.eye(len(FEATURES)) / prior_weight
+        self.P[0, 0] = 1e6  # the fixed cost is unknown until the first step
+        self.steps = 0
+
+    def update(self, x: np.ndarray, seconds: float) -> None:
+        """One step of `seconds` that ran x (FEATURES)."""
+        x = np.asarray(x, dtype=np.float64)
+        if self.steps >= 8 and seconds > 20 * max(self.cost(x), 1e-6):
+            return
+        Px = self.P @ x
+        gain = Px / (self.forget + x @ Px)
+        self.theta = self.theta + gain * (seconds - x @ self.theta)
+        self.P = (self.P - np.outer(gain, Px)) / self.forget
+        self.steps += 1
+
+    def cost(self, x: np.ndarray) -> float:
+        """Predicted seconds of x (negative coefficients, from noise, count as 0)."""
+        return float(np.maximum(self.theta, 0.0) @ np.asarray(x, dtype=np.float64))
+
+
+@dataclass
+class ArmStats:
+    """A request's record (or the engine's, over all requests)."""
+
+    judged_tokens: float = 0.0  # Σ tokens windows kept (the survivals)
+    rejections: float = 0.0  # windows rejected
+    windows: int = 0
+    token_drafts: float = 0.0  # token-level drafts verified
+    token_accepted: float = 0.0  # their tokens accepted
+
+    def rho(self, prior: float, prior_tokens: float = PRIOR_TOKENS) -> float:
+        return (self.judged_tokens + prior_tokens * prior) / (self.judged_tokens + self.rejections + prior_tokens)
+
+    def accepted_per_draft(self, prior: float, prior_drafts: float = 4.0) -> float:
+        return (self.token_accepted + prior_drafts * prior) / (self.token_drafts + prior_drafts)
+
+
+@dataclass
+class Decision:
+    window: int  # tokens of the window to open (0: the token-level arm)
+    probe: bool = False  # a re-probe after a back-off
+
+
+@dataclass
+class RequestPolicy:
+    """One request's adaptive state."""
+
+    key: tuple = ()  # what the engine's prior for it is kept by: its τ and guard
+    stats: ArmStats = field(default_factory=ArmStats)
+    last_window: int = 0  # the last window's length (0: none yet)
+    last_whole: bool = False  # the last window was taken whole
+    failed_in_row: int = 0  # windows rejected in a row
+    backoff_left: int = 0  # output tokens of the token-level arm before the next decision
+    probes: int = 0
+
+
+class WindowPolicy:
+    """The engine's policy: its cost model, the engine-wide record, and the decision."""
+
+    def __init__(self, window: int, spec_tokens: int, chunk: int, verify_tokens_per_window: float, sizes=None):
+        self.window = window  # W, the longest window
+        self.spec_tokens = spec_tokens  # k of the token-level arm (0: the target alone)
+        self.chunk = chunk  # draft tokens per engine step of a window (0: the whole window)
+        self.verify_tokens = verify_tokens_per_window  # copies x suffix tokens of a window's judgment
+        self.sizes = sizes or window_sizes(window)
+        self.costs = CostModel()
+        # The engine's record, by request key (τ and guard: a judge takes far more at τ 0
+        # than at 0.9), the prior of a request's own.
+        self.engine: dict[tuple, ArmStats] = {}
+        self.batch = 1.0  # requests per step, averaged
+
+    def prior(self, r: RequestPolicy) -> ArmStats:
+        return self.engine.setdefault(r.key, ArmStats())
+
+    # -- what the engine sees --------------------------------------------------------
+
+    def step_done(self, seconds: float, x: np.ndarray, rows: int) -> None:
+        """An engine step took `seconds` running x (FEATURES) for `rows` requests."""
+        if seconds > 0:
+            self.costs.update(x, seconds)
+        if rows:
+            self.batch = 0.9 * self.batch + 0.1 * rows
+
+    def window_judged(self, r: RequestPolicy, window: int, taken: int, rejected: bool) -> None:
+        """A window of `window` tokens the judge (or token-level acceptance) took `taken`
+        tokens of; rejected or taken whole (a cut is neither: it counts as its survivals)."""
+        for s in (r.stats, self.prior(r)):
+            s.judged_tokens += taken
+            s.rejections += int(rejected)
+            s.windows += 1
+        r.last_window = window
+        r.last_whole = not rejected and taken >= window
+        if rejected:
+            r.failed_in_row += 1
+            r.backoff_left = FIRST_BACKOFF * 2 ** (r.failed_in_row - 1)
+        else:
+            r.failed_in_row = 0
+
+    def token_level_verified(self, r: RequestPolicy, drafts: int, accepted: int) -> None:
+        for s in (r.stats, self.prior(r)):
+            s.token_drafts += drafts
+            s.token_accepted += accepted
+
+    def tokens_out(self, r: RequestPolicy, n: int) -> None:
+        """The request gained n output tokens on the token-level arm."""
+        r.backoff_left = max(0, r.backoff_left - n)
+
+    # -- the choice ------------------------------------------------------------------
+
+    def rho(self, r: RequestPolicy) -> float:
+        return r.stats.rho(self.prior(r).rho(OPTIMISTIC_RHO))
+
+    def window_cost(self, w: int) -> np.ndarray:
+        """FEATURES of one window of w tokens, as this request's share: the engine steps it
+        spans (it opens in a step of the batch, is drafted a chunk a step while the others
+        decode, and its judgment is the first step of the request's next move), a share of
+        one target forward, the target's tokens over it, its w drafter forwards and tokens,
+        and its verification pass."""
+        steps = math.ceil(w / self.chunk) if self.chunk else 1
+        return np.array([steps / self.batch, 1 / self.batch, w + 1, w, w, 1, self.verify_tokens])
+
+    def token_level_cost(self) -> np.ndarray:
+        """FEATURES of one step of the token-level arm, as this request's share."""
+        k = self.spec_tokens
+        return np.array([1 / self.batch, 1 / self.batch, k + 1, k, k, 0, 0])
+
+    def goodput_window(self, rho: float, w: int) -> float:
+        return (expected_taken(rho, w) + 1.0) / max(self.costs.cost(self.window_cost(w)), 1e-12)
+
+    def goodput_token_level(self, r: RequestPolicy) -> float:
+        k = self.spec_tokens
+        accepted = r.stats.accepted_per_draft(self.prior(r).accepted_per_draft(k * 0.5)) if k else 0.0
+        return (accepted + 1.0) / max(self.costs.cost(self.token_level_cost()), 1e-12)
+
+    def decide(self, r: RequestPolicy, room: int) -> Decision:
+        """The request's next move, `room`: the most tokens a window could hold now (its
+        max_tokens and the context). A window taken whole is followed by one twice as long
+        (up to W), if a window still pays; otherwise the best-paying length up to twice the
+        last one."""
+        if r.backoff_left > 0 or room < 1:
+            return Decision(0)
+        cap = min(self.window, room)
+        if r.failed_in_row:
+            r.probes += 1
+            return Decision(min(MIN_WINDOW, cap), probe=True)  # the back-off is over: probe
+        if r.last_whole:
+            lengths = [min(2 * r.last_window, cap)]
+        else:
+            limit = min(cap, 2 * r.last_window if r.last_window else MIN_WINDOW)
+            lengths = [w for w in self.sizes if w <= limit] or [limit]
+        rho = self.rho(r)
+        best_w, best = 0, self.goodput_token_level(r)
+        for w in lengths:
+            if (g := self.goodput_window(rho, w)) > best:
+                best_w, best = w, g
+        if best_w == 0:
+            r.backoff_left = FIRST_BACKOFF  # token-level for a while, then decide again
+        return Decision(best_w)
+
+
+def window_sizes(window: int) -> list[int]:
+    """MIN_WINDOW, doubling, up to W (W itself included)."""
+    sizes, w = [], MIN_WINDOW
+    while w < window:
+        sizes.append(w)
+        w *= 2
+    return sorted(set(sizes + [window]))

@@ -1,0 +1,101 @@
+"""`on_reject: adaptive` through `LLM(...)`: the window policy's choices counted, not timed
+(a judge that rejects every window, one that takes every window), lossless settings still
+the target's tokens, windows over steps and preemption losing nothing."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import PROMPTS, close_llm, engine_kwargs, make_llm, parse_kwargs
+
+import parse_vllm
+from parse_vllm.window_policy import MIN_WINDOW, exploration_bound
+
+pytestmark = pytest.mark.slow
+
+W = 64
+REJECT_ALL = {"parse_threshold": 1.0}  # judged, and every prefix fails
+ACCEPT_ALL = {"parse_threshold": 0.0}
+LOSSLESS = {"parse_threshold": 1.0, "parse_guard": 1}
+
+
+def sp(max_tokens, **extra_args):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, extra_args=extra_args or None)
+
+
+def ids(outs):
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+@pytest.fixture(scope="module")
+def ref(tiny_models):
+    llm = make_llm(**engine_kwargs(tiny_models["target"]))
+    yield llm
+    close_llm(llm)
+
+
+@pytest.fixture(scope="module")
+def adaptive(tiny_models, ref):  # the reference first: one engine at a time
+    llm = make_llm(**parse_kwargs(tiny_models, window=W, on_reject="adaptive"), disable_log_stats=False)
+    yield llm
+    close_llm(llm)
+
+
+def test_a_judge_that_rejects_every_window_costs_at_most_the_stated_probes(adaptive, ref):
+    """Every window rejected over a 240-token answer: windows of MIN_WINDOW tokens, spaced
+    by a doubling back-off, never more window tokens than `exploration_bound`; the answer is
+    the target's own (nothing judged was taken)."""
+    n = 240
+    parse_vllm.reset_stats(adaptive)
+    got = ids(adaptive.generate([PROMPTS[1]], sp(n, **REJECT_ALL)))
+    st = parse_vllm.get_stats(adaptive)
+    assert got == ids(ref.generate([PROMPTS[1]], sp(n)))
+    opened = st["windows_opened"]
+    assert set(opened) == {MIN_WINDOW} and st["rejections"] == sum(opened.values())
+    assert sum(int(w) * c for w, c in opened.items()) <= exploration_bound(n)
+    assert st["policy_probes"] == sum(opened.values()) - 1 and st["policy_token_level_steps"] > 0
+    assert st["tokens_accepted_semantic"] == 0
+
+
+def test_a_judge_that_takes_every_window_grows_them_to_w(adaptive):
+    parse_vllm.reset_stats(adaptive)
+    outs = adaptive.generate([PROMPTS[4]], sp(300, **ACCEPT_ALL))
+    st = parse_vllm.get_stats(adaptive)
+    assert len(outs[0].outputs[0].token_ids) == 300
+    assert {16, 32, W} <= {int(w) for w in st["windows_opened"]}
+    assert st["rejections"] == 0 and st["tokens_accepted_semantic"] > 200
+
+
+def test_lossless_settings_are_the_target_in_a_mixed_batch(adaptive, ref):
+    prompts = PROMPTS[:6]
+    kinds = [LOSSLESS, {"parse_threshold": 1.5}, {"parse": False}, LOSSLESS, ACCEPT_ALL, REJECT_ALL]
+    got = ids(adaptive.generate(prompts, [sp(64, **k) for k in kinds]))
+    want = ids(ref.generate(prompts, sp(64)))
+    for i in (0, 1, 2, 3, 5):
+        assert got[i] == want[i], kinds[i]
+
+
+@pytest.fixture(scope="module")
+def adaptive_tight(tiny_models, ref):
+    # about 21 blocks of 32 tokens (2 held as PARSE scratch); 6 requests of ~190 tokens need ~36
+    kw = parse_kwargs(tiny_models, window=W, on_reject="adaptive")
+    llm = make_llm(**{**kw, "kv_cache_memory_bytes": 2 << 20, "max_model_len": 384}, disable_log_stats=False)
+    yield llm
+    close_llm(llm)
+
+
+def test_preemption_loses_nothing(adaptive_tight, ref):
+    """More requests than the KV cache holds, windows drafted over steps: vLLM preempts
+    requests mid-window; guard 1 still gives the target's tokens."""
+    prompts = [p + f" ({i})" for i, p in enumerate(PROMPTS[:6])]
+    parse_vllm.reset_stats(adaptive_tight)
+    before = _preemptions(adaptive_tight)
+    got = ids(adaptive_tight.generate(prompts, sp(160, **LOSSLESS)))
+    assert _preemptions(adaptive_tight) > before, "the cache was not small enough to preempt"
+    assert got == ids(ref.generate(prompts, sp(160)))
+    assert parse_vllm.get_stats(adaptive_tight)["window_chunks"] > 0
+
+
+def _preemptions(llm) -> float:
+    return sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
