@@ -274,3 +274,41 @@ def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monke
     )
     assert "0.250 on all 80 questions (mean length 1.90); 0.312" in row and "on this run's 9" in row
     assert row.endswith("**not met** |")
+
+
+def test_the_adaptive_report_maps_eval_rows_and_ratios(tmp_path):
+    """scripts/bench_adaptive.py: eval rows -> (pair, config, τ, batch) rows, tok/s over the
+    prompt sets' work, pass@1 over their tasks, and the ratio to the best of the target and
+    token-level speculation of the same run and batch."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_adaptive", Path(__file__).parents[1] / "scripts" / "bench_adaptive.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def row(config, tau, batch, tokens, wall, p=None, n=10):
+        return {"config": config, "tau": tau, "batch": batch, "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
+                "pass_at_1": p, "n": n, "split": "even"}  # fmt: skip
+
+    run = tmp_path / "coder"
+    run.mkdir()
+    rows = [
+        row("target", None, 1, 100, 10.0, 0.8),
+        row("token-k4", None, 1, 100, 5.0, 0.8),
+        row("parse W=128 k4", 0.8, 1, 100, 8.0, 0.8),
+        row("parse W=128 adaptive-k4", 0.8, 1, 100, 4.0, 0.7),
+        row("parse W=128 adaptive-k4", 0.8, 1, 300, 12.0, 0.9, n=30),  # a second prompt set
+        row("draft", None, 1, 100, 1.0),  # not in this report
+    ]
+    (run / "summary.json").write_text(json.dumps({"rows": rows}))
+    assert mod.main(["--coder", str(run), "--out", str(tmp_path / "out")]) == 0
+    got = {(r["config"], r["tau"]): r for r in json.loads((tmp_path / "out" / "summary.json").read_text())["rows"]}
+    assert set(got) == {("target", None), ("token-k4", None), ("continue", 0.8), ("adaptive", 0.8)}
+    a = got[("adaptive", 0.8)]
+    assert a["tok_s"] == pytest.approx(400 / 16.0) and a["pass_at_1"] == pytest.approx((7 + 27) / 40)
+    assert a["ratio"] == pytest.approx(25.0 / 20.0) and got[("continue", 0.8)]["ratio"] == pytest.approx(12.5 / 20)
+    assert (
+        "| coder | even | 1 | 0.8 | adaptive | 25.0 | 1.25 | 0.850 |" in (tmp_path / "out" / "summary.md").read_text()
+    )
