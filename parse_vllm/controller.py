@@ -148,13 +148,19 @@ class ParseController:
     # -- transitions ------------------------------------------------------------
 
     def begin_step(
-        self, batch, finished: set[str], resumed: set[str], preempted: set[str], now: float | None = None
+        self,
+        batch,
+        finished: set[str],
+        resumed: set[str],
+        preempted: set[str],
+        new: set[str] = frozenset(),
+        now: float | None = None,
     ) -> StepScratch:
         """A step's batch (`_vllm.BatchView`) is known: finished requests are forgotten, new
         ones get their state; a request preempted or resumed lost its blocks (its draft
         KV, and any window being drafted: it drafts again), and a window whose request is
         scheduled again is dropped too."""
-        for req_id in finished:
+        for req_id in finished | (new & self.states.keys()):  # (a known id new again: a session's next turn)
             self.states.pop(req_id, None)
             self.windows.pop(req_id, None)
         for req_id in resumed & self.states.keys():

@@ -101,7 +101,10 @@ class ParseRunnerMixin:
         return caches
 
     def _cleanup_profiling_kv_cache(self) -> None:
+        # Also vLLM's shutdown: the verifier's references to the KV cache go too.
         self._parse_caches_by_layer = None
+        if self.parse is not None:
+            self.parse.verifier = None
         super()._cleanup_profiling_kv_cache()
 
     def initialize_metadata_builders(self, kv_cache_config, kernel_block_sizes, *args, **kwargs) -> None:
@@ -131,7 +134,8 @@ class ParseRunnerMixin:
             self._parse_caches_by_layer = None
             return
         p = self.parse
-        if p is not None:
+        if p is not None:  # (over vLLM's own copy of the config, as its attention groups were built)
+            kv_cache_config = getattr(self, "kv_cache_config", kv_cache_config)
             p.verifier = verifiers.build(_vllm.TargetAccess(self), p, kv_cache_config, self._parse_caches_by_layer)
             logger.info("PARSE verification: %s", verifiers.describe(p.verifier, kv_cache_config.num_blocks))
 
@@ -147,6 +151,7 @@ class ParseRunnerMixin:
                 finished=_vllm.finished_request_ids(scheduler_output),
                 resumed=_vllm.resumed_request_ids(scheduler_output),
                 preempted=_vllm.preempted_request_ids(scheduler_output),
+                new=_vllm.new_request_ids(scheduler_output),
                 now=time.monotonic(),
             )
             self._parse_audit_kv()  # this step's tables, before any verification

@@ -171,7 +171,7 @@ def test_one_step_translated_from_vllms_batch_and_back(step_runner):
     runner, p = step_runner, step_runner.parse
     runner._update_states(SimpleNamespace(num_scheduled_tokens={"a": 5, "b": 1}, finished_req_ids=set(),
                                           scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()),
-                                          preempted_req_ids=set()))  # fmt: skip
+                                          preempted_req_ids=set(), scheduled_new_reqs=[]))  # fmt: skip
     view = p.step.batch
     assert view.req_ids == ["a", "b"] and view.num_tokens.tolist() == [20, 8] and view.output_len.tolist() == [6, 2]
     assert p.judging("a") and not p.judging("b")
@@ -193,3 +193,25 @@ def _vllm_report(output):
     from parse_vllm import _vllm
 
     return _vllm.step_report(output)
+
+
+def test_a_streaming_sessions_next_turn_starts_a_new_request_state(step_runner):
+    """A session's next turn comes back as a new request under its old id, with new
+    sampling parameters and no output: its PARSE state (options, phase, draft KV) is made
+    anew, not carried over."""
+    from parse_vllm.policy import Phase
+
+    runner, p = step_runner, step_runner.parse
+    out = SimpleNamespace(
+        num_scheduled_tokens={"a": 5, "b": 1},
+        finished_req_ids=set(),
+        scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()),
+        preempted_req_ids=set(),
+        scheduled_new_reqs=[],
+    )
+    runner._update_states(out)
+    p.states["a"].phase, p.states["a"].draft_kv_len = Phase.CONTINUE, 19
+    runner._update_states(out)
+    assert p.states["a"].phase is Phase.CONTINUE  # the same request, next step
+    runner._update_states(SimpleNamespace(**{**out.__dict__, "scheduled_new_reqs": [SimpleNamespace(req_id="a")]}))
+    assert p.states["a"].phase is Phase.DRAFT and p.states["a"].draft_kv_len == 0

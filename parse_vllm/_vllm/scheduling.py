@@ -16,6 +16,13 @@ def preempted_request_ids(scheduler_output) -> set[str]:
     return set(getattr(scheduler_output, "preempted_req_ids", None) or ())
 
 
+def new_request_ids(scheduler_output) -> set[str]:
+    """Requests scheduled for the first time this step (SchedulerOutput.scheduled_new_reqs),
+    including a streaming-input session's next turn, which comes back under its old id with
+    new sampling parameters and no output yet (0.33: GPUModelRunner._update_streaming_request)."""
+    return {r.req_id for r in scheduler_output.scheduled_new_reqs}
+
+
 def finished_request_ids(scheduler_output) -> set[str]:
     """vllm.v1.core.sched.output.SchedulerOutput.finished_req_ids."""
     return set(scheduler_output.finished_req_ids)

@@ -164,6 +164,13 @@ class TokenProposer:
         self.aux_layers: tuple[int, ...] = ()
         if self.method != "eagle3" or not self.proposer.eagle3_use_aux_hidden_state:
             return
+        from vllm.model_executor.models.interfaces import supports_eagle3
+
+        if not supports_eagle3(runner.get_model()):
+            raise ValueError(
+                f"the target ({type(runner.get_model()).__name__}) does not return the hidden states an EAGLE-3 "
+                "head reads (vLLM's SupportsEagle3): use another token_proposer"
+            )
         layers = eagle3_aux_layers(self.config.speculative_config)
         if not layers:
             layers = runner.model.get_eagle3_default_aux_hidden_state_layers()
