@@ -80,7 +80,7 @@ def test_a_missing_head_is_refused_before_any_worker_starts(tiny_models, tmp_pat
     assert "no-head" in str(e.value)
 
 
-def _loaded_head(hf_config, use_aux=True):
+def _loaded_head(hf_config, use_aux=True, eagle3_target=True):
     """A TokenProposer for EAGLE-3 loaded over a stand-in target: which layers it asks the
     target for, as vLLM's runner would for its own drafter."""
     from types import SimpleNamespace
@@ -93,11 +93,19 @@ def _loaded_head(hf_config, use_aux=True):
     tp.config = SimpleNamespace(
         speculative_config=SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf_config))
     )
+    from vllm.model_executor.models.interfaces import SupportsEagle3
+
     asked = []
-    model = SimpleNamespace(
-        set_aux_hidden_state_layers=asked.append, get_eagle3_default_aux_hidden_state_layers=lambda: (2, 9, 17)
-    )
-    runner = SimpleNamespace(model=model, use_aux_hidden_state_outputs=False)
+
+    class Target(SupportsEagle3 if eagle3_target else object):
+        def set_aux_hidden_state_layers(self, layers):
+            asked.append(layers)
+
+        def get_eagle3_default_aux_hidden_state_layers(self):
+            return (2, 9, 17)
+
+    model = Target()
+    runner = SimpleNamespace(model=model, get_model=lambda: model, use_aux_hidden_state_outputs=False)
     tp.load(runner)
     return tp, asked, runner
 
@@ -120,6 +128,16 @@ def test_the_heads_layers_are_the_ones_vllm_picks_for_its_own_eagle3(hf_config, 
     assert asked == [layers] and tp.aux_layers == layers and runner.use_aux_hidden_state_outputs
     vllm_own = GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec))
     assert vllm_own == (layers if hf_config else None)
+
+
+def test_a_head_over_a_target_without_eagle3_support_is_refused_with_a_message():
+    """A target class that is not vLLM's SupportsEagle3 returns no auxiliary hidden states:
+    loading the head is refused, naming the class, rather than failing in the first step."""
+    from types import SimpleNamespace
+
+    with pytest.raises(ValueError, match="SupportsEagle3") as e:
+        _loaded_head(SimpleNamespace(), eagle3_target=False)
+    assert "Target" in str(e.value)
 
 
 def test_a_head_without_auxiliary_states_reads_the_last_hidden_state():
