@@ -10,7 +10,7 @@ MODELS  := $(VENV)/.parse-vllm-models
 TEST_JOBS   ?= $(shell n=$$(nproc); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST_ARGS ?= -n $(TEST_JOBS) --dist loadfile
 
-.PHONY: setup models pair demo test test-fast bench bench-full bench-eagle3 eval-coder clean
+.PHONY: setup models pair demo test test-fast bench bench-full bench-eagle3 bench-adaptive eval-coder judge-coder clean
 
 setup: $(STAMP)
 $(STAMP): pyproject.toml $(wildcard setup.py) scripts/setup_env.sh $(wildcard csrc/*.h csrc/*/*.cpp csrc/*/*.cu csrc/*.cpp)
@@ -36,6 +36,11 @@ demo: setup pair
 
 test: setup models
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The suite without its engine-level tests (marker `slow`): the pure modules, the
+# configuration and the tools' logic, in a few minutes.
+test-fast: setup models
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow"
 
 # Benchmarks (BENCHMARKS.md): a quick pass of both (~15 min here), or the full runs that
 # regenerate BENCHMARKS.md and bench/full/. Results of the last run: bench/results/.
@@ -91,6 +96,39 @@ eval-coder: setup pair
 	  --taus $(CODER_ODD_TAU) --guards $(CODER_ODD_GUARD) --out bench/eval-coder/odd
 	$(VENV)/bin/parse-vllm eval --combine bench/eval-coder/even-sweep bench/eval-coder/even-judge \
 	  bench/eval-coder/odd --out bench/eval-coder
+
+# The adaptive window policy against `continue` (bench/adaptive/, BENCHMARKS.md "Adaptive windows"):
+# the Coder pair on HumanEval's even ids (target, token-level k 4, PARSE W 128 continue and adaptive,
+# both with k 4 as the token-level arm, at each of ADAPTIVE_TAUS; batch 1 and 8), the odd ids once at
+# the preset's τ, and SmolLM2 with its EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone, PARSE +
+# EAGLE-3 continue and adaptive). ~4 h here, one engine at a time.
+ADAPTIVE_TAUS ?= 0 0.5 0.8 0.9
+ADAPTIVE_PROMPTS ?= 41
+bench-adaptive: setup models pair
+	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts $(ADAPTIVE_PROMPTS) --bs1-prompts 4 \
+	  --spec-k 4 --taus $(ADAPTIVE_TAUS) --variants k4 adaptive-k4 --out bench/adaptive/coder-even
+	$(VENV)/bin/parse-vllm eval $(CODER) --split odd --num-prompts $(ADAPTIVE_PROMPTS) --bs1-prompts 4 \
+	  --spec-k 4 --taus $(CODER_ODD_TAU) --variants k4 adaptive-k4 --out bench/adaptive/coder-odd
+	$(VENV)/bin/parse-vllm eval --out bench/adaptive/smollm2-eagle3 --prompts mtbench checkable --batch 1 \
+	  --num-prompts 8 --max-tokens 128 --window 48 --spec-k 3 --eagle3 $(EAGLE3_HEAD) --eagle3-k 3 \
+	  --variants continue e3 adaptive-e3 --taus 0.9 --engine '{"dtype": "float32"}' --no-nll
+	$(PY) scripts/bench_adaptive.py --coder bench/adaptive/coder-even bench/adaptive/coder-odd \
+	  --smollm2 bench/adaptive/smollm2-eagle3 --out bench/adaptive
+
+# The judge head of the Qwen2.5-Coder pair (bench/judge-coder/, parse_vllm/judges/): the data of
+# HumanEval's even task ids (all 82) and odd ones (the first 41) -- the draft's answers (greedy and
+# 2 sampled), cut at the runtime's boundaries, labelled by their tests and by the target's greedy
+# continuations, and the target's hidden states at the verification suffix -- then the head trained
+# and cross-validated on even (shipped), then odd evaluated once with it. Data in
+# bench/judge-coder/data/ (not committed); every stage resumes where a killed run stopped.
+JUDGE_CODER := --config configs/qwen2.5-coder-1.5b-0.5b-cpu.yaml --out bench/judge-coder --samples 2 \
+	--prefixes-passing 1 --prefixes-failing 2
+judge-coder: setup pair
+	$(VENV)/bin/parse-vllm train-judge $(JUDGE_CODER) --split even --data-only
+	$(VENV)/bin/parse-vllm train-judge $(JUDGE_CODER) --split odd --num-prompts 41 --data-only
+	$(VENV)/bin/parse-vllm train-judge $(JUDGE_CODER) --split even --ship
+	$(VENV)/bin/parse-vllm train-judge $(JUDGE_CODER) --split odd --num-prompts 41 \
+	  --evaluate bench/judge-coder/judge_head.safetensors
 
 clean:
 	rm -rf build *.egg-info parse_vllm/*.so

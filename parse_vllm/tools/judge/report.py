@@ -1,0 +1,309 @@
+"""The judge report: ``summary.json``, ``summary.md`` and the plots (``roc.png``,
+``reliability.png``, ``data_size.png``) in the output folder.
+
+The scores behind the plots (per example: task, kind, label, zero-shot and head log-odds)
+are kept beside the data (``scores-<split>.npz``), one file per split: the tuning split's are
+out-of-fold, the held-out split's from the shipped head.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GOALS = {"auc_head_whole_odd": 0.90, "auc_head_prefix_odd": 0.80}
+
+
+def save_scores(path: Path, ex, head_logit: np.ndarray) -> None:
+    np.savez(
+        path,
+        task=ex.task.astype(str),
+        whole=ex.whole,
+        label=ex.label,
+        weight=ex.weight,
+        zero_shot=ex.zero_shot,
+        head=head_logit,
+    )
+
+
+def per_task(ex, z: np.ndarray) -> list[dict[str, Any]]:
+    """Per task: counts, the head's mean judgment of passing and failing examples, and how
+    often a failing example outranks a passing one of the same task (within-task 1 - AUC)."""
+    from . import probe
+
+    rows = []
+    for t in dict.fromkeys(ex.task):
+        m = ex.task == t
+        y, s = ex.label[m], z[m]
+        row = {
+            "task": str(t),
+            "whole_pass": int((ex.whole[m] & y).sum()),
+            "whole_fail": int((ex.whole[m] & ~y).sum()),
+            "prefix_pass": int((~ex.whole[m] & y).sum()),
+            "prefix_fail": int((~ex.whole[m] & ~y).sum()),
+            "mean_p_pass": float(probe.sigmoid(s[y]).mean()) if y.any() else None,
+            "mean_p_fail": float(probe.sigmoid(s[~y]).mean()) if (~y).any() else None,
+        }
+        a = probe.auc(s, y, ex.weight[m])
+        row["misranked"] = None if a is None else round(1 - a, 3)
+        rows.append(row)
+    return rows
+
+
+POSITION_BINS = ((0.0, 1 / 3, "first third"), (1 / 3, 2 / 3, "middle third"), (2 / 3, 1.0, "last third"))
+
+
+def by_position(ex, z: np.ndarray) -> list[dict[str, Any]]:
+    """Prefix AUCs of the head and the zero-shot judge by where the prefix ends in its answer
+    (prefix length / answer length): can a failure be seen before it is written?"""
+    from . import probe
+
+    full = {(t, a): n for t, a, n, w in zip(ex.task, ex.answer, ex.length, ex.whole) if w}
+    rel = np.array([n / full[(t, a)] for t, a, n in zip(ex.task, ex.answer, ex.length)])
+    rows = []
+    for lo, hi, name in POSITION_BINS:
+        m = ~ex.whole & (rel > lo) & (rel <= hi)
+        y, w = ex.label[m], ex.weight[m]
+        rows.append(
+            {
+                "position": name,
+                "pass": int(y.sum()),
+                "fail": int((~y).sum()),
+                "auc_head": probe.auc(z[m], y, w),
+                "auc_zero_shot": probe.auc(ex.zero_shot[m], y, w),
+            }
+        )
+    return rows
+
+
+def _fmt(x, digits: int = 3) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _ci(x) -> str:
+    return "—" if not x else f"[{x[0]:.3f}, {x[1]:.3f}]"
+
+
+def markdown(s: dict[str, Any]) -> str:
+    m = s["models"]
+    splits = s.get("splits", [])
+    lines = [
+        f"# Judge head: {Path(m['target']).name} judging {Path(m['draft']).name}",
+        "",
+        f"Verification suffix: the target's chat template with {m['question']!r}, labels {m['labels']}; "
+        f"boundaries {m['boundaries']}, windows of W = {m['window']}. Features: the target's final hidden state "
+        "(after the final norm) at the chat suffix's last token. Splits: "
+        + "; ".join(f"`{k}` {v}" for k, v in s.get("split_roles", {}).items())
+        + ".",
+        "",
+        "## Data",
+        "",
+        "| split | tasks | target passes | distinct answers | whole pass / fail | prefixes pass / fail | "
+        "prefix labels (target answer / own / shared continuation) | answers, boundaries, labels, features (min) |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for sp in splits:
+        d = s["data"].get(sp, {})
+        c = d.get("counts", {})
+        how = d.get("prefix_label_sources", {})
+        secs = d.get("stage_seconds", {})
+        lines.append(
+            f"| {sp} | {c.get('tasks')} | {d.get('target_passes')} | {d.get('answers')} | "
+            f"{c.get('whole_pass')} / {c.get('whole_fail')} | {c.get('prefix_pass')} / {c.get('prefix_fail')} | "
+            f"{how.get('target answer', 0)} / {how.get('own continuation', 0)} / {how.get('shared continuation', 0)} | "
+            + ", ".join(f"{secs.get(k, 0) / 60:.1f}" for k in ("answers", "boundaries", "labels", "features"))
+            + " |"
+        )
+    lines += [
+        "",
+        "## ROC AUC (95% interval: tasks resampled)",
+        "",
+        "| split | judge | whole answers | prefixes | Brier whole | Brier prefixes |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for sp in splits:
+        for name, shown in (("zero_shot", "zero-shot P(Correct)"), ("head", "head")):
+            w, p = f"auc_{name}_whole_{sp}", f"auc_{name}_prefix_{sp}"
+            lines.append(
+                f"| {sp}{' (CV)' if sp == s.get('train_split') else ''} | {shown} | "
+                f"{_fmt(s.get(w))} {_ci(s.get(w + '_ci'))} | {_fmt(s.get(p))} {_ci(s.get(p + '_ci'))} | "
+                f"{_fmt(s.get(f'brier_{name}_whole_{sp}'))} | {_fmt(s.get(f'brier_{name}_prefix_{sp}'))} |"
+            )
+    if "goals" in s:
+        lines += ["", "Goals (held out): " + "; ".join(
+            f"{k} ≥ {v['goal']}: {_fmt(v['value'])} — {'met' if v['met'] else 'not met' if v['met'] is not None else 'not run'}"
+            for k, v in s["goals"].items()
+        )]  # fmt: skip
+    lines += [
+        "",
+        "## Choices (on the tuning split)",
+        "",
+        f"Features kept: `{', '.join(s.get('features_kept', []))}`; C = {_fmt(s.get('C'), 4)}; "
+        f"{s.get('n_train')} training examples. Nested-CV AUC by feature set "
+        f"(zero_shot_logit kept only if it raises the mean of both AUCs by ≥ {s.get('min_feature_gain')}):",
+        "",
+        "| features | whole | prefixes | C per outer fold |",
+        "|---|---:|---:|---|",
+    ]
+    for k, v in s.get("feature_comparison", {}).items():
+        lines.append(
+            f"| {k} | {_fmt(v['auc_whole'])} | {_fmt(v['auc_prefix'])} | {', '.join(f'{c:g}' for c in v['C_per_fold'])} |"
+        )
+    lines += ["", "Nested-CV AUC by the labels trained on:", "", "| trained on | whole | prefixes |", "|---|---:|---:|"]
+    for k, v in s.get("training_labels_comparison", {}).items():
+        lines.append(f"| {k} | {_fmt(v['auc_whole'])} | {_fmt(v['auc_prefix'])} |")
+    lines += [
+        "",
+        "## Data-size curve (grouped CV on the tuning split)",
+        "",
+        "| share of training tasks | training examples | AUC whole | AUC prefixes |",
+        "|---:|---:|---:|---:|",
+    ]
+    for p in s.get("data_size_curve", []):
+        lines.append(f"| {p['fraction']:g} | {p['n_train']:.0f} | {_fmt(p['auc_whole'])} | {_fmt(p['auc_prefix'])} |")
+    for sp in splits:
+        pr = s.get("pass_rates", {}).get(sp)
+        if not pr:
+            continue
+        lines += [
+            "",
+            f"## What τ would accept ({sp}): share of passing / failing examples judged ≥ τ",
+            "",
+            "| τ | head whole | head prefixes | zero-shot whole | zero-shot prefixes |",
+            "|---:|---|---|---|---|",
+        ]
+        for tau, h in pr["head"].items():
+            z = pr["zero_shot"][tau]
+
+            def cell(r):
+                return f"{_fmt(r['right'], 2)} / {_fmt(r['wrong'], 2)}"
+
+            lines.append(
+                f"| {tau} | {cell(h['whole'])} | {cell(h['prefix'])} | {cell(z['whole'])} | {cell(z['prefix'])} |"
+            )
+    for sp in splits:
+        pos = s.get("prefix_position", {}).get(sp)
+        if not pos:
+            continue
+        lines += [
+            "",
+            f"## Prefix AUC by where the prefix ends in its answer ({sp})",
+            "",
+            "| prefix ends in the answer's | pass / fail | head | zero-shot |",
+            "|---|---:|---:|---:|",
+        ]
+        for r in pos:
+            lines.append(
+                f"| {r['position']} | {r['pass']} / {r['fail']} | {_fmt(r['auc_head'])} | {_fmt(r['auc_zero_shot'])} |"
+            )
+    for sp in splits:
+        tasks = [t for t in s.get("tasks", {}).get(sp, []) if t["misranked"] is not None]
+        if not tasks:
+            continue
+        worst = sorted(tasks, key=lambda t: -t["misranked"])[:10]
+        lines += [
+            "",
+            f"## Where the head ranks worst within a task ({sp}, head scores{' out of fold' if sp == s.get('train_split') else ''})",
+            "",
+            "| task | whole pass / fail | prefixes pass / fail | mean P pass | mean P fail | failing above passing |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for t in worst:
+            lines.append(
+                f"| {t['task']} | {t['whole_pass']} / {t['whole_fail']} | {t['prefix_pass']} / {t['prefix_fail']} | "
+                f"{_fmt(t['mean_p_pass'], 2)} | {_fmt(t['mean_p_fail'], 2)} | {_fmt(t['misranked'], 2)} |"
+            )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _reliability(y: np.ndarray, p: np.ndarray, w: np.ndarray, bins: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """Observed pass rate and mean judged P in each decile of P (weighted)."""
+    edges = np.unique(np.quantile(p, np.linspace(0, 1, bins + 1)))
+    which = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, max(0, len(edges) - 2))
+    frac, mean_p = [], []
+    for b in range(max(1, len(edges) - 1)):
+        m = which == b
+        if m.any():
+            frac.append(np.average(y[m], weights=w[m]))
+            mean_p.append(np.average(p[m], weights=w[m]))
+    return np.array(frac), np.array(mean_p)
+
+
+def plots(out: Path, scores: dict[str, Path], summary: dict[str, Any]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sklearn.metrics import roc_curve
+
+    from . import probe
+
+    data = {sp: np.load(p) for sp, p in scores.items() if p.is_file()}
+    written = []
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig2, axes2 = plt.subplots(1, 2, figsize=(11, 4.5))
+    for col, kind in enumerate(("whole", "prefix")):
+        ax, ax2 = axes[col], axes2[col]
+        for i, (sp, d) in enumerate(data.items()):
+            m = d["whole"] if kind == "whole" else ~d["whole"]
+            y, w = d["label"][m], d["weight"][m]
+            if y.all() or not y.any():
+                continue
+            for name, style in (("zero_shot", "--"), ("head", "-")):
+                z = d[name][m]
+                fpr, tpr, _ = roc_curve(y, z, sample_weight=w)
+                tag = f"{sp}{' CV' if sp == summary.get('train_split') else ''} {name.replace('_', '-')}"
+                ax.plot(fpr, tpr, style, color=f"C{i}", label=f"{tag} (AUC {probe.auc(z, y, w):.3f})")
+                frac, mean_p = _reliability(y, probe.sigmoid(z), w)
+                ax2.plot(mean_p, frac, style, marker="o", ms=3, color=f"C{i}", label=tag)
+        ax.plot([0, 1], [0, 1], ":", color="grey")
+        ax.set(xlabel="false positive rate (failing accepted)", ylabel="true positive rate (passing accepted)")
+        ax.set_title(f"{'whole answers' if kind == 'whole' else 'prefixes'}: ROC")
+        ax.legend(fontsize=7)
+        ax2.plot([0, 1], [0, 1], ":", color="grey")
+        ax2.set(xlabel="judged P(pass) (deciles)", ylabel="observed pass rate", xlim=(0, 1), ylim=(0, 1))
+        ax2.set_title(f"{'whole answers' if kind == 'whole' else 'prefixes'}: reliability")
+        ax2.legend(fontsize=7)
+    for f, name in ((fig, "roc.png"), (fig2, "reliability.png")):
+        f.tight_layout()
+        f.savefig(out / name, dpi=110)
+        plt.close(f)
+        written.append(out / name)
+    curve = summary.get("data_size_curve") or []
+    if curve:
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        n = [p["n_train"] for p in curve]
+        sp = summary.get("train_split")
+        for kind, color in (("whole", "C0"), ("prefix", "C1")):
+            ax.plot(n, [p[f"auc_{kind}"] for p in curve], "-o", color=color, label=f"head, {kind} (grouped CV)")
+            z = summary.get(f"auc_zero_shot_{kind}_{sp}")
+            if z is not None:
+                ax.axhline(z, ls="--", color=color, label=f"zero-shot, {kind}")
+        ax.set(xlabel="training examples", ylabel="ROC AUC", title=f"AUC against training data ({sp})")
+        ax.set_xscale("log")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "data_size.png", dpi=110)
+        plt.close(fig)
+        written.append(out / "data_size.png")
+    return written
+
+
+def write(out: Path, summary: dict[str, Any], scores: dict[str, Path]) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    summary = dict(summary)
+    summary["goals"] = {
+        k: {"goal": g, "value": summary.get(k), "met": None if summary.get(k) is None else summary[k] >= g}
+        for k, g in GOALS.items()
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "summary.md").write_text(markdown(summary))
+    return [out / "summary.json", out / "summary.md", *plots(out, scores, summary)]

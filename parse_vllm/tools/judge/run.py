@@ -1,0 +1,372 @@
+"""`parse-vllm train-judge`: build the data of one prompt set (data.py), then train a judge
+head on it (probe.py) or evaluate a given head on it (``--evaluate``), and write the report
+(report.py).
+
+HumanEval's rule: tune everything on the even task ids (``--split even``: cross-validated
+numbers, the head), then run the odd ids once with the chosen head (``--split odd
+--evaluate HEAD``). ``--data-only`` builds a set's data and stops (both splits' data can be
+built first, in one background run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import data
+
+DEFAULT_SAMPLES = 2
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_PREFIXES_PASSING = 1
+DEFAULT_PREFIXES_FAILING = 2
+DEFAULT_MAX_TOKENS = 384  # the Coder eval's answer cap
+DEFAULT_WINDOW = 128  # the Coder preset's W
+DEFAULT_BATCH = 32
+DEFAULT_KV_GIB = 2.0
+HEAD_FILE = "judge_head.safetensors"
+SHIPPED = Path(__file__).resolve().parents[2] / "judges"  # parse_vllm/judges/<target name>/
+
+
+class JudgeError(Exception):
+    """A bad argument or input: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="parse-vllm train-judge",
+        description="Train a judge head (a logistic read-out of the target's hidden state at the verification "
+        "suffix) on a checkable prompt set, or evaluate one: data in resumable stages, grouped cross-validation, "
+        "a report.",
+    )
+    m = ap.add_argument_group("models (default: the Qwen2.5-Coder pair of `make pair`)")
+    m.add_argument("--config", metavar="PRESET.yaml", help="a preset: target, draft, W and the parse options")
+    m.add_argument("--target", help="target model folder; overrides the preset's")
+    m.add_argument("--draft", help="draft model folder; overrides the preset's")
+    m.add_argument("--window", type=int, help=f"W: the runtime judges windows of W tokens (default {DEFAULT_WINDOW})")
+    m.add_argument("--parse", metavar="JSON", help="PARSE options over the preset's (boundaries, question, labels)")
+    m.add_argument("--engine", metavar="JSON", help="more vllm.LLM arguments for every engine")
+    p = ap.add_argument_group("prompts and data")
+    p.add_argument("--prompts", default="humaneval", help="humaneval (default) or a JSONL file with test/reference")
+    p.add_argument("--split", choices=("even", "odd", "all"), default="even", help="humaneval task ids (default even)")
+    p.add_argument("--num-prompts", type=int, help="the first N prompts of the set (default all)")
+    p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="sampled draft answers per prompt, beside "
+                   f"the greedy one (default {DEFAULT_SAMPLES})")  # fmt: skip
+    p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="of the sampled answers")
+    p.add_argument("--prefixes-passing", type=int, default=DEFAULT_PREFIXES_PASSING, help="prefixes labelled per "
+                   f"answer that passes its tests, drawn from its runtime boundaries (default {DEFAULT_PREFIXES_PASSING})")  # fmt: skip
+    p.add_argument("--prefixes-failing", type=int, default=DEFAULT_PREFIXES_FAILING, help="... per answer that "
+                   f"fails them (default {DEFAULT_PREFIXES_FAILING})")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="answer cap (default 384)")
+    p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="requests in flight per engine (default 32)")
+    p.add_argument("--kv-cache-gib", type=float, default=DEFAULT_KV_GIB, help="KV cache of each engine (default 2)")
+    p.add_argument("--code-timeout", type=float, default=10.0, help="seconds an answer's tests may run")
+    o = ap.add_argument_group("run and output")
+    o.add_argument("--out", type=Path, default=Path("bench/results/judge"), help="report folder (and the head)")
+    o.add_argument("--data", type=Path, help="data folder (default OUT/data/<prompt set>)")
+    o.add_argument("--max-minutes", type=float, help="stop after the batch that passes this bound (resumable)")
+    o.add_argument("--data-only", action="store_true", help="build the data and stop")
+    o.add_argument("--evaluate", metavar="HEAD", type=Path, help="evaluate this head on the set (no training)")
+    o.add_argument(
+        "--features",
+        choices=("auto", "hidden", "hidden,zero_shot_logit"),
+        default="auto",
+        help="auto (default): zero_shot_logit only if it raises the cross-validated AUC",
+    )
+    o.add_argument("--ship", action="store_true", help=f"copy the head to {SHIPPED}/<target name>/{HEAD_FILE}")
+    return ap
+
+
+def split_name(set_name: str) -> str:
+    """The name a set's figures are keyed by: even / odd / all for HumanEval, else the set's."""
+    return set_name.split("-", 1)[1] if set_name.startswith("humaneval-") else set_name.replace("-", "_")
+
+
+def resolve_models(args) -> dict[str, Any]:
+    from parse_vllm.cache import default_cache_dir
+    from parse_vllm.tools.eval import run as eval_run
+    from parse_vllm.tools.prepare_models import CODER_DRAFT_NAME, CODER_TARGET_NAME
+
+    ns = argparse.Namespace(
+        config=args.config, parse=args.parse, engine=args.engine, target=args.target, draft=args.draft,
+        window=args.window,
+    )  # fmt: skip
+    try:
+        res = eval_run.resolve(ns)
+    except eval_run.EvalError as e:
+        raise JudgeError(str(e)) from None
+    if not args.config and not args.window:
+        res["window"] = DEFAULT_WINDOW
+    models = default_cache_dir() / "models"
+    res["target"] = res["target"] or str(models / CODER_TARGET_NAME)
+    res["draft"] = res["draft"] or str(models / CODER_DRAFT_NAME)
+    for role in ("target", "draft"):
+        if not (Path(res[role]) / "config.json").is_file():
+            raise JudgeError(f"--{role} {res[role]}: not a model folder (the default pair: `make pair`)")
+    return res
+
+
+def engines(res: dict, args, max_model_len: int) -> tuple[dict, dict]:
+    """LLM arguments of the draft's engine and the target's. Seeded sampling with prompts
+    prefilled in chunks kills vLLM 0.32's CPU engine (README "Limits"), so no chunked prefill:
+    a step holds whole prompts (max_num_batched_tokens >= max_model_len)."""
+    from parse_vllm.tools.benchmarks import common
+
+    mode = common.setup_env()
+    base: dict[str, Any] = {"dtype": mode["dtype"], "enforce_eager": True, "block_size": 32, "seed": 0}
+    base.update(res["engine"])
+    mlen = int(base.get("max_model_len") or max_model_len)
+    base.update(
+        max_model_len=mlen,
+        max_num_seqs=args.batch,
+        kv_cache_memory_bytes=int(args.kv_cache_gib * (1 << 30)),
+        enable_prefix_caching=True,
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(4096, mlen),
+    )
+    base.update(eval_json(args.engine, "--engine"))
+    return dict(base, model=res["draft"]), dict(base, model=res["target"])
+
+
+def eval_json(value: str | None, flag: str) -> dict:
+    if not value:
+        return {}
+    try:
+        obj = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise JudgeError(f"{flag}: not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise JudgeError(f"{flag}: expected a JSON object")
+    return obj
+
+
+def identity(target: Path, tokenizer, template, parse) -> Any:
+    from parse_vllm.judge_head import HeadIdentity, lm_head_fingerprint
+
+    cfg = json.loads((target / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    label_ids = (template.labels.yes_ids, template.labels.no_ids)
+    rows = data.lm_head_rows(target, [ids[0] for ids in label_ids])  # [2, H]: each label's first token
+    fp = lm_head_fingerprint(rows, [(0,), (1,)])
+    return HeadIdentity(
+        target=target.name,
+        architecture=(cfg.get("architectures") or ["?"])[0],
+        hidden_size=int(text["hidden_size"]),
+        num_layers=int(text["num_hidden_layers"]),
+        vocab_size=int(text["vocab_size"]),
+        suffix_ids=tuple(int(x) for x in template.suffix_ids),
+        question=parse.question,
+        labels=tuple(parse.labels),
+        label_ids=label_ids,
+        boundaries={"mode": parse.boundaries, "every": parse.every, "max_boundaries": parse.max_boundaries},
+        lm_head_fingerprint=fp,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _main(args)
+    except JudgeError as e:
+        print(f"parse-vllm train-judge: error: {e}", file=sys.stderr)
+        return 2
+    except data.DataError as e:
+        print(f"parse-vllm train-judge: error: {e}", file=sys.stderr)
+        return 2
+
+
+def log(msg: str) -> None:
+    print(f"[train-judge {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _main(args) -> int:
+    from transformers import AutoTokenizer
+
+    from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
+    from parse_vllm.config import ParseConfig
+    from parse_vllm.templates import build_template
+    from parse_vllm.tools.eval import tasks
+    from parse_vllm.tools.eval.run import _render
+
+    for name in ("samples", "prefixes_passing", "prefixes_failing"):
+        if getattr(args, name) < 0:
+            raise JudgeError(f"--{name.replace('_', '-')} must be >= 0")
+    if args.max_tokens < 1 or args.batch < 1 or (args.num_prompts is not None and args.num_prompts < 1):
+        raise JudgeError("--max-tokens, --batch and --num-prompts must be >= 1")
+    res = resolve_models(args)
+    try:
+        (pset,) = tasks.load_sets([args.prompts], checkable_n=args.num_prompts or 16, seed=args.seed, split=args.split)
+    except tasks.PromptSetError as e:
+        raise JudgeError(str(e)) from None
+    items = [it for it in pset.take(args.num_prompts) if it.get("check")]
+    if not items:
+        raise JudgeError(f"{args.prompts}: no checkable prompts (a JSONL item needs a test or a reference)")
+    target = Path(res["target"])
+    tok = AutoTokenizer.from_pretrained(target)
+    parse = ParseConfig.from_dict(res["parse"])
+    template = build_template(tok, parse)
+    cfg = json.loads((target / "config.json").read_text())
+    vocab = int(cfg.get("text_config", cfg)["vocab_size"])
+    rule = BoundaryRule(parse.boundaries, parse.every, parse.max_boundaries, sentence_end_mask(tok, vocab))
+    prompt_ids = {it["id"]: _render(tok, it) for it in items}
+    longest = max(len(p) for p in prompt_ids.values())
+    mlen = -(-(longest + args.max_tokens + len(template.suffix_ids) + 64) // 32) * 32
+    draft_engine, target_engine = engines(res, args, mlen)
+    settings = data.DataSettings(
+        set_name=pset.name,
+        target=str(target),
+        draft=str(res["draft"]),
+        window=int(res["window"]),
+        boundaries={"mode": parse.boundaries, "every": parse.every, "max_boundaries": parse.max_boundaries},
+        question=parse.question,
+        labels=tuple(parse.labels),
+        samples=args.samples,
+        temperature=args.temperature,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        prefixes_passing=args.prefixes_passing,
+        prefixes_failing=args.prefixes_failing,
+        tasks=tuple(it["id"] for it in items),
+    )
+    folder = args.data or args.out / "data" / pset.name
+    job = data.Job(
+        folder=folder,
+        settings=settings,
+        items=items,
+        prompt_ids=prompt_ids,
+        tokenizer=tok,
+        template=template,
+        rule=rule,
+        draft_engine=draft_engine,
+        target_engine=target_engine,
+        batch=args.batch,
+        deadline=data.Deadline(None if args.max_minutes is None else args.max_minutes * 60),
+        code_timeout=args.code_timeout,
+        log=log,
+    )
+    log(f"{pset.name}: {len(items)} prompts, data in {folder}")
+    try:
+        data.build(job)
+    except data.TimeBound:
+        log(f"stopped at the time bound (--max-minutes {args.max_minutes:g}): run the same command again to resume")
+        return 3
+    if args.data_only:
+        return 0
+
+    from . import probe, report
+
+    ex = probe.Examples.load(folder)
+    split = split_name(pset.name)
+    ident = identity(target, tok, template, parse)
+    summary_path = args.out / "summary.json"
+    scores_path = args.out / "data"
+    scores_path.mkdir(parents=True, exist_ok=True)
+    if args.evaluate:
+        from parse_vllm.judge_head import JudgeHead, JudgeHeadError
+
+        try:
+            head = JudgeHead.load(args.evaluate)
+        except JudgeHeadError as e:
+            raise JudgeError(str(e)) from None
+        why = head.mismatch(ident) or head.fingerprint_mismatch(ident.lm_head_fingerprint)
+        if why:
+            raise JudgeError(f"--evaluate {args.evaluate}: {why}")
+        if not summary_path.is_file():
+            raise JudgeError(f"{summary_path}: no training report here (train on the tuning split first)")
+        summary = json.loads(summary_path.read_text())
+        z = probe.head_logits(head, ex)
+        summary.update(probe.scores_report(z, ex, split))
+        summary[f"{split}_n"] = len(ex)
+        summary.setdefault("split_roles", {})[split] = (
+            f"held out: evaluated once with {args.evaluate.name}, trained on `{summary.get('train_split')}`"
+        )
+        summary.setdefault("pass_rates", {})[split] = {
+            "head": probe.pass_rates(z, ex),
+            "zero_shot": probe.pass_rates(ex.zero_shot, ex),
+        }
+        summary.setdefault("tasks", {})[split] = report.per_task(ex, z)
+        summary.setdefault("prefix_position", {})[split] = report.by_position(ex, z)
+    else:
+        result = probe.train(ex, split, features=args.features, log=log)
+        training = {
+            "prompt_set": pset.name,
+            "examples": len(ex),
+            **ex.counts(),
+            "features": list(result["features"]),
+            "C": result["C"],
+            "cv_auc_whole": result["scores"][f"auc_head_whole_{split}"],
+            "cv_auc_prefix": result["scores"][f"auc_head_prefix_{split}"],
+            "zero_shot_auc_whole": result["scores"][f"auc_zero_shot_whole_{split}"],
+            "zero_shot_auc_prefix": result["scores"][f"auc_zero_shot_prefix_{split}"],
+            "draft": Path(res["draft"]).name,
+            "samples": args.samples,
+            "prefixes_per_answer": {"passing": args.prefixes_passing, "failing": args.prefixes_failing},
+        }
+        head = probe.export(result["pipe"], result["features"], ident, training)
+        head_path = head.save(args.out / HEAD_FILE)
+        log(f"head written to {head_path} ({head_path.stat().st_size} bytes)")
+        z = result["oof"]
+        summary = {
+            "models": {},
+            "train_split": split,
+            "split_roles": {
+                split: "tunes everything: head trained on it, figures from nested cross-validation (folds grouped by task)"
+            },
+            "n_train": len(ex),
+            "features_kept": list(result["features"]),
+            "min_feature_gain": probe.MIN_FEATURE_GAIN,
+            "C": result["C"],
+            "C_grid": result["C_grid"],
+            "feature_comparison": result["feature_comparison"],
+            "training_labels_comparison": result["training_labels_comparison"],
+            "data_size_curve": result["data_size_curve"],
+            **result["scores"],
+            "pass_rates": {split: {"head": result["pass_rates_head"], "zero_shot": result["pass_rates_zero_shot"]}},
+            "tasks": {split: report.per_task(ex, z)},
+            "prefix_position": {split: report.by_position(ex, z)},
+            "head_bytes": head_path.stat().st_size,
+        }
+        if args.ship:
+            dest = SHIPPED / target.name / HEAD_FILE
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(head_path, dest)
+            os.chmod(dest, 0o644)
+            log(f"shipped to {dest}")
+    summary["models"] = {
+        "target": str(target),
+        "draft": str(res["draft"]),
+        "window": int(res["window"]),
+        "boundaries": settings.boundaries,
+        "question": parse.question,
+        "labels": list(parse.labels),
+        "suffix_text": template.suffix_text,
+    }
+    summary.setdefault("data", {})[split] = data_summary(job, ex)
+    splits = list(dict.fromkeys([summary["train_split"], *summary.get("data", {})]))
+    summary["splits"] = splits
+    report.save_scores(scores_path / f"scores-{split}.npz", ex, z)
+    paths = report.write(args.out, summary, {sp: scores_path / f"scores-{sp}.npz" for sp in splits})
+    print(report.markdown(json.loads(summary_path.read_text())))
+    log("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def data_summary(job: data.Job, ex) -> dict[str, Any]:
+    done = {s: job.done(s) or {} for s in data.STAGES}
+    return {
+        "folder": str(job.folder),
+        "settings": job.settings.of("features"),
+        "counts": ex.counts(),
+        "answers": done["boundaries"].get("answers"),
+        "duplicates_dropped": done["boundaries"].get("duplicates_dropped"),
+        "target_passes": done["labels"].get("target_passes"),
+        "continuations": done["labels"].get("continuations"),
+        "prefix_label_sources": done["labels"].get("prefixes_by_source"),
+        "stage_seconds": {s: job.seconds(s) for s in data.STAGES},
+    }

@@ -1,0 +1,459 @@
+"""`parse-vllm train-judge` (parse_vllm/tools/judge/) through the command line, on the tiny
+random models and a small fake prompt set of Python functions with asserts.
+
+The draft's answers and the target's continuations are scripted (the answers are code that
+passes or fails its asserts; the target continues a prefix with the rest of the answer it
+came from): the labels are then known, and the stages, the shortcuts, the resumption and the
+training run in seconds. The features come from a real vLLM pooling engine over the tiny
+target and are checked against an HF forward; one more test runs the real vLLM writers
+(draft answers, the target's answers and continuations) against HF greedy decoding."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+
+from parse_vllm import cli  # noqa: E402
+from parse_vllm.tools.judge import data as jdata  # noqa: E402
+
+NUM_TASKS = 12
+FAILED_BY_TARGET = {3, 8}  # tasks whose target answer is wrong: no prefix of theirs is labelled
+WINDOW = 16  # answers are ~30 tokens: two or three windows each
+
+
+def _answer(k: int, op: str) -> str:
+    return f"```python\ndef f(x):\n    y = x {op}\n    return y\n```"
+
+
+def _answers_of(k: int) -> dict[str, list[str]]:
+    """The draft's scripted answers of task k: greedy (right on even k), then three samples
+    (one a duplicate of the greedy answer)."""
+    right, wrong, other = _answer(k, f"+ {k + 1}"), _answer(k, f"- {k + 1}"), _answer(k, f"* {k + 3}")
+    greedy = right if k % 2 == 0 else wrong
+    return {"greedy": [greedy], "sample": [greedy, other, right if k % 3 else wrong]}
+
+
+def _prompt_file(path: Path, ids: range, prefix: str) -> Path:
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"{prefix}{k}",
+                    "prompt": f"Write f(x) returning x + {k + 1}.",
+                    "test": f"assert f(1) == {k + 2}",
+                }
+            )
+            + "\n"
+            for k in ids
+        )
+    )
+    return path
+
+
+class Script:
+    """Scripted writers: the draft writes `_answers_of`; the target's own answer is right but
+    on FAILED_BY_TARGET, and it continues a prefix with the rest of the first draft answer
+    that starts with it (its own answer where the prefix is one of its prefixes)."""
+
+    def __init__(self, tok, models: dict[str, Path]):
+        self.tok, self.models = tok, models
+        self.eos = tok.eos_token_id
+        self.calls: list[tuple[str, list[jdata.Request]]] = []
+        self.prompts: dict[tuple[int, ...], int] = {}  # rendered prompt -> k
+
+    def ids(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def register(self, prompt_ids: list[int], k: int) -> None:
+        self.prompts[tuple(prompt_ids)] = k
+
+    def split(self, ids: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        for p, k in self.prompts.items():
+            if ids[: len(p)] == p:
+                return k, ids[len(p) :]
+        raise AssertionError("a request whose prompt is not one of the set's")
+
+    def target_answer(self, k: int) -> list[int]:
+        return self.ids(_answer(k, f"- {k + 1}" if k in FAILED_BY_TARGET else f"+ {k + 1}"))
+
+    def writer(self, engine: dict):
+        role = "draft" if engine["model"] == str(self.models["draft"]) else "target"
+        assert engine["model"] == str(self.models[role])
+
+        class _W:
+            def __call__(_, requests):
+                self.calls.append((role, requests))
+                return [self.write(role, r) for r in requests]
+
+            def close(_):
+                pass
+
+        return _W()
+
+    def write(self, role: str, r: jdata.Request) -> list[list[int]]:
+        k, prefix = self.split(r.prompt_ids)
+        if role == "draft":
+            assert not prefix and r.max_tokens == 40
+            texts = _answers_of(k)["greedy" if r.n == 1 else "sample"]
+            assert len(texts) == r.n and (r.temperature == 0) == (r.n == 1)
+            return [self.ids(t) + [self.eos] for t in texts]
+        own = self.target_answer(k)
+        if tuple(own[: len(prefix)]) == prefix:
+            rest = own[len(prefix) :]
+        else:
+            source = next(a for t in _answers_of(k)["sample"] if tuple((a := self.ids(t))[: len(prefix)]) == prefix)
+            rest = source[len(prefix) :]
+        assert r.max_tokens == 40 - len(prefix) and r.temperature == 0 and r.n == 1
+        return [rest + [self.eos]]
+
+
+def _passes(text: str, k: int) -> bool:
+    return f"+ {k + 1}" in text
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_models):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_models["target"])
+
+
+@pytest.fixture(scope="module")
+def script(tiny_models, tok):
+    from parse_vllm.tools.eval.run import _render
+
+    s = Script(tok, tiny_models)
+    for k in range(NUM_TASKS + 6):
+        s.register(_render(tok, {"prompt": f"Write f(x) returning x + {k + 1}.", "messages": None}), k)
+    return s
+
+
+def _argv(tiny_models, prompts: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "train-judge",
+        "--target", str(tiny_models["target"]),
+        "--draft", str(tiny_models["draft"]),
+        "--window", str(WINDOW),
+        "--prompts", str(prompts),
+        "--samples", "3",
+        "--prefixes-passing", "2",
+        "--prefixes-failing", "3",
+        "--max-tokens", "40",
+        "--engine", json.dumps({"kv_cache_memory_bytes": 64 << 20, "max_model_len": 512}),
+        "--out", str(out),
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_models, script, tmp_path_factory):
+    """One whole run through the CLI on the fake tuning set (scripted writers, real features)."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(jdata, "open_writer", script.writer)
+    root = tmp_path_factory.mktemp("judge")
+    prompts = _prompt_file(root / "tune.jsonl", range(NUM_TASKS), "t")
+    out = root / "out"
+    try:
+        assert cli.main(_argv(tiny_models, prompts, out)) == 0
+    finally:
+        mp.undo()
+    return {"root": root, "prompts": prompts, "out": out, "data": out / "data" / "tune", "calls": list(script.calls)}
+
+
+def test_training_writes_the_report_and_a_head_for_the_target(trained, tiny_models):
+    from parse_vllm.judge_head import JudgeHead
+
+    out = trained["out"]
+    s = json.loads((out / "summary.json").read_text())
+    for kind in ("whole", "prefix"):
+        for name in ("zero_shot", "head"):
+            key = f"auc_{name}_{kind}_tune"
+            assert 0.0 <= s[key] <= 1.0 and len(s[key + "_ci"]) == 2
+            assert 0.0 <= s[f"brier_{name}_{kind}_tune"] <= 1.0
+    labels = [json.loads(x) for x in (trained["data"] / "labels.jsonl").read_text().splitlines()]
+    assert s["n_train"] == sum(r["label"] is not None for r in labels)
+    assert s["n_whole_pass_tune"] + s["n_whole_fail_tune"] == sum(r["kind"] == "whole" for r in labels)
+    assert s["features_kept"][0] == "hidden" and set(s["feature_comparison"]) == {"hidden", "hidden,zero_shot_logit"}
+    assert [p["fraction"] for p in s["data_size_curve"]][-1] == 1.0
+    assert all(p["n_train"] > 0 for p in s["data_size_curve"])
+    assert s["data"]["tune"]["stage_seconds"]["features"] > 0
+    pos = s["prefix_position"]["tune"]
+    assert [r["position"] for r in pos] == ["first third", "middle third", "last third"]
+    assert sum(r["pass"] + r["fail"] for r in pos) == s["n_prefix_pass_tune"] + s["n_prefix_fail_tune"]
+    for name in ("summary.md", "roc.png", "reliability.png", "data_size.png"):
+        assert (out / name).is_file()
+    head = JudgeHead.load(out / "judge_head.safetensors")
+    cfg = json.loads((tiny_models["target"] / "config.json").read_text())
+    assert head.identity.hidden_size == cfg["hidden_size"] == 128
+    assert head.identity.architecture == "LlamaForCausalLM" and head.identity.boundaries["mode"] == "sentence"
+    assert head.features == tuple(s["features_kept"]) and head.training["examples"] == s["n_train"]
+    # its fingerprint is the target's LM head at the labels' first tokens
+    w = jdata.lm_head_rows(tiny_models["target"], [ids[0] for ids in head.identity.label_ids])
+    assert head.fingerprint_mismatch(w[:, :16]) is None
+    assert head.fingerprint_mismatch(w[:, :16] + 1.0) is not None
+
+
+def test_labels_follow_the_scripted_continuations_and_take_the_shortcuts(trained, script, tok):
+    rows = [json.loads(x) for x in (trained["data"] / "labels.jsonl").read_text().splitlines()]
+    answers = {(a["task"], a["answer"]): a for a in map(json.loads, (trained["data"] / "boundaries.jsonl").open())}
+    # greedy + 3 samples, one a duplicate of the greedy answer, another sometimes
+    assert all(
+        len([a for a in answers if a[0] == f"t{k}"]) == len(set(sum(_answers_of(k).values(), [])))
+        for k in range(NUM_TASKS)
+    )
+    how = set()
+    for r in rows:
+        k = int(r["task"][1:])
+        a = answers[(r["task"], r["answer"])]
+        assert a["token_ids"][-1] != tok.eos_token_id  # stop token dropped, as drafts hold answers
+        text = tok.decode(a["token_ids"])
+        if r["kind"] == "whole":
+            assert r["label"] == _passes(text, k) and r["how"] == "tests"
+            continue
+        if k in FAILED_BY_TARGET:
+            assert r["label"] is None
+            continue
+        prefix = tuple(a["token_ids"][: r["length"]])
+        own = script.target_answer(k)
+        if tuple(own[: len(prefix)]) == prefix:
+            assert r["how"] == "target answer" and r["label"] is True
+        else:  # the script continues with the rest of the first draft answer that starts with it
+            source = next(s for s in _answers_of(k)["sample"] if tuple(script.ids(s)[: len(prefix)]) == prefix)
+            assert r["label"] == _passes(source, k) and r["how"] in ("own continuation", "shared continuation")
+        how.add(r["how"])
+    assert how == {"target answer", "own continuation", "shared continuation"}
+    # continuations are asked only for prefixes no text of the target covers, each once
+    asked = [r for role, reqs in trained["calls"] if role == "target" for r in reqs if r.max_tokens < 40]
+    assert len(asked) == len({r.prompt_ids for r in asked}) == sum(r["how"] == "own continuation" for r in rows)
+    # every boundary is a runtime boundary: rule.select within each W-token window (a window's
+    # end, or a sentence end inside it), at most max_boundaries (8) per window
+    from parse_vllm.boundaries import is_sentence_end
+
+    for a in answers.values():
+        n, bounds = len(a["token_ids"]), a["boundaries"]
+        # stratified: 2 prefixes of a passing answer, 3 of a failing one, each weighing its share
+        assert bounds[-1] == n and set(a["selected"]) <= set(bounds[:-1])
+        assert len(a["selected"]) == min(2 if a["passed"] else 3, len(bounds) - 1)
+        assert a["prefix_weight"] == (len(bounds) - 1) / len(a["selected"])
+        assert all(b % WINDOW == 0 or b == n or is_sentence_end(tok.decode(a["token_ids"][b - 1 : b])) for b in bounds)
+        assert set(range(WINDOW, n, WINDOW)) <= set(bounds) and len(bounds) <= 8 * -(-n // WINDOW)
+
+
+def test_features_equal_an_hf_forward(trained, tiny_models, tok):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from parse_vllm.config import ParseConfig
+    from parse_vllm.templates import build_template
+    from parse_vllm.tools.eval.run import _render
+
+    d = trained["data"]
+    index = [json.loads(x) for x in (d / "index.jsonl").read_text().splitlines()]
+    hidden, zs = np.load(d / "features.npy"), np.load(d / "zero_shot.npy")
+    assert hidden.dtype == np.float32 and hidden.shape == (len(index), 128) and zs.shape == (len(index),)
+    answers = {(a["task"], a["answer"]): a["token_ids"] for a in map(json.loads, (d / "boundaries.jsonl").open())}
+    template = build_template(tok, ParseConfig())
+    ext = template.labels.extension
+    assert len(ext) == 1  # SmolLM2's "Incorrect" is two tokens: the general zero-shot path
+    chat = list(template.suffix_ids[: -len(ext)])
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["target"], dtype=torch.float32).eval()
+    picked = [r for r in index if r["kind"] == "whole"][:3] + [r for r in index if r["kind"] == "prefix"][:5]
+    for r in picked:
+        k = int(r["task"][1:])
+        prompt = _render(tok, {"prompt": f"Write f(x) returning x + {k + 1}.", "messages": None})
+        seq = prompt + answers[(r["task"], r["answer"])][: r["length"]] + chat + list(ext)
+        with torch.no_grad():
+            out = model(torch.tensor([seq]), output_hidden_states=True)
+        h = out.hidden_states[-1][0, -1 - len(ext)].numpy()  # after the final norm: what the LM head reads
+        assert np.abs(hidden[r["row"]] - h).max() <= 1e-4
+        lp = torch.log_softmax(out.logits[0, -1 - len(ext) :], -1)
+        yes = sum(float(lp[j, t]) for j, t in enumerate(template.labels.yes_ids))
+        no = sum(float(lp[j, t]) for j, t in enumerate(template.labels.no_ids))
+        assert abs(float(zs[r["row"]]) - (yes - no)) <= 1e-4
+
+
+def test_the_exported_head_reproduces_the_probe_on_held_out_rows(trained, tiny_models, tok, tmp_path):
+    from parse_vllm.config import ParseConfig
+    from parse_vllm.judge_head import JudgeHead
+    from parse_vllm.templates import build_template
+    from parse_vllm.tools.judge import probe, run
+
+    ex = probe.Examples.load(trained["data"])
+    held = np.isin(ex.task, ["t0", "t1", "t2"])
+    train = ex.subset(~held)
+    for names in (("hidden",), ("hidden", "zero_shot_logit")):
+        pipe = probe.model(0.05).fit(train.features(names), train.label)
+        ident = run.identity(tiny_models["target"], tok, build_template(tok, ParseConfig()), ParseConfig())
+        path = probe.export(pipe, names, ident, {"C": 0.05}).save(tmp_path / "h.safetensors")
+        head = JudgeHead.load(path)
+        test = ex.subset(held)
+        want = pipe.decision_function(test.features(names))
+        assert np.abs(probe.head_logits(head, test) - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
+        assert head.mismatch(ident) is None
+
+
+def test_a_rerun_skips_every_stage_and_a_cut_run_resumes_to_the_same_data(trained, tiny_models, script):
+    from parse_vllm.judge_head import JudgeHead
+
+    mp = pytest.MonkeyPatch()
+
+    def no_engine(engine):
+        raise AssertionError("a done stage started an engine")
+
+    # the same command again: every stage is skipped, the head is trained again to the same bytes
+    mp.setattr(jdata, "open_writer", no_engine)
+    mp.setattr(jdata, "open_reader", no_engine)
+    before = JudgeHead.load(trained["out"] / "judge_head.safetensors")
+    try:
+        assert cli.main(_argv(tiny_models, trained["prompts"], trained["out"])) == 0
+    finally:
+        mp.undo()
+    after = JudgeHead.load(trained["out"] / "judge_head.safetensors")
+    assert np.array_equal(after.weight, before.weight) and after.bias == before.bias
+    assert after.training == before.training and after.identity == before.identity
+
+    # a fresh folder, every run stopped at the time bound after one batch: it gets there in steps
+    mp.setattr(jdata, "open_writer", script.writer)
+    out = trained["root"] / "cut"
+    runs = 0
+    try:
+        while True:
+            rc = cli.main(
+                _argv(tiny_models, trained["prompts"], out, "--batch", "4", "--max-minutes", "0", "--data-only")
+            )
+            runs += 1
+            assert rc in (0, 3) and runs < 40
+            if rc == 0:
+                break
+    finally:
+        mp.undo()
+    assert runs > 5
+    a, b = trained["data"], out / "data" / "tune"
+    for name in ("answers.jsonl", "boundaries.jsonl", "labels.jsonl", "index.jsonl"):
+        rows_a = sorted(map(json.dumps, map(json.loads, (a / name).open())))
+        rows_b = sorted(map(json.dumps, map(json.loads, (b / name).open())))
+        assert rows_a == rows_b, name
+    ia = {
+        (r["task"], r["answer"], r["length"], r["kind"]): r["row"] for r in map(json.loads, (a / "index.jsonl").open())
+    }
+    ib = {
+        (r["task"], r["answer"], r["length"], r["kind"]): r["row"] for r in map(json.loads, (b / "index.jsonl").open())
+    }
+    fa, fb = np.load(a / "features.npy"), np.load(b / "features.npy")
+    assert max(np.abs(fa[ia[key]] - fb[ib[key]]).max() for key in ia) <= 1e-5
+
+    # a run killed while it wrote the answers: the line cut short and its task are written again
+    killed = trained["root"] / "killed"
+    (killed / "data" / "tune").mkdir(parents=True)
+    for name in ("answers.jsonl", "answers.settings.json"):
+        shutil.copy(b / name, killed / "data" / "tune" / name)
+    text = (b / "answers.jsonl").read_text()
+    (killed / "data" / "tune" / "answers.jsonl").write_text(text[: len(text) - 40])
+    mp.setattr(jdata, "open_writer", script.writer)
+    try:
+        assert cli.main(_argv(tiny_models, trained["prompts"], killed, "--data-only")) == 0
+    finally:
+        mp.undo()
+    rows_k = sorted(map(json.dumps, map(json.loads, (killed / "data" / "tune" / "labels.jsonl").open())))
+    assert rows_k == sorted(map(json.dumps, map(json.loads, (a / "labels.jsonl").open())))
+
+    # other settings on a folder built with these are refused
+    rc = cli.main(_argv(tiny_models, trained["prompts"], out, "--samples", "1", "--data-only"))
+    assert rc == 2
+
+
+def test_evaluate_scores_a_held_out_set_with_the_head_without_training(trained, tiny_models, script, capsys):
+    from parse_vllm.judge_head import JudgeHead
+    from parse_vllm.tools.judge import probe
+
+    prompts = _prompt_file(trained["root"] / "held.jsonl", range(NUM_TASKS, NUM_TASKS + 6), "h")
+    for k in range(NUM_TASKS, NUM_TASKS + 6):
+        FAILED_BY_TARGET.discard(k)
+    out = trained["root"] / "eval-out"
+    shutil.copytree(trained["out"], out, ignore=shutil.ignore_patterns("data"))
+    head_path = out / "judge_head.safetensors"
+    before = JudgeHead.load(head_path)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(jdata, "open_writer", script.writer)
+    try:
+        assert cli.main(_argv(tiny_models, prompts, out, "--evaluate", str(head_path))) == 0
+    finally:
+        mp.undo()
+    assert np.array_equal(JudgeHead.load(head_path).weight, before.weight)  # no training
+    s = json.loads((out / "summary.json").read_text())
+    ex = probe.Examples.load(out / "data" / "held")
+    z = probe.head_logits(JudgeHead.load(head_path), ex)
+    assert s["auc_head_whole_held"] == pytest.approx(probe.auc(z[ex.whole], ex.label[ex.whole]))
+    p = ~ex.whole
+    assert s["auc_zero_shot_prefix_held"] == pytest.approx(probe.auc(ex.zero_shot[p], ex.label[p], ex.weight[p]))
+    assert not np.allclose(ex.weight[p], 1.0)  # prefixes carry their sampling weights
+    assert (
+        s["held_n"] == len(ex)
+        and s["auc_head_whole_tune"] == json.loads((trained["out"] / "summary.json").read_text())["auc_head_whole_tune"]
+    )
+    assert s["splits"] == ["tune", "held"] and "held" in (out / "summary.md").read_text()
+
+    # a head for another target is refused, saying why
+    other = JudgeHead.load(head_path)
+    import dataclasses
+
+    bad = dataclasses.replace(other, identity=dataclasses.replace(other.identity, hidden_size=64), weight=other.weight[:64],
+                              mean=other.mean[:64], scale=other.scale[:64])  # fmt: skip
+    if "zero_shot_logit" in other.features:
+        bad = dataclasses.replace(bad, weight=other.weight[:65], mean=other.mean[:65], scale=other.scale[:65])
+    bad.save(out / "bad.safetensors")
+    capsys.readouterr()
+    assert cli.main(_argv(tiny_models, prompts, out, "--evaluate", str(out / "bad.safetensors"))) == 2
+    assert "hidden_size" in capsys.readouterr().err
+
+
+def test_real_engines_write_the_answers_and_continuations_hf_greedy_writes(tiny_models, tmp_path, monkeypatch):
+    """The vLLM writers (draft answers: greedy and seeded samples; the target's answers and
+    continuations) against HF greedy decoding. Every text passes here (a scripted checker), so
+    every task's prefixes are continued."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(jdata.Job, "check_texts", lambda self, texts: [True] * len(texts))
+    prompts = _prompt_file(tmp_path / "real.jsonl", range(2), "r")
+    argv = _argv(tiny_models, prompts, tmp_path / "out", "--data-only", "--samples", "2")
+    argv[argv.index("--max-tokens") + 1] = "12"
+    assert cli.main(argv) == 0
+    d = tmp_path / "out" / "data" / "real"
+    answers = list(map(json.loads, (d / "answers.jsonl").open()))
+    assert sorted((a["task"], a["source"]) for a in answers) == sorted(
+        [(t, "greedy") for t in ("r0", "r1")] + [(t, "sample") for t in ("r0", "r1") for _ in range(2)]
+    )
+    from parse_vllm.tools.eval.run import _render
+
+    tok_prompts = {}
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_models["target"])
+    for k in range(2):
+        tok_prompts[f"r{k}"] = _render(tok, {"prompt": f"Write f(x) returning x + {k + 1}.", "messages": None})
+
+    def hf_greedy(model_dir, ids, n):
+        m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        with torch.no_grad():
+            out = m.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+        return out[0, len(ids) :].tolist()
+
+    for a in answers:
+        if a["source"] == "greedy":
+            assert a["token_ids"] == hf_greedy(tiny_models["draft"], tok_prompts[a["task"]], 12)[: len(a["token_ids"])]
+    target = {r["task"]: r for r in map(json.loads, (d / "target.jsonl").open())}
+    for t, r in target.items():
+        assert r["token_ids"] == hf_greedy(tiny_models["target"], tok_prompts[t], 12)[: len(r["token_ids"])]
+    conts = list(map(json.loads, (d / "continuations.jsonl").open()))
+    assert conts, "no prefix needed a continuation"
+    for c in conts[:3]:
+        start = tok_prompts[c["task"]] + c["token_ids"][: c["start"]]
+        rest = hf_greedy(tiny_models["target"], start, 12 - c["start"])
+        assert c["token_ids"][c["start"] :] == rest[: len(c["token_ids"]) - c["start"]]
