@@ -33,7 +33,7 @@ from parse_vllm.config import ParseConfig, ParseConfigError, RequestOptions, req
 from parse_vllm.drafting import DraftRows, RowStates
 from parse_vllm.metrics import KvAudit, ParseStats, PromExporter
 from parse_vllm.policy import Phase, RequestState
-from parse_vllm.step import DraftBatch, StepResult, StepSettings
+from parse_vllm.step import DraftBatch, StepResult, StepSettings, judged_drafts
 from parse_vllm.templates import VerificationTemplate, build_template
 from parse_vllm.transfers import HostCopies
 from parse_vllm.verify import CopyBatch, Verifier
@@ -222,7 +222,8 @@ class ParseController:
         )
 
     def plan(self, keeps_kv: bool) -> tuple[RowStates, proposers.ProposerPlan]:
-        """The step's row states and who drafts for whom (proposers.py)."""
+        """The drafter runs this step: its row states and who drafts for whom (proposers.py)."""
+        self.step.drafted = True
         rows = self.row_states()
         who = proposers.plan(rows.wants, rows.judging, self.token_proposer, keeps_kv)
         return dataclasses.replace(rows, wants=who.draft_model_wants), who
@@ -252,6 +253,31 @@ class ParseController:
         self.step.report = StepReport(drafts={r: w.draft for r, w in done.items()}, open=frozenset(self.windows))
         self.step.draft_lens = dict(zip(rows.req_ids[:B], lens.tolist()))
         return lens
+
+    def plan_whole_batch(self, prefix_caching: bool) -> int:
+        """vLLM's own proposer drafts for the whole batch (a drafter that cannot run over
+        chosen rows): the tokens it drafts for every row, 0 to skip it. It consumes the
+        step's tokens to keep the draft KV in sync and cannot catch up later, so it is
+        skipped only once no request here drafts again and no later request can hit this
+        step's blocks in the prefix cache (they would hold no draft KV)."""
+        states, _ = self.plan(keeps_kv=False)
+        self.step.draft_lens = dict(zip(self.step.batch.req_ids, states.wants.tolist()))
+        if self.config.spec_tokens == 0 and not self.will_draft() and not prefix_caching:
+            return 0
+        return max(1, min(int(states.wants.max(initial=0)), self.window))
+
+    def token_proposed(self, who: proposers.ProposerPlan, lens: np.ndarray) -> None:
+        """The token proposer drafted `lens` [B] tokens; its rows get them, up to what each wants."""
+        for i in np.flatnonzero(who.token_level):
+            self.step.draft_lens[self.step.batch.req_ids[i]] = min(int(lens[i]), int(who.wants[i]))
+
+    def new_tokens(self, sampled) -> list[np.ndarray]:
+        """Each row's tokens from this step (accepted draft tokens, then the sampled one)
+        on the host: as `sampled()` recorded them, or fetched from the device tensor
+        `sampled` [B, W+1] here (at most once a step)."""
+        if self.step.sampled is None:
+            (self.step.sampled,) = self.host.fetch(sampled)
+        return [row[row >= 0] for row in self.step.sampled]
 
     def report_drafts(self, req_ids, drafts, live) -> None:
         """The batch rows' drafts as the drafter wrote them ([B] lists, vLLM's copy) onto the
@@ -301,6 +327,25 @@ class ParseController:
             # token-level speculation only.
             opts = dataclasses.replace(opts, enabled=False)
         return opts
+
+    def draft_batch(self, num_draft, drafts, logits_start, logits, allowed_mask) -> tuple[DraftBatch, JudgedRequests]:
+        """The DraftBatch of the requests this step judges, and who they are, from the step's
+        scheduled drafts: `num_draft` [B], `drafts` [Σd] row after row, `logits_start` [B]
+        the logits row of each row's last token, `logits` [N, vocab]; `allowed_mask` the
+        sampler's [B, vocab] allowed-token mask, or None."""
+        view = self.step.batch
+        batch = judged_drafts(
+            view,
+            num_draft,
+            drafts,
+            logits_start,
+            np.array([self.judging(r) for r in view.req_ids], dtype=bool),
+            [self.states[r].options for r in view.req_ids],
+            logits,
+        )
+        if allowed_mask is not None and batch.num_reqs:
+            batch.forbidden = allowed_mask[self.host.to_device(batch.row)[0]]
+        return batch, self.judged_requests(batch)
 
     def judged_requests(self, batch: DraftBatch) -> JudgedRequests:
         """Who the step's DraftBatch rows are (and, when judgments are recorded, the tokens

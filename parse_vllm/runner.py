@@ -26,7 +26,6 @@ back only the rejected tail).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 
@@ -37,22 +36,11 @@ from parse_vllm import _vllm, proposers
 from parse_vllm.config import ParseConfig, ParseConfigError, parse_section
 from parse_vllm.controller import JudgedRequests, ParseController
 from parse_vllm.drafting import DraftRows, pass_spans, plan_passes, run_passes, step_rows, window_rows
-from parse_vllm.step import DraftBatch, draft_views, judged_drafts, parse_step, resampled_rows, token_checks
+from parse_vllm.step import DraftBatch, draft_views, parse_step, resampled_rows, token_checks
+from parse_vllm.transfers import watched as _watched
 from parse_vllm.verify import factory as verifiers
 
 logger = _vllm.init_logger("parse_vllm.runner")
-
-
-def _watched(hook):
-    """A hook whose host-to-device copies are watched when the engine audits them
-    (parse.audit_transfers: `transfers.PageableCopyCounter`)."""
-
-    @functools.wraps(hook)
-    def run(self, *args, **kwargs):
-        with self.parse.host.watching() if self.parse is not None else contextlib.nullcontext():
-            return hook(self, *args, **kwargs)
-
-    return run
 
 
 class ParseRunnerMixin:
@@ -228,23 +216,12 @@ class ParseRunnerMixin:
         return out
 
     def _draft_batch(self, logits, md) -> tuple[DraftBatch, JudgedRequests]:
-        """vLLM's step -> the DraftBatch of the requests PARSE judges, and who they are."""
-        p = self.parse
-        view = p.step.batch
+        """vLLM's SpecDecodeMetadata -> the DraftBatch of the requests PARSE judges, and who they are."""
         num_draft = np.asarray(md.num_draft_tokens)  # [B]
-        batch = judged_drafts(
-            view,
-            num_draft,
-            _vllm.scheduled_drafts(view, md.num_draft_tokens),
-            _vllm.cu_sampled_tokens(md) - (num_draft + 1),
-            np.array([p.judging(r) for r in view.req_ids], dtype=bool),
-            [p.states[r].options for r in view.req_ids],
-            logits,
-        )
+        drafts = _vllm.scheduled_drafts(self.parse.step.batch, md.num_draft_tokens)  # [Σd]
+        logits_start = _vllm.cu_sampled_tokens(md) - (num_draft + 1)  # [B]
         mask = self.input_batch.sampling_metadata.allowed_token_ids_mask
-        if mask is not None and batch.num_reqs:
-            batch.forbidden = mask[p.host.to_device(batch.row)[0]]
-        return batch, p.judged_requests(batch)
+        return self.parse.draft_batch(num_draft, drafts, logits_start, logits, mask)
 
     def _resample(self, logits, md, batch: DraftBatch, result, out, sampled_host: np.ndarray) -> None:
         """Rows that take more than L_tok: draft[:accepted], then one token sampled from
@@ -286,7 +263,6 @@ class ParseRunnerMixin:
         p = self.parse
         if p is None:
             return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
-        p.step.drafted = True
         if self._rows_drafting_unsupported is not None:
             return self._propose_whole_batch(scheduler_output, *args, **kwargs)
         call = _vllm.proposer_call(args, kwargs)
@@ -296,7 +272,7 @@ class ParseRunnerMixin:
         states, who = p.plan(keeps_kv=tp is not None and tp.keeps_kv)
         view = p.step.batch
         if who.draft_model_wants.any() or p.windows:
-            new = self._new_tokens(call["sampled_token_ids"])
+            new = p.new_tokens(call["sampled_token_ids"])
             max_len = min(self.max_model_len, self.effective_drafter_max_model_len)
             rows = step_rows(view, states, new, p.windows, max_len=max_len, chunk=p.config.draft_chunk)
             drafts = self._draft(rows, call["common_attn_metadata"].block_table_tensor, call["sampling_metadata"])
@@ -307,27 +283,18 @@ class ParseRunnerMixin:
             return drafts
         new = None
         if not tp.keeps_kv:  # (n-gram: the host's tokens; a row still in prefill has none yet)
-            new = [
-                t[:0] if view.prefilling[i] else t for i, t in enumerate(self._new_tokens(call["sampled_token_ids"]))
-            ]
+            new = [t[:0] if view.prefilling[i] else t for i, t in enumerate(p.new_tokens(call["sampled_token_ids"]))]
         step = _vllm.proposer_step(self, call, new, view.num_tokens, target_hidden, p.host.to_device)
         proposed, lens = tp.propose(step)  # [B, k], [B]
-        for i in np.flatnonzero(who.token_level):
-            p.step.draft_lens[view.req_ids[i]] = min(int(lens[i]), int(who.wants[i]))
+        p.token_proposed(who, lens)
         return proposers.merge(drafts, proposed, who.token_level, p.host.to_device)
 
     def _propose_whole_batch(self, scheduler_output, *args, **kwargs):
-        """vLLM's own proposer for the whole batch (it consumes this step's tokens to keep
-        the draft KV in sync, and cannot catch up later), as far as some request needs.
-        Skipped once no request here drafts again, unless prefix caching is on: blocks
-        filled in a skipped step would hold no draft KV, and a later request that hits them
-        in the cache would draft over it."""
-        p = self.parse
-        states, _ = p.plan(keeps_kv=False)
-        p.step.draft_lens = dict(zip(p.step.batch.req_ids, states.wants.tolist()))
-        if p.config.spec_tokens == 0 and not p.will_draft() and not self.cache_config.enable_prefix_caching:
-            return [[] for _ in p.step.batch.req_ids]
-        scheduler_output.num_spec_tokens_to_schedule = max(1, min(int(states.wants.max(initial=0)), p.window))
+        """vLLM's own proposer over the whole batch, as far as some request needs (controller.plan_whole_batch)."""
+        k = self.parse.plan_whole_batch(self.cache_config.enable_prefix_caching)
+        if not k:
+            return [[] for _ in self.parse.step.batch.req_ids]
+        scheduler_output.num_spec_tokens_to_schedule = k
         return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
 
     def _draft(self, rows: DraftRows, batch_block_table, sampling_metadata) -> torch.Tensor:
@@ -359,14 +326,6 @@ class ParseRunnerMixin:
         chunks = fetch(run.drafts[p.host.to_device(win)[0]]) if win.shape[0] else np.zeros((0, 0), dtype=np.int64)
         p.drafted(rows, kv_len, chunks)
         return run.drafts[: rows.num_batch]
-
-    def _new_tokens(self, sampled: torch.Tensor) -> list[np.ndarray]:
-        """Each row's tokens from this step (accepted draft tokens, then the sampled one)
-        on the host: as `_sample` fetched them, or fetched here (at most once a step)."""
-        step = self.parse.step
-        if step.sampled is None:
-            (step.sampled,) = self.parse.host.fetch(sampled)
-        return [row[row != _vllm.PLACEHOLDER_TOKEN_ID] for row in step.sampled]
 
     # -- KV audit -------------------------------------------------------------
 

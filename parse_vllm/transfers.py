@@ -26,6 +26,7 @@ host goes on. The audit counts the staged copies, and, when asked
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from dataclasses import dataclass
 
@@ -263,3 +264,15 @@ def _parse_caller() -> str | None:
     if name.startswith("parse_vllm") and name != __name__:
         return f"{name}:{frame.f_lineno}"
     return None
+
+
+def watched(hook):
+    """A model-runner hook whose host-to-device copies are watched when the engine audits
+    them (parse.audit_transfers: `PageableCopyCounter`); `self.parse` is its controller."""
+
+    @functools.wraps(hook)
+    def run(self, *args, **kwargs):
+        with self.parse.host.watching() if self.parse is not None else contextlib.nullcontext():
+            return hook(self, *args, **kwargs)
+
+    return run

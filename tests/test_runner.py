@@ -215,3 +215,39 @@ def test_a_streaming_sessions_next_turn_starts_a_new_request_state(step_runner):
     assert p.states["a"].phase is Phase.CONTINUE  # the same request, next step
     runner._update_states(SimpleNamespace(**{**out.__dict__, "scheduled_new_reqs": [SimpleNamespace(req_id="a")]}))
     assert p.states["a"].phase is Phase.DRAFT and p.states["a"].draft_kv_len == 0
+
+
+def test_a_drafter_over_the_whole_batch_drafts_as_far_as_some_request_needs(step_runner, monkeypatch):
+    """A drafter that cannot run over chosen rows (vLLM's own proposer, every row): the
+    runner schedules the longest draft some row wants, capped at W, and records each row's
+    length for the report; once no request drafts again (spec_tokens 0, every request past
+    its draft) it is skipped -- unless prefix caching is on, when a skipped step's blocks
+    would hold no draft KV for a later request that hits them."""
+    import dataclasses
+
+    from parse_vllm.policy import Phase
+
+    runner, p = step_runner, step_runner.parse
+    runner._rows_drafting_unsupported = "a stand-in drafter"
+    runner.cache_config = SimpleNamespace(enable_prefix_caching=False)
+    proposed = []
+    monkeypatch.setattr(
+        _StepRunner,
+        "propose_draft_token_ids",
+        lambda self, so, *a, **k: proposed.append(so.num_spec_tokens_to_schedule),
+        raising=False,
+    )
+    runner._update_states(SimpleNamespace(num_scheduled_tokens={"a": 5, "b": 1}, finished_req_ids=set(),
+                                          scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()),
+                                          preempted_req_ids=set(), scheduled_new_reqs=[]))  # fmt: skip
+    so = SimpleNamespace()
+    runner.propose_draft_token_ids(so)
+    assert proposed == [16] and p.step.drafted  # "a" drafts a window of W = 16; "b" (PARSE off) nothing
+    assert p.step.draft_lens == {"a": 16, "b": 0}
+
+    p.config = dataclasses.replace(p.config, spec_tokens=0)
+    p.states["a"].phase = Phase.CONTINUE  # rejected: the target writes the rest
+    assert runner.propose_draft_token_ids(so) == [[], []] and proposed == [16]
+    runner.cache_config.enable_prefix_caching = True
+    runner.propose_draft_token_ids(so)
+    assert proposed == [16, 1]
