@@ -98,22 +98,27 @@ eval-coder: setup pair
 	  bench/eval-coder/odd --out bench/eval-coder
 
 # The adaptive window policy against `continue` (bench/adaptive/, BENCHMARKS.md "Adaptive windows"):
-# the Coder pair on HumanEval's even ids (target, token-level k 4, PARSE W 128 continue and adaptive,
-# both with k 4 as the token-level arm, at each of ADAPTIVE_TAUS; batch 1 and 8), the odd ids once at
-# the preset's τ, and SmolLM2 with its EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone, PARSE +
-# EAGLE-3 continue and adaptive). ~4 h here, one engine at a time.
+# the Coder pair on HumanEval's first ADAPTIVE_PROMPTS even ids (target, token-level k 4, PARSE W 128
+# continue and adaptive, both with k 4 as the token-level arm, at each of ADAPTIVE_TAUS; batch 1 on 2
+# prompts and batch 8), the odd ids once with the shipped judge head at its τ (JUDGE_TAU, chosen on
+# even), and SmolLM2 with its EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone, PARSE + EAGLE-3
+# continue and adaptive). ~1.5 h here, one engine at a time.
 ADAPTIVE_TAUS ?= 0 0.5 0.8 0.9
-ADAPTIVE_PROMPTS ?= 41
+ADAPTIVE_PROMPTS ?= 16
+JUDGE_TAU ?= 0.7
+CODER_HEAD := --parse '{"two_stage": true, "judge_head": "qwen2.5-coder-1.5b-instruct"}'
 bench-adaptive: setup models pair
-	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts $(ADAPTIVE_PROMPTS) --bs1-prompts 4 \
+	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts $(ADAPTIVE_PROMPTS) --bs1-prompts 2 \
 	  --spec-k 4 --taus $(ADAPTIVE_TAUS) --variants k4 adaptive-k4 --out bench/adaptive/coder-even
-	$(VENV)/bin/parse-vllm eval $(CODER) --split odd --num-prompts $(ADAPTIVE_PROMPTS) --bs1-prompts 4 \
-	  --spec-k 4 --taus $(CODER_ODD_TAU) --variants k4 adaptive-k4 --out bench/adaptive/coder-odd
+	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --num-prompts 24 --bs1-prompts 2 \
+	  --spec-k 4 --taus 0 $(JUDGE_TAU) --variants k4 adaptive-k4 --out bench/judge-coder/e2e-odd
+	$(PY) scripts/judge_e2e.py bench/judge-coder/e2e-odd --tau $(JUDGE_TAU)
 	$(VENV)/bin/parse-vllm eval --out bench/adaptive/smollm2-eagle3 --prompts mtbench checkable --batch 1 \
 	  --num-prompts 8 --max-tokens 128 --window 48 --spec-k 3 --eagle3 $(EAGLE3_HEAD) --eagle3-k 3 \
 	  --variants continue e3 adaptive-e3 --taus 0.9 --engine '{"dtype": "float32"}' --no-nll
-	$(PY) scripts/bench_adaptive.py --coder bench/adaptive/coder-even bench/adaptive/coder-odd \
+	$(PY) scripts/bench_adaptive.py --coder bench/adaptive/coder-even bench/judge-coder/e2e-odd \
 	  --smollm2 bench/adaptive/smollm2-eagle3 --out bench/adaptive
+	$(PY) scripts/bench_report.py --results bench/full
 
 # The judge head of the Qwen2.5-Coder pair (bench/judge-coder/, parse_vllm/judges/): the data of
 # HumanEval's even task ids (all 82) and odd ones (the first 41) -- the draft's answers (greedy and

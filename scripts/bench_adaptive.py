@@ -68,6 +68,7 @@ def rows_of(run: Path, pair: str) -> list[dict]:
                 "tok_s": m["tokens"] / m["wall_s"],
                 "pass_at_1": m["passed"] / m["n"] if m["n"] and pair == "coder" else None,
                 "split": split,
+                "n": m["n"] or None,
                 "run": str(run),
             }
         )
@@ -93,6 +94,58 @@ def render(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def goals(rows: list[dict]) -> list[str]:
+    """The issue's goals, row by row: adaptive ≥ 0.95x the best of the target and
+    token-level speculation (SmolLM2: ≥ the best of EAGLE-3 alone and PARSE alone), and its
+    pass@1 no worse than `continue`'s at the same τ by more than one problem."""
+    lines = [
+        "| pair | split | batch | τ | adaptive × best baseline | goal | adaptive × continue | pass@1 adaptive − continue (problems) |",
+        "|---|---|---:|---:|---:|---|---:|---:|",
+    ]
+    key = lambda r: (r["pair"], r["split"], r["batch"], r["tau"])  # noqa: E731
+    by = {(key(r), r["config"]): r for r in rows}
+    for r in sorted(
+        (r for r in rows if r["config"] == "adaptive"),
+        key=lambda r: (r["pair"], r["split"] or "", r["batch"], r["tau"]),
+    ):
+        k, cont = key(r), by.get((key(r), "continue"))
+        if r["pair"] == "smollm2":
+            best = max(x["tok_s"] for x in rows if x["pair"] == "smollm2" and x["config"] in ("eagle3", "parse-alone"))
+            ratio, bound = r["tok_s"] / best, 1.0
+        else:
+            ratio, bound = r["ratio"], 0.95
+        met = "met" if ratio is not None and ratio >= bound else "**not met**"
+        vs = f"{r['tok_s'] / cont['tok_s']:.2f}" if cont else "—"
+        dp = "—"
+        if cont and r["pass_at_1"] is not None and cont["pass_at_1"] is not None and r["n"]:
+            dp = f"{round((r['pass_at_1'] - cont['pass_at_1']) * r['n']):+d}"
+        tau = "—" if k[3] is None else f"{k[3]:g}"
+        lines.append(f"| {k[0]} | {k[1] or '—'} | {k[2]} | {tau} | {ratio:.2f} | ≥ {bound:g}: {met} | {vs} | {dp} |")
+    return lines
+
+
+def section(rows: list[dict]) -> str:
+    """BENCHMARKS.md's section (tools/benchmarks/report.py appends bench/adaptive/section.md)."""
+    return (
+        "\n".join(
+            [
+                "## Adaptive windows (`make bench-adaptive`)",
+                "",
+                "`on_reject: adaptive` against today's `continue` (`scripts/bench_adaptive.py`, `bench/adaptive/`): each "
+                "row is one `parse-vllm eval` run's, beside the target alone and token-level speculation measured in the "
+                "same run (the Coder pair: W 128, k 4 by the draft as the token-level arm, two-stage judging, greedy, "
+                "384 tokens; the even rows judge zero-shot, the odd rows with the shipped judge head; SmolLM2: W 48, its EAGLE-3 head k 3, τ 0.9, 8 MT-Bench + 8 checkable prompts, batch 1). "
+                "Ratios are to the best of the target alone and token-level speculation of the same run and batch.",
+                "",
+                render(rows).rstrip("\n"),
+                "",
+                *goals(rows),
+            ]
+        )
+        + "\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--coder", nargs="*", type=Path, default=[], help="eval runs on the Qwen2.5-Coder pair")
@@ -107,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps({"rows": rows}, indent=1))
     (args.out / "summary.md").write_text(render(rows))
+    (args.out / "section.md").write_text(section(rows))
     print(render(rows))
     return 0
 

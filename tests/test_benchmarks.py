@@ -17,9 +17,21 @@ FULL = ROOT / "bench" / "full"
 
 
 def test_benchmarks_md_is_rendered_from_the_committed_results():
-    rendered = report.render(FULL, "bench/full", ROOT / "bench" / "latency", ROOT / "bench" / "eagle3")
+    sections = tuple(ROOT / p for p in report.SECTIONS)
+    rendered = report.render(
+        FULL, "bench/full", ROOT / "bench" / "latency", ROOT / "bench" / "eagle3", sections=sections
+    )
     assert (ROOT / "BENCHMARKS.md").read_text() == rendered
     assert "## PARSE with EAGLE-3" in rendered
+    for path in sections:  # each section another benchmark wrote, as it is
+        assert path.read_text().strip() in rendered
+
+
+def test_sections_other_benchmarks_wrote_are_appended_as_they_are_and_missing_ones_skipped(tmp_path):
+    (tmp_path / "a.md").write_text("### A section\n\n| x |\n|---|\n| 1 |\n")
+    without = report.render(FULL, "bench/full")
+    text = report.render(FULL, "bench/full", sections=(tmp_path / "a.md", tmp_path / "missing.md"))
+    assert text == without.rstrip("\n") + "\n\n### A section\n\n| x |\n|---|\n| 1 |\n"
 
 
 def test_committed_summary_has_the_eagle3_keys_of_the_committed_run():
@@ -312,3 +324,42 @@ def test_the_adaptive_report_maps_eval_rows_and_ratios(tmp_path):
     assert (
         "| coder | even | 1 | 0.8 | adaptive | 25.0 | 1.25 | 0.850 |" in (tmp_path / "out" / "summary.md").read_text()
     )
+    # BENCHMARKS.md's section: the table and the goals, adaptive against the best baseline
+    # (1.25 ≥ 0.95) and against continue (2x the speed, +2 problems of 40: 34 against 32)
+    section = (tmp_path / "out" / "section.md").read_text()
+    assert section.startswith("## Adaptive windows")
+    assert "| coder | even | 1 | 0.8 | 1.25 | ≥ 0.95: met | 2.00 | +2 |" in section
+
+
+def test_the_judge_heads_end_to_end_keys_come_from_the_odd_eval_run(tmp_path):
+    """scripts/judge_e2e.py: the head's row (continue, k 4, at τ) against the target and
+    accept-all (τ 0) of the same run -> the issue's keys, beside what train-judge wrote."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("judge_e2e", Path(__file__).parents[1] / "scripts" / "judge_e2e.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def row(config, tau, batch, tok_s, tokens, p=None, semantic=None):
+        acc = None if semantic is None else {"tokens_accepted_semantic": semantic}
+        return {"config": config, "tau": tau, "batch": batch, "n": 24, "tok_s": tok_s, "tokens": tokens,
+                "pass_at_1": p, "acceptance": acc}  # fmt: skip
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [
+        row("target", None, 8, 20.0, 1000, 0.875),
+        row("parse W=128 k4", 0.0, 1, 8.0, 100, 1.0, 90),
+        row("parse W=128 k4", 0.7, 1, 6.0, 100, 1.0, 50),
+        row("parse W=128 k4", 0.7, 8, 15.0, 1000, 0.8333, 700),
+        row("parse W=128 adaptive-k4", 0.7, 8, 25.0, 1000, 0.875, 0),
+    ]
+    (run / "summary.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "summary.json").write_text(json.dumps({"auc_head_whole_odd": 0.7}))
+    assert mod.main([str(run), "--tau", "0.7", "--summary", str(tmp_path / "summary.json")]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["auc_head_whole_odd"] == 0.7 and s["tau_head"] == 0.7
+    assert (s["odd_pass_at_1_target"], s["odd_pass_at_1_head"]) == (0.875, 0.8333)
+    assert s["odd_semantic_share_head"] == pytest.approx(0.7)
+    assert s["odd_speed_head_over_accept_all_bs1"] == pytest.approx(0.75)
+    assert mod.main([str(tmp_path / "missing"), "--tau", "0.7", "--summary", str(tmp_path / "summary.json")]) == 2

@@ -103,16 +103,26 @@ def render(
     eagle3: Path | None = None,
     gpu_costs: Path | None = None,
     counters: tuple[Path, ...] = projection.DEFAULT_COUNTERS,
+    sections: tuple[Path, ...] = (),
 ) -> str:
     """BENCHMARKS.md: the full runs in `results`, then the latency section from
     `latency` (bench_latency.py --compare), the EAGLE-3 section from `eagle3`
-    (`make bench-eagle3`) when given and present, and the projection of the eval
+    (`make bench-eagle3`) when given and present, the Markdown `sections` that other
+    benchmarks wrote (each file as it is, those present), and the projection of the eval
     summaries `counters` on the GPU of `gpu_costs` (scripts/gpu_costs.py) when given."""
     text = _render_full(results, figures)
     section = latency_section(latency) if latency is not None else []
     section += eagle3_section(eagle3) if eagle3 is not None else []
+    for path in sections:
+        if path.is_file():
+            section += ([""] if section else []) + path.read_text().rstrip("\n").splitlines()
     section += gpu_projection_section(gpu_costs, counters) if gpu_costs is not None else []
     return "\n".join([text.rstrip("\n"), "", *section]).rstrip("\n") + "\n" if section else text
+
+
+#: sections of BENCHMARKS.md that other benchmarks write (scripts/bench_adaptive.py, the
+#: runner's before/after latency run)
+SECTIONS = (Path("bench/latency-restructure/section.md"), Path("bench/adaptive/section.md"))
 
 
 def gpu_projection_section(gpu_costs: Path, counters) -> list[str]:
@@ -516,6 +526,13 @@ def main(argv=None) -> int:
     ap.add_argument("--latency", type=Path, default=Path("bench/latency"), help="bench_latency.py --compare output")
     ap.add_argument("--eagle3", type=Path, default=Path("bench/eagle3"), help="make bench-eagle3 output")
     ap.add_argument(
+        "--sections",
+        type=Path,
+        nargs="*",
+        default=list(SECTIONS),
+        help="Markdown sections other benchmarks wrote, appended as they are (those present)",
+    )
+    ap.add_argument(
         "--gpu-costs",
         type=Path,
         default=None,
@@ -549,7 +566,15 @@ def main(argv=None) -> int:
         summary.update(eagle3_figures(json.loads((args.eagle3 / "summary.json").read_text())))
         path.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     args.out.write_text(
-        render(args.full_dir, str(args.full_dir), args.latency, args.eagle3, args.gpu_costs, tuple(args.counters))
+        render(
+            args.full_dir,
+            str(args.full_dir),
+            args.latency,
+            args.eagle3,
+            args.gpu_costs,
+            tuple(args.counters),
+            tuple(args.sections),
+        )
     )
     print(f"wrote {args.out} and {args.full_dir}/")
     return 0
