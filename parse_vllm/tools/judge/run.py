@@ -135,15 +135,13 @@ def engines(res: dict, args, max_model_len: int) -> tuple[dict, dict]:
 
 
 def eval_json(value: str | None, flag: str) -> dict:
-    if not value:
-        return {}
+    """A JSON-object flag, as `parse-vllm eval` reads its own."""
+    from parse_vllm.tools.eval import run as eval_run
+
     try:
-        obj = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise JudgeError(f"{flag}: not valid JSON: {e}") from None
-    if not isinstance(obj, dict):
-        raise JudgeError(f"{flag}: expected a JSON object")
-    return obj
+        return eval_run._json_arg(value or None, flag)
+    except eval_run.EvalError as e:
+        raise JudgeError(str(e)) from None
 
 
 def identity(target: Path, tokenizer, template, parse) -> Any:
