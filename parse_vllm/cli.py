@@ -183,9 +183,14 @@ DEMO_PAIRS = {
         draft="qwen2.5-coder-0.5b-instruct",
         # the preset's settings (configs/qwen2.5-coder-1.5b-0.5b-cpu.yaml, README "Quality")
         window=128,
-        threshold=0.8,
+        threshold=0.7,
         guard=0,
-        parse={"on_reject": "continue", "spec_tokens": 4, "two_stage": True},
+        parse={
+            "on_reject": "continue",
+            "spec_tokens": 4,
+            "two_stage": True,
+            "judge_head": "qwen2.5-coder-1.5b-instruct",
+        },
         prompt=DEMO_QUESTION,
         test=DEMO_TEST,
         max_tokens=256,
@@ -269,6 +274,8 @@ def demo(argv: list[str]) -> int:
             pair[key] = getattr(args, key)
     if args.prompt is not None:
         pair["test"] = None  # the pair's tests are for its own question
+    if args.target is not None:  # a shipped judge head is for its own target only
+        pair["parse"] = {k: v for k, v in pair["parse"].items() if k != "judge_head"}
 
     from parse_vllm import _vllm
     from parse_vllm.tools.benchmarks.common import cpu_engine_setup
