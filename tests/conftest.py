@@ -96,6 +96,15 @@ def tiny_head(tiny_models, tmp_path_factory) -> Path:
     return export_head(build_head(target, cfg, None, None, vocab), target, tmp_path_factory.mktemp("head"), "float32")
 
 
+@pytest.fixture(scope="module")
+def ref(tiny_models):
+    """The tiny target alone, one engine per test module (a module may shadow it with its
+    own settings, as test_edges.py does)."""
+    llm = make_llm(**engine_kwargs(tiny_models["target"]))
+    yield llm
+    close_llm(llm)
+
+
 def engine_kwargs(model: Path, **extra) -> dict:
     kw = dict(
         model=str(model),

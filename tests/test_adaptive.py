@@ -5,7 +5,7 @@ the target's tokens, windows over steps and preemption losing nothing."""
 from __future__ import annotations
 
 import pytest
-from conftest import PROMPTS, close_llm, engine_kwargs, make_llm, parse_kwargs
+from conftest import PROMPTS, close_llm, make_llm, parse_kwargs
 
 import parse_vllm
 from parse_vllm.window_policy import MIN_WINDOW, exploration_bound
@@ -26,13 +26,6 @@ def sp(max_tokens, **extra_args):
 
 def ids(outs):
     return [list(o.outputs[0].token_ids) for o in outs]
-
-
-@pytest.fixture(scope="module")
-def ref(tiny_models):
-    llm = make_llm(**engine_kwargs(tiny_models["target"]))
-    yield llm
-    close_llm(llm)
 
 
 @pytest.fixture(scope="module")

@@ -33,13 +33,6 @@ GREEDY = dict(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
-def ref(tiny_models):
-    llm = make_llm(**engine_kwargs(tiny_models["target"]))
-    yield llm
-    close_llm(llm)
-
-
-@pytest.fixture(scope="module")
 def draft(tiny_models):
     llm = make_llm(**engine_kwargs(tiny_models["draft"]))
     yield llm
