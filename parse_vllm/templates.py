@@ -90,6 +90,12 @@ class VerificationTemplate:
     def suffix_len(self) -> int:
         return len(self.suffix_ids)
 
+    @property
+    def chat_suffix_ids(self) -> tuple[int, ...]:
+        """The chat suffix alone, without the label extension: the judgment (zero-shot or a
+        judge head) is read at its last token."""
+        return self.suffix_ids[: len(self.suffix_ids) - len(self.labels.extension)]
+
 
 def _render(tokenizer, messages, add_generation_prompt: bool) -> str:
     return tokenizer.apply_chat_template(

@@ -31,7 +31,7 @@ def p_yes(llm, template, sequences: list[list[int]]) -> list[float]:
     from parse_vllm._vllm import SamplingParams
 
     labels = template.labels
-    suffix = list(template.suffix_ids[: len(template.suffix_ids) - len(labels.extension)])  # the chat suffix
+    suffix = list(template.chat_suffix_ids)
     prompts, keys = [], []
     for k, seq in enumerate(sequences):
         for which, ids in (("yes", labels.yes_ids), ("no", labels.no_ids)):

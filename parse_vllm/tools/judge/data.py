@@ -620,12 +620,6 @@ def zero_shot_logits(template, model: Path, hidden: np.ndarray, extension_hidden
     return np.concatenate(out).astype(np.float32)
 
 
-def chat_suffix(template) -> list[int]:
-    """The verification suffix the head reads at: without the label extension."""
-    n = len(template.suffix_ids) - len(template.labels.extension)
-    return list(template.suffix_ids[:n])
-
-
 def feature_rows(job: Job) -> list[dict]:
     """The labelled examples, in order: every whole answer, and the prefixes with a label."""
     return [r for r in read_jsonl(job.path("labels.jsonl")) if r["label"] is not None]
@@ -637,7 +631,7 @@ def stage_features(job: Job) -> None:
     job.check_partial("features")
     rows = feature_rows(job)
     answers = {(a["task"], a["answer"]): a["token_ids"] for a in read_jsonl(job.path("boundaries.jsonl"))}
-    suffix = chat_suffix(job.template)
+    suffix = list(job.template.chat_suffix_ids)
     ext = list(job.template.labels.extension)
     parts = job.path("features")
     parts.mkdir(exist_ok=True)
