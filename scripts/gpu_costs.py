@@ -7,11 +7,14 @@ geometry in GEOMETRIES (Qwen3-0.6B/1.7B/8B/32B, from their config.json):
 
   decode           one new token per sequence over a KV cache of --context tokens,
                    at batch 1, 8, 32 (the target alone's step; the draft's step)
-  window_forward   W new tokens of one sequence after the context (W 16/64/128):
-                   the target's step over a drafted window, logits at every position
+  window_forward   W new tokens per sequence after the context (W 16/64/128): the
+                   target's step over a drafted window, logits at every position;
+                   at batch 1, and at the larger --batches (B sequences, each with
+                   its own context and window: a throughput step)
   verify_forward   a verification forward over K copies of an L-token suffix
                    (K 4/8/16, L --suffix): costed as one forward over K*L new tokens
-                   after the context, logits at K positions
+                   after the context, logits at K positions; at batch 1 and at the
+                   larger --batches (B requests, each with its K copies)
   verify_attention the attention of that pass alone, one layer: the compiled op
                    parse_vllm.ops.prefix_verify_attention (when parse_vllm._C is
                    built for this device) against K per-copy SDPA calls, each copy
@@ -27,9 +30,16 @@ full model's time is extrapolated: (stack time / layers built) x the geometry's
 num_hidden_layers + the head (embedding gather, final norm and LM head over the
 positions whose logits the step needs), the head measured the same way.
 
+Where cases go in the JSON: models[m]["cases"] holds the decode steps at every
+batch and the window and verification forwards at batch 1; models[m]["batch_cases"]
+holds the window and verification forwards at the larger batches (the same fields,
+`batch` > 1).  Cases run in priority order (the batch-1 costs of the first pair
+first, then the larger batches pair by pair), so a run cut by --budget-s keeps
+whole pairs.
+
     python scripts/gpu_costs.py                              # CUDA, bf16, all geometries, JSON to gpu_costs.json
     python scripts/gpu_costs.py --models qwen3-8b qwen3-0.6b --json out.json
-    python scripts/gpu_costs.py --device cpu --tiny          # tiny shapes on the CPU: checks the script, measures nothing
+    python scripts/gpu_costs.py --device cpu --tiny          # tiny shapes on the CPU (batches 1, 8): checks the script, measures nothing
 
 Exit status: 0 when the JSON was written with at least one measured case, 1 when
 no case could be measured, 2 on bad usage or when the device is missing.
@@ -86,6 +96,7 @@ UNITS = {
     "tokens_per_s": "tokens per second of the whole model at that batch (batch / model_ms)",
     "context": "tokens already in the KV cache of each sequence",
     "new_tokens": "tokens the forward computes per sequence",
+    "batch": "sequences in the forward (requests; a verification sequence carries its request's K copies)",
     "logit_positions": "positions the LM head is applied to, over the whole batch",
 }
 
@@ -105,7 +116,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--context", type=int, default=None, help="tokens in the KV cache before the step (1024; 256 --tiny)"
     )
     ap.add_argument("--layers", type=int, default=4, help="decoder layers built per geometry (time scaled to depth)")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="decode batch sizes")
+    ap.add_argument(
+        "--batches",
+        type=int,
+        nargs="+",
+        default=None,
+        help="batch sizes of every decode step, and (those above 1) of the window and verification forwards "
+        "(default: 1 8 32; 1 8 with --tiny, whose batch-32 forwards take a minute on a CPU)",
+    )
     ap.add_argument("--windows", type=int, nargs="+", default=[16, 64, 128], help="window sizes W")
     ap.add_argument("--copies", type=int, nargs="+", default=[4, 8, 16], help="verification copies K")
     ap.add_argument("--suffix", type=int, default=24, help="verification suffix tokens L per copy")
@@ -126,6 +144,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [m for m in args.models if m not in geos]
     if bad:
         ap.error(f"unknown geometries {bad}: choose from {sorted(geos)}" + ("" if args.tiny else " (or --tiny)"))
+    if args.batches is None:
+        args.batches = [1, 8] if args.tiny else [1, 8, 32]
+    args.batches = list(dict.fromkeys(args.batches))
     if args.context is None:
         args.context = 256 if args.tiny else 1024
     if min([args.context, args.layers, args.suffix, *args.batches, *args.windows, *args.copies]) < 1:
@@ -435,32 +456,41 @@ def attention_case(g: Geometry, timer: Timer, context: int, copies: int, suffix:
 
 
 def plan(args) -> list[tuple]:
-    """The cases in the order they run: the first pair's costs first, so that a run cut
-    short by the time budget still has one pair complete. Items: (kind, model, size)."""
+    """The cases in the order they run: every pair's batch-1 costs first (the first pair's
+    first), then the larger batches model by model in the same order (a target's decode
+    steps and its window and verification forwards at each batch, a draft's decode
+    steps), so that a run cut short by the time budget still has whole pairs.
+    Items: (kind, model, size, batch); size is the batch (decode), W or K."""
     all_pairs = TINY_PAIRS if args.tiny else PAIRS
     pairs = [(d, t) for d, t in all_pairs if d in args.models and t in args.models]
     order = list(dict.fromkeys([m for p in pairs for m in reversed(p)] + list(args.models)))
     targets = {t for _, t in all_pairs}  # a target's window and verification costs, with its draft or not
+    larger = [b for b in args.batches if b > 1]  # the forwards' batches besides 1
     cases = []
     for m in order:
-        first_batch = args.batches[:1]
-        cases += [("decode", m, b) for b in first_batch]
+        cases += [("decode", m, b, b) for b in args.batches[:1]]
         if m in targets:
-            cases += [("window_forward", m, w) for w in args.windows]
-            cases += [("verify_forward", m, k) for k in args.copies]
-            cases += [("verify_attention", m, k) for k in args.copies]
+            cases += [("window_forward", m, w, 1) for w in args.windows]
+            cases += [("verify_forward", m, k, 1) for k in args.copies]
+            cases += [("verify_attention", m, k, 1) for k in args.copies]
     for m in order:
-        cases += [("decode", m, b) for b in args.batches[1:]]
+        cases += [("decode", m, b, b) for b in args.batches[1:]]
+        if m in targets:
+            for b in larger:
+                cases += [("window_forward", m, w, b) for w in args.windows]
+                cases += [("verify_forward", m, k, b) for k in args.copies]
     return cases
 
 
 def new_tokens(kind: str, size: int, suffix: int) -> tuple[int, int]:
-    """(batch, new tokens per sequence) of a case."""
+    """(new tokens per sequence, logit positions per sequence) of a case: logits at every
+    decoded token, at every window position, at one position per verification copy (the
+    label's token right after its suffix)."""
     if kind == "decode":
-        return size, 1
+        return 1, 1
     if kind == "window_forward":
-        return 1, size
-    return 1, size * suffix  # verify_forward: K copies of L tokens, costed as one sequence
+        return size, size
+    return size * suffix, size  # verify_forward: K copies of L tokens, costed as one sequence per request
 
 
 def run(args) -> dict:
@@ -478,12 +508,14 @@ def run(args) -> dict:
     errors: list[dict] = []
     built: dict[str, tuple[Stack, Head]] = {}
     heads_ms: dict[tuple[str, int], dict] = {}
-    for kind, m, size in plan(args):
+    for kind, m, size, batch in plan(args):
         if time.monotonic() - t_start > args.budget_s:
-            not_measured.append({"case": kind, "model": m, "size": size, "why": f"time budget {args.budget_s:g} s"})
+            not_measured.append(
+                {"case": kind, "model": m, "size": size, "batch": batch, "why": f"time budget {args.budget_s:g} s"}
+            )
             continue
         g = geos[m]
-        entry = models.setdefault(m, {"geometry": asdict(g), "cases": []})
+        entry = models.setdefault(m, {"geometry": asdict(g), "cases": [], "batch_cases": []})
         try:
             if m not in built:
                 if len(built) >= 1:  # one geometry's weights on the device at a time
@@ -502,10 +534,8 @@ def run(args) -> dict:
                     a["model_sdpa_per_copy_ms"] = a["sdpa_per_copy_ms"] * g.num_hidden_layers
                 attention.append(a)
                 continue
-            batch, new = new_tokens(kind, size, args.suffix)
-            # logits: every decoded token, every window position, one per verification copy
-            # (the label's token right after its suffix): `size` positions in each kind
-            pos = size
+            new, per_seq = new_tokens(kind, size, args.suffix)
+            pos = batch * per_seq  # the head runs over the whole batch's positions
             if (m, pos) not in heads_ms:
                 heads_ms[(m, pos)] = head_case(head, timer, pos)
             h = heads_ms[(m, pos)]
@@ -526,9 +556,11 @@ def run(args) -> dict:
                 c.update(copies=size, suffix_tokens=args.suffix)
             if kind == "window_forward":
                 c["window"] = size
-            entry["cases"].append(c)
+            entry["batch_cases" if kind != "decode" and batch > 1 else "cases"].append(c)
         except Exception as e:
-            errors.append({"case": kind, "model": m, "size": size, "error": f"{type(e).__name__}: {e}"[:400]})
+            errors.append(
+                {"case": kind, "model": m, "size": size, "batch": batch, "error": f"{type(e).__name__}: {e}"[:400]}
+            )
             if device.type == "cuda" and isinstance(e, torch.cuda.OutOfMemoryError):
                 built.clear()
                 torch.cuda.empty_cache()
@@ -576,7 +608,10 @@ def run(args) -> dict:
             "LM head over logit_positions positions, measured alone. verify_forward is one forward over "
             "copies x suffix_tokens new tokens after the context, causal over all of them: an upper bound on the "
             "copies' attention (each sees only its own prefix and suffix), the rest of the layer exact; "
-            "verify_attention gives that attention alone per layer (model_* = x num_hidden_layers)."
+            "verify_attention gives that attention alone per layer (model_* = x num_hidden_layers). At batch B "
+            "(batch_cases, and decode at every batch) the forward carries B sequences of new_tokens each, every "
+            "one over its own context-token cache, logits at B x the per-sequence positions: equal lengths, where "
+            "a real engine step mixes requests of different lengths and contexts."
         ),
         "units": UNITS,
         "pairs": pairs,
@@ -605,7 +640,7 @@ def device_info(device) -> dict:
 
 
 def measured_cases(report: dict) -> int:
-    return sum(len(m["cases"]) for m in report["models"].values()) + sum(
+    return sum(len(m["cases"]) + len(m.get("batch_cases", [])) for m in report["models"].values()) + sum(
         1 for a in report["verify_attention"] if "op_ms" in a or "sdpa_per_copy_ms" in a
     )
 
@@ -631,6 +666,13 @@ def table(report: dict) -> str:
             for k, v in by.items()
         ]
         lines.append(f"  {name:<12} " + "; ".join(parts))
+        for b in dict.fromkeys(c["batch"] for c in m.get("batch_cases", [])):
+            by = {}
+            for c in (c for c in m["batch_cases"] if c["batch"] == b):
+                key = "window" if c["case"] == "window_forward" else "copies"
+                by.setdefault(c["case"], []).append(f"{c[key]}: {fmt(c['model_ms'])}")
+            parts = [f"{k} ({'W' if k == 'window_forward' else 'K'}) " + ", ".join(v) for k, v in by.items()]
+            lines.append(f"  {'':<12} at batch {b}: " + "; ".join(parts))
     for a in report["verify_attention"]:
         lines.append(
             f"  {a['model']:<12} verify attention, one layer, K {a['copies']} x L {a['suffix_tokens']}: "

@@ -74,10 +74,21 @@ def test_tiny_cpu_run_measures_every_planned_case(tiny_costs):
         ("verify_forward", 1, 2 * 24, 2),  # K copies of the 24-token suffix, one logit per copy
         ("verify_forward", 1, 4 * 24, 4),
     }
+    # the forwards at the larger batch: 4 sequences of W tokens (logits at each), of K x 24 tokens (K logits each)
+    got = {(x["case"], x["batch"], x["new_tokens"], x["logit_positions"]) for x in target["batch_cases"]}
+    assert got == {
+        ("window_forward", 4, 8, 4 * 8),
+        ("window_forward", 4, 16, 4 * 16),
+        ("verify_forward", 4, 2 * 24, 4 * 2),
+        ("verify_forward", 4, 4 * 24, 4 * 4),
+    }
+    assert {x["window"] for x in target["batch_cases"] if x["case"] == "window_forward"} == {8, 16}
+    assert {x["copies"] for x in target["batch_cases"] if x["case"] == "verify_forward"} == {2, 4}
     assert {(x["case"], x["batch"]) for x in draft["cases"]} == {("decode", 1), ("decode", 4)}  # a draft only decodes
+    assert draft["batch_cases"] == []
     for m in (target, draft):
         depth = m["geometry"]["num_hidden_layers"]
-        for x in m["cases"]:  # the stated extrapolation is what the numbers are
+        for x in m["cases"] + m["batch_cases"]:  # the stated extrapolation is what the numbers are
             assert x["layer_ms"] == pytest.approx(x["stack_ms"] / x["layers_built"])
             assert x["model_ms"] == pytest.approx(x["layer_ms"] * depth + x["head_ms"])
             assert x["context"] == 64 and x["timing"] == "eager"
@@ -91,7 +102,7 @@ def test_tiny_cpu_run_measures_every_planned_case(tiny_costs):
             assert a["op_speedup_vs_sdpa_per_copy"] == pytest.approx(a["sdpa_per_copy_ms"] / a["op_ms"])
         else:
             assert a["op"].startswith("not measured")
-    assert "tiny-target" in r.stdout and "verify attention" in r.stdout
+    assert "tiny-target" in r.stdout and "verify attention" in r.stdout and "at batch 4: window_forward (W) 8: " in r.stdout
 
 
 def test_time_budget_leaves_cases_out_and_says_so(tmp_path):
@@ -99,8 +110,27 @@ def test_time_budget_leaves_cases_out_and_says_so(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr  # nothing measured
     c = json.loads(out.read_text())
     assert c["models"] == {} and c["verify_attention"] == []
-    assert len(c["not_measured"]) == 2 * 2 + 2 + 2 + 2  # decodes of both, windows, verify forwards and attention
+    # decodes of both at batch 1 and 4; the target's windows, verify forwards and attention at batch 1;
+    # its windows and verify forwards at batch 4
+    assert len(c["not_measured"]) == 2 * 2 + 2 + 2 + 2 + 2 + 2
     assert {x["why"] for x in c["not_measured"]} == {"time budget 0 s"}
+    # the order they would have run in: every batch-1 cost first, then batch 4 model by model
+    assert [(x["case"], x["model"], x["size"], x["batch"]) for x in c["not_measured"]] == [
+        ("decode", "tiny-target", 1, 1),
+        ("window_forward", "tiny-target", 8, 1),
+        ("window_forward", "tiny-target", 16, 1),
+        ("verify_forward", "tiny-target", 2, 1),
+        ("verify_forward", "tiny-target", 4, 1),
+        ("verify_attention", "tiny-target", 2, 1),
+        ("verify_attention", "tiny-target", 4, 1),
+        ("decode", "tiny-draft", 1, 1),
+        ("decode", "tiny-target", 4, 4),
+        ("window_forward", "tiny-target", 8, 4),
+        ("window_forward", "tiny-target", 16, 4),
+        ("verify_forward", "tiny-target", 2, 4),
+        ("verify_forward", "tiny-target", 4, 4),
+        ("decode", "tiny-draft", 4, 4),
+    ]
 
 
 def test_bad_usage_and_a_missing_gpu_exit_2(tmp_path):
