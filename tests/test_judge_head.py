@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from parse_vllm.judge_head import HeadIdentity, JudgeHead, JudgeHeadError, ReadOut, logit_threshold
+from parse_vllm.judge_head import HeadIdentity, JudgeHead, JudgeHeadError, ReadOut, judgment_passes, logit_threshold
 
 H = 8
 
@@ -88,15 +88,26 @@ def test_bad_files_are_refused_with_the_path(tmp_path):
         JudgeHead(np.zeros(3), 0.0, np.zeros(H), np.ones(H), ("hidden",), _identity())
 
 
-def test_thresholds_compare_in_log_odds_and_one_never_passes():
-    """P(yes) rounds to exactly 1.0 in float32 once the log-odds pass ~17: compared as
-    probabilities, τ = 1 would pass such a judgment. In log-odds it never does."""
-    z = np.array([-3.0, 0.0, 20.0, 200.0])
-    assert (torch.sigmoid(torch.tensor(z, dtype=torch.float32)) >= 1.0).tolist() == [False, False, True, True]
-    assert (z >= logit_threshold(1.0)).tolist() == [False] * 4
-    assert (z >= logit_threshold(0.5)).tolist() == [False, True, True, True]
-    assert (z >= logit_threshold(0.0)).tolist() == [True] * 4
-    assert logit_threshold(np.array([0.8]))[0] == pytest.approx(np.log(4.0))
+def test_judgment_passes_at_the_edges_of_z_and_tau():
+    """z = log-odds of a judgment, compared with logit(τ) in float64. τ = 1 passes nothing,
+    not even z = +inf (a P(yes) that rounds to 1.0); τ = 0 passes everything, even z = -inf;
+    in between, z passes exactly when z >= log(τ / (1 - τ)): logit(0.5) = 0, logit(0.8) =
+    log 4 = 1.3863, logit(0.2) = -log 4."""
+    inf = np.inf
+    F, T = False, True
+    z = np.array([-inf, -200.0, -1.3863, -1.3862, 0.0, 1.3862, 1.3863, 20.0, inf])
+    assert judgment_passes(z, 1.0).tolist() == [F] * 9
+    assert judgment_passes(z, 1.5).tolist() == [F] * 9  # τ > 1: never drafts, never passes
+    assert judgment_passes(z, 0.0).tolist() == [T] * 9
+    assert judgment_passes(z, 0.5).tolist() == [F, F, F, F, T, T, T, T, T]
+    assert judgment_passes(z, 0.8).tolist() == [F, F, F, F, F, F, T, T, T]
+    assert judgment_passes(z, 0.2).tolist() == [F, F, F, T, T, T, T, T, T]
+    assert judgment_passes(np.array([inf]), 0.999999).tolist() == [True]
+    assert judgment_passes(np.array([-inf]), 1e-12).tolist() == [False]
+    assert judgment_passes(np.array([]), 0.5).shape == (0,)
+    # the thresholds themselves, by hand
+    assert logit_threshold(0.0) == -inf and logit_threshold(1.0) == inf and logit_threshold(0.5) == 0.0
+    assert logit_threshold(np.array([0.8]))[0] == pytest.approx(1.3862944, abs=1e-7)
 
 
 # -- in an engine -------------------------------------------------------------------------

@@ -75,16 +75,37 @@ def run(policy: WindowPolicy, judge, answer_tokens: int, k_accepts: float = 2.0)
     return opened, windows_drafted, token_level
 
 
-@pytest.mark.parametrize("answer", [100, 384, 2000])
-def test_a_judge_that_always_rejects_costs_a_bounded_exploration(answer):
-    """Every window rejected at its first token: windows of MIN_WINDOW at growing
-    intervals, never more draft tokens on windows than the stated bound."""
+@pytest.mark.parametrize(
+    "answer, windows, bound",
+    [
+        # Worked by hand. The first window opens at output token 0 and is rejected (1 token
+        # out: the target's); each back-off (16, 32, 64, ... output tokens, doubling with
+        # every rejection in a row) runs on the token-level arm at 3 tokens a step (k 4, 2
+        # accepted + 1), so the probes open at output tokens 0, 19, 53, 120, 250, 509, 1023:
+        # 3 of them before token 100, 5 before 384, 7 before 2000.
+        # exploration_bound(N) = 16 * (1 + floor(log2(N / 16 + 1))):
+        #   N = 100: log2(7.25) = 2.86 -> 3 probes, 48; N = 384: log2(25) = 4.64 -> 5, 80;
+        #   N = 2000: log2(126) = 6.98 -> 7, 112.
+        (100, 3, 48),
+        (384, 5, 80),
+        (2000, 7, 112),
+    ],
+)
+def test_a_judge_that_always_rejects_costs_a_bounded_exploration(answer, windows, bound):
+    """Every window rejected at its first token: windows of MIN_WINDOW at the back-off's
+    doubling intervals, as many as the stated bound allows and no more."""
+    assert (MIN_WINDOW, FIRST_BACKOFF) == (16, 16)  # the hand-worked numbers assume these
     policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30)
     gpu_like(policy)
     opened, drafted, _ = run(policy, lambda i, w: 0, answer)
-    assert set(opened) == {MIN_WINDOW}
-    assert drafted <= exploration_bound(answer)
-    assert exploration_bound(384) == MIN_WINDOW * (1 + int(np.log2(384 / FIRST_BACKOFF + 1)))
+    assert opened == [MIN_WINDOW] * windows and drafted == bound
+    assert exploration_bound(answer) == bound
+
+
+def test_exploration_bound_at_the_back_off_edges():
+    """By hand: N / 16 + 1 reaches 2 (one doubling) at N = 16 and 4 at N = 48."""
+    assert [exploration_bound(n) for n in (1, 15, 16, 47, 48)] == [16, 16, 32, 32, 48]
+    assert exploration_bound(100, min_window=8, first_backoff=4) == 8 * (1 + 4)  # log2(26) = 4.70
 
 
 def test_a_judge_that_always_accepts_grows_windows_to_w():
@@ -114,17 +135,47 @@ def test_alternating_judgments_keep_probing_and_never_run_away():
     assert token_level > 0
 
 
+CPU_THETA = np.array([5e-3, 5e-3, 0.02, 1e-3, 5e-3, 5e-3, 0.02])  # s per FEATURES unit
+GPU_THETA = np.array([1e-3, 0.02, 1e-5, 2e-3, 1e-6, 0.02, 1e-5])
+
+
 def test_where_tokens_cost_compute_the_token_level_arm_wins():
-    """A CPU-like cost model, a judge that takes half a window: the target's forward over
-    a window costs as many steps as it has tokens, so token-level k 4 (2 accepted a
-    step) has the higher goodput and the request stays with it (probing only after
-    rejections, none here)."""
+    """A CPU-like cost (θ = CPU_THETA set, not fitted), batch 1, k 4, chunk 2, 30 suffix
+    tokens a judgment; the request's token-level record is 20 accepted of 10 drafts.
+
+    By hand: the token-level step runs x = [1, 1, k+1, k, k, 0, 0] = [1, 1, 5, 4, 4, 0, 0],
+    0.005 + 0.005 + 0.1 + 0.004 + 0.02 = 0.134 s; accepted per draft (20 + 4·2)/(10 + 4) = 2
+    (the engine's record, the prior, is the same 2), so (2 + 1) / 0.134 = 22.388 tokens/s.
+    A window of w runs x = [w/2, 1, w+1, w, w, 1, 30]: w 16 costs 0.04 + 0.005 + 0.34 +
+    0.016 + 0.08 + 0.005 + 0.6 = 1.086 s and yields E[taken | ρ 0.5] + 1 = 2 - 0.5^16, 1.8416
+    tokens/s; w 32: 1.542 s, 1.2970; w 64: 2.454 s, 0.8150; w 128: 4.278 s, 0.4675. The
+    token-level arm wins, and the request stays with it for FIRST_BACKOFF tokens."""
     policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30)
-    cpu_like(policy)
+    policy.costs.theta = CPU_THETA.copy()
     r = RequestPolicy()
     policy.token_level_verified(r, 10, 20)
-    assert policy.goodput_token_level(r) > max(policy.goodput_window(0.5, w) for w in window_sizes(W))
-    assert policy.decide(r, room=500).window == 0 and r.backoff_left == FIRST_BACKOFF
+    assert policy.goodput_token_level(r) == pytest.approx(3 / 0.134, rel=1e-9)
+    got = [policy.goodput_window(0.5, w) for w in window_sizes(W)]
+    assert got == pytest.approx([(2 - 0.5**16) / 1.086, 2 / 1.542, 2 / 2.454, 2 / 4.278], rel=1e-4)
+    assert policy.decide(r, room=500).window == 0 and r.backoff_left == FIRST_BACKOFF == 16
+
+
+def test_where_forwards_cost_the_same_for_any_tokens_a_first_window_wins():
+    """A GPU-like cost (θ = GPU_THETA), a fresh request: no record, so ρ is the optimistic
+    0.98 (32 prior tokens at 0.98) and the token-level arm is assumed to accept k/2 = 2.
+
+    By hand: token-level x = [1, 1, 5, 4, 4, 0, 0]: 0.001 + 0.02 + 5e-5 + 0.008 + 4e-6 =
+    0.029054 s, 3 / 0.029054 = 103.26 tokens/s. The first window is MIN_WINDOW = 16 tokens:
+    x = [8, 1, 17, 16, 16, 1, 30], 0.008 + 0.02 + 1.7e-4 + 0.032 + 1.6e-5 + 0.02 + 3e-4 =
+    0.080486 s; E[taken] = 0.98 (1 - 0.98^16) / 0.02 = 49 (1 - 0.723798) = 13.5339, so
+    14.5339 / 0.080486 = 180.58 tokens/s: the window wins."""
+    policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30)
+    policy.costs.theta = GPU_THETA.copy()
+    r = RequestPolicy()
+    assert policy.rho(r) == pytest.approx(0.98)
+    assert policy.goodput_token_level(r) == pytest.approx(3 / 0.029054, rel=1e-9)
+    assert policy.goodput_window(0.98, 16) == pytest.approx(14.5339 / 0.080486, rel=1e-4)
+    assert policy.decide(r, room=500).window == 16 and r.backoff_left == 0
 
 
 def test_the_cost_model_recovers_step_costs():
