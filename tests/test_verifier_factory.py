@@ -1,19 +1,36 @@
-"""verify.factory: the verifier chosen once from the configuration (process 0),
-so that the scheduler holds scratch blocks back only for the forked one."""
+"""verify.factory: the verifier chosen once from the configuration and the recorded
+kernel measurements (process 0), so that the scheduler holds scratch blocks back only
+for the forked one."""
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from parse_vllm.config import ParseConfigError
 from parse_vllm.verify import factory, scratch_block_count
 
+ROOT = Path(__file__).resolve().parents[1]
+H100 = "NVIDIA H100 80GB HBM3"
 
-def _config(*, head_size=64, cache_dtype="auto", fuse_attn_quant=False, kv_transfer=None, eager=False, dcp=1):
+
+def _config(
+    *,
+    head_size=64,
+    cache_dtype="auto",
+    fuse_attn_quant=False,
+    kv_transfer=None,
+    eager=False,
+    dcp=1,
+    dtype=torch.bfloat16,
+):
     return SimpleNamespace(
-        model_config=SimpleNamespace(get_head_size=lambda: head_size, enforce_eager=eager),
+        model_config=SimpleNamespace(get_head_size=lambda: head_size, enforce_eager=eager, dtype=dtype),
         cache_config=SimpleNamespace(cache_dtype=cache_dtype),
         compilation_config=SimpleNamespace(mode=3, pass_config=SimpleNamespace(fuse_attn_quant=fuse_attn_quant)),
         parallel_config=SimpleNamespace(decode_context_parallel_size=dcp),
@@ -21,16 +38,60 @@ def _config(*, head_size=64, cache_dtype="auto", fuse_attn_quant=False, kv_trans
     )
 
 
+def _entry(version="v-test", device=H100, capability="9.0", speedup=2.0, slower_at=(), shapes=None, **per_copy):
+    """A measurement of kernel `version` on `device`: the op `speedup` times faster than K per-copy
+    SDPA calls at every goal shape, 2x slower at those in `slower_at`; `per_copy` adds other
+    baselines (name=us) to every row."""
+    rows = [
+        dict(
+            ctx=c, K=k, Hq=hq, Hkv=hkv, D=128, L=24, op_us=100.0,
+            per_copy_us={"sdpa": 50.0 if (c, k, hq, hkv) in slower_at else 100.0 * speedup, **per_copy},
+        )
+        for c, k, hq, hkv in (factory.GOAL_SHAPES if shapes is None else shapes)
+    ]  # fmt: skip
+    return dict(
+        kernel_version=version, device=device, capability=capability, date="2026-12-01", dtype="bfloat16",
+        source="a test", rows=rows,
+    )  # fmt: skip
+
+
 @pytest.fixture
-def cuda_op(monkeypatch):
-    """As on a GPU build for Ampere to Hopper, on an H100: the compiled op has a CUDA kernel."""
+def record(tmp_path, monkeypatch):
+    """record(*entries): those measurements become the shipped record."""
+
+    def write(*entries):
+        path = tmp_path / "kernel_measurements.json"
+        path.write_text(json.dumps({"schema": factory.MEASUREMENTS_SCHEMA, "measurements": list(entries)}))
+        monkeypatch.setattr(factory, "MEASUREMENTS_PATH", path)
+        return path
+
+    return write
+
+
+@pytest.fixture
+def log(monkeypatch):
+    """The factory's log lines."""
+    lines: list[str] = []
+    monkeypatch.setattr(factory, "logger", SimpleNamespace(info=lambda msg, *args: lines.append(msg % args)))
+    return lines
+
+
+@pytest.fixture
+def cuda_op(monkeypatch, record):
+    """As on a GPU build for Ampere to Hopper, on an H100: the compiled op has a CUDA kernel
+    (version "v-test" in every dtype), and the record shows that version faster there, in
+    bf16 (the engines' dtype here), at every goal shape."""
     monkeypatch.setattr(factory._ops, "has_cuda_op", lambda: True)
     monkeypatch.setattr(factory._ops, "SUPPORTED_HEAD_SIZES", (32, 64, 80, 96, 128, 256))
     monkeypatch.setattr(factory._ops, "cuda_archs", lambda: ("8.0", "8.6", "8.9", "9.0"))
     monkeypatch.setattr(factory._vllm, "cuda_device_capability", lambda: (9, 0))
+    monkeypatch.setattr(factory._vllm, "cuda_device_name", lambda: H100)
+    monkeypatch.setattr(factory, "kernel_version", lambda dtype: "v-test")
+    record(_entry())
 
 
 def test_auto_is_the_kernel_where_the_configuration_allows_it_and_holds_no_scratch(cuda_op):
+    """(The fixture's record shows this kernel faster on this GPU; the tests below vary that.)"""
     assert factory.resolve("auto", _config(), on_cuda=True) == "kernel"
     assert scratch_block_count(0, 1000, "kernel") == 0
     assert scratch_block_count(0, 1000, "forked") > 0
@@ -60,6 +121,172 @@ def test_attention_quant_fusion_needs_compilation(cuda_op):
     assert factory.resolve("auto", _config(fuse_attn_quant=True, eager=True), on_cuda=True) == "kernel"
 
 
+def test_auto_takes_the_kernel_measured_faster_on_this_gpu(cuda_op, log):
+    """One log line names the measurement behind the choice."""
+    assert factory.resolve("auto", _config(), on_cuda=True) == "kernel"
+    (line,) = log
+    assert line.startswith(
+        "PARSE: kernel verification (kernel v-test measured on NVIDIA H100 80GB HBM3 (sm_90) on 2026-12-01"
+    )
+    assert "faster than K per-copy attention calls at all 8 goal shapes" in line
+    assert "2.00x" in line
+
+
+def test_auto_takes_forked_where_this_kernel_was_measured_slower(cuda_op, record, log):
+    """Slower at one goal shape is enough: the line says where, by how much, and from what."""
+    record(_entry(slower_at=[(32768, 16, 8, 2)]))
+    assert factory.resolve("auto", _config(), on_cuda=True) == "forked"
+    (line,) = log
+    assert line.startswith("PARSE: forked-block-table verification; the kernel could run but is not chosen: ")
+    assert (
+        "kernel v-test measured on NVIDIA H100 80GB HBM3 (sm_90) on 2026-12-01, kernel_measurements.json: "
+        "the op is slower than K per-copy attention calls at 1 of 8 goal shapes "
+        "(worst ctx 32768 K 16 8:2: 100 us against 50 us for K per-copy sdpa calls, 2.00x)"
+    ) in line
+
+
+def test_the_alternative_is_the_fastest_per_copy_baseline_recorded(cuda_op, record, log):
+    """Where the run also timed K per-copy flash-attn calls (closer to vLLM's FlashAttention
+    than SDPA over gathered prefixes), the op must beat those too."""
+    record(_entry(speedup=3.0, flash=90.0))
+    assert factory.resolve("auto", _config(), on_cuda=True) == "forked"
+    assert "at 8 of 8 goal shapes" in log[-1] and "against 90 us for K per-copy flash calls, 1.11x" in log[-1]
+
+
+@pytest.mark.parametrize(
+    "version, entries, why",
+    [
+        ("v-new", [_entry()], "kernel v-new has no recorded bfloat16 measurement in kernel_measurements.json"),
+        (None, [_entry()], "this build of the op reports no cuda_kernel_version(), so no recorded measurement is of it"),
+        ("v-test", [_entry(device="NVIDIA A100-SXM4-80GB", capability="8.0")], "was measured on NVIDIA A100-SXM4-80GB (sm_80), not on this GPU (NVIDIA H100 80GB HBM3 sm_90)"),
+        ("v-test", [{**_entry(), "dtype": "float32"}], "kernel v-test has no recorded bfloat16 measurement"),
+        ("v-test", [_entry(shapes=factory.GOAL_SHAPES[:-1])], "does not cover 1 of the 8 goal shapes (ctx 8192 K 8 32:8, ...)"),
+        ("v-test", [_entry(shapes=[(c, k, hq * 2, hkv) for c, k, hq, hkv in factory.GOAL_SHAPES])], "does not cover 8 of the 8"),
+    ],
+)  # fmt: skip
+def test_a_kernel_not_measured_faster_here_is_not_trusted(cuda_op, record, log, monkeypatch, version, entries, why):
+    """A new kernel build (another kernel_version), one without a version, one measured only
+    on another architecture, in another dtype, or not at every goal shape: forked, saying so."""
+    monkeypatch.setattr(factory, "kernel_version", lambda dtype: version)
+    record(*entries)
+    assert factory.resolve("auto", _config(), on_cuda=True) == "forked"
+    assert why in log[-1]
+
+
+def test_the_measurement_is_of_the_kernel_and_dtype_the_target_runs_in(cuda_op, record, log, monkeypatch):
+    """The op reports a version per dtype (one kernel may serve bf16/fp16, another float32):
+    the record must hold that version measured in the target's dtype."""
+    versions = {torch.bfloat16: "v-test", torch.float16: "v-test", torch.float32: "cc-test"}
+    monkeypatch.setattr(factory, "kernel_version", lambda dtype: versions[dtype])
+    assert factory.resolve("auto", _config(dtype=torch.bfloat16), on_cuda=True) == "kernel"
+    assert factory.resolve("auto", _config(dtype=torch.float32), on_cuda=True) == "forked"
+    assert "kernel cc-test has no recorded float32 measurement" in log[-1]
+    assert factory.resolve("auto", _config(dtype=torch.float16), on_cuda=True) == "forked"
+    assert "kernel v-test has no recorded float16 measurement" in log[-1]
+    record(_entry(), {**_entry("cc-test"), "dtype": "float32"})
+    assert factory.resolve("auto", _config(dtype=torch.float32), on_cuda=True) == "kernel"
+
+
+def test_the_installed_op_reports_its_kernel_version_or_none():
+    """Read defensively: a build without cuda_kernel_version (every build before it) is None,
+    never an error."""
+    version = factory.kernel_version(torch.bfloat16)
+    assert version is None or (isinstance(version, str) and version)
+
+
+def test_a_measurement_counts_by_device_name_then_by_architecture(cuda_op, record, log):
+    """Another GPU of the same architecture counts where this GPU has no measurement of its
+    own (the line says so); this GPU's own measurement wins; where several count, all must
+    show the op faster."""
+    record(_entry(device="NVIDIA H200"))
+    assert factory.resolve("auto", _config(), on_cuda=True) == "kernel"
+    assert "measured on NVIDIA H200 (sm_90; this GPU, NVIDIA H100 80GB HBM3 sm_90, has its architecture)" in log[-1]
+    record(_entry(device="NVIDIA H200"), _entry(slower_at=factory.GOAL_SHAPES[:1]))
+    assert factory.resolve("auto", _config(), on_cuda=True) == "forked"
+    assert "measured on NVIDIA H100 80GB HBM3 (sm_90) on" in log[-1]
+    record(_entry(device="NVIDIA H200"), _entry(device="NVIDIA H20", slower_at=factory.GOAL_SHAPES[:1]))
+    assert factory.resolve("auto", _config(), on_cuda=True) == "forked"
+    assert "measured on NVIDIA H20 (sm_90;" in log[-1]
+    record(_entry(device=H100.lower()))  # names compare without case
+    assert factory.resolve("auto", _config(), on_cuda=True) == "kernel"
+
+
+@pytest.mark.parametrize("text", [None, "{not json", json.dumps({"schema": "other", "measurements": []}),
+                                  json.dumps({"schema": factory.MEASUREMENTS_SCHEMA, "measurements": [{"device": 1}]})])  # fmt: skip
+def test_a_missing_or_broken_record_is_no_measurement(cuda_op, tmp_path, monkeypatch, log, text):
+    """Never an error at start (a wheel built without the record, a hand-edited file): forked,
+    saying why. The committed record is checked below."""
+    path = tmp_path / "record.json"
+    if text is not None:
+        path.write_text(text)
+    monkeypatch.setattr(factory, "MEASUREMENTS_PATH", path)
+    assert factory.resolve("auto", _config(), on_cuda=True) == "forked"
+    assert "the record of kernel measurements cannot be read (" in log[-1]
+    assert factory.resolve("kernel", _config(), on_cuda=True) == "kernel"
+
+
+def test_kernel_is_forced_where_it_runs_whatever_the_record_says(cuda_op, record, log, monkeypatch):
+    """parse.verifier='kernel' keeps its meaning: the kernel wherever it can run, with a line
+    saying what the record says when it does not show it faster."""
+    record(_entry(slower_at=factory.GOAL_SHAPES))
+    assert factory.resolve("kernel", _config(), on_cuda=True) == "kernel"
+    assert log[-1].startswith("PARSE: kernel verification, as parse.verifier='kernel' asks (kernel v-test measured")
+    assert "slower than K per-copy attention calls at 8 of 8 goal shapes" in log[-1]
+    monkeypatch.setattr(factory, "kernel_version", lambda dtype: None)
+    assert factory.resolve("kernel", _config(), on_cuda=True) == "kernel"
+    assert "reports no cuda_kernel_version()" in log[-1]
+    with pytest.raises(ParseConfigError, match="head size 48"):  # where it cannot run, still refused
+        factory.resolve("kernel", _config(head_size=48), on_cuda=True)
+
+
+def _docs_section() -> str:
+    text = (ROOT / "docs" / "compiled-op.md").read_text()
+    start = text.index("## Which verifier `auto` chooses")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end > 0 else None]
+
+
+def test_the_committed_record_parses_and_matches_the_docs():
+    """The shipped record: every entry well formed; its first entry is the H200 run of the
+    first kernel (slower than K per-copy SDPA calls at 6 of the 8 goal shapes, so forked),
+    and docs/compiled-op.md states that rule, those numbers and that verdict."""
+    entries = factory.load_measurements()
+    assert factory.MEASUREMENTS_PATH == ROOT / "parse_vllm" / "verify" / "kernel_measurements.json"
+    assert len({(e["kernel_version"], e["device"], e["date"]) for e in entries}) == len(entries)
+    h200 = entries[0]
+    assert (h200["kernel_version"], h200["device"], h200["capability"], h200["dtype"]) == (
+        "fa7a92d8fb544974", "NVIDIA H200", "9.0", "bfloat16",
+    )  # fmt: skip
+    faster, why = factory.entry_verdict(h200)
+    assert not faster and "slower than K per-copy attention calls at 6 of 8 goal shapes" in why
+    assert factory.measured_verdict("fa7a92d8fb544974", "bfloat16", "NVIDIA H200", (9, 0), entries)[0] is False
+
+    docs = _docs_section()
+    for needed in ("kernel_measurements.json", "fa7a92d8fb544974", "cuda_kernel_version(dtype)", "6 of the 8 goal shapes",
+                   "parse.verifier='kernel'", "anchor.json"):  # fmt: skip
+        assert needed in " ".join(docs.split()), needed
+    rows = {(r["ctx"], r["K"], r["Hq"], r["Hkv"]): r for r in h200["rows"]}
+    table = re.findall(r"^\| (\d+) \| (\d+) \| (\d+):(\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)x \|", docs, re.M)
+    assert {tuple(int(x) for x in t[:4]) for t in table} == set(factory.GOAL_SHAPES)
+    for *shape, op, per_copy, ratio in table:
+        row = rows[tuple(int(x) for x in shape)]
+        assert float(op) == row["op_us"] and float(per_copy) == row["per_copy_us"]["sdpa"], shape
+        assert ratio == f"{row['op_us'] / row['per_copy_us']['sdpa']:.2f}", shape
+
+
+def test_the_first_entry_is_the_h200_run_it_names():
+    """Its numbers are those of the file it cites (where the shared results are at hand)."""
+    h200 = factory.load_measurements()[0]
+    source = ROOT / h200["source"].split(" ")[0]
+    if not source.exists():
+        pytest.skip(f"{source} is not here")
+    anchor = json.loads(source.read_text())
+    assert anchor["device"] == h200["device"] and anchor["torch"] == h200["torch"]
+    assert [(r["ctx"], r["K"], r["Hq"], r["Hkv"], r["op_us"], r["sdpa_us"], r.get("flex_us")) for r in anchor["rows"]] == [
+        (r["ctx"], r["K"], r["Hq"], r["Hkv"], r["op_us"], r["per_copy_us"]["sdpa"], r.get("flex_us")) for r in h200["rows"]
+    ]  # fmt: skip
+
+
 def test_cpu_and_builds_without_the_cuda_kernel_use_forked(monkeypatch):
     assert factory.resolve("auto", _config(), on_cuda=False) == "forked"
     monkeypatch.setattr(factory._ops, "has_cuda_op", lambda: False)
@@ -68,16 +295,22 @@ def test_cpu_and_builds_without_the_cuda_kernel_use_forked(monkeypatch):
         factory.resolve("kernel", _config(), on_cuda=True)
 
 
-def test_a_gpu_the_kernel_was_not_built_for_gets_the_forked_verifier(cuda_op, monkeypatch):
+def test_a_gpu_the_kernel_was_not_built_for_gets_the_forked_verifier(cuda_op, monkeypatch, record, log):
     """A Blackwell GPU (sm_100) and a kernel built for sm_80..sm_90 without PTX: its first
     launch would fail with "no kernel image", and no scratch would be held back to fall back
     on. auto chooses forked; kernel is refused, naming the archs."""
     monkeypatch.setattr(factory._vllm, "cuda_device_capability", lambda: (10, 0))
+    monkeypatch.setattr(factory._vllm, "cuda_device_name", lambda: "NVIDIA B200")
     assert factory.resolve("auto", _config(), on_cuda=True) == "forked"
     with pytest.raises(ParseConfigError, match=r"built for 8.0, 8.6, 8.9, 9.0, not for this GPU \(sm_100\)"):
         factory.resolve("kernel", _config(), on_cuda=True)
-    # PTX of the highest arch is compiled by the driver for later GPUs.
+    # PTX of the highest arch is compiled by the driver for later GPUs: the kernel runs there,
+    # but its speed on an H100 says nothing about the driver's code for a B200.
     monkeypatch.setattr(factory._ops, "cuda_archs", lambda: ("8.0", "8.6", "8.9", "9.0+PTX"))
+    assert factory.resolve("kernel", _config(), on_cuda=True) == "kernel"
+    assert factory.resolve("auto", _config(), on_cuda=True) == "forked"
+    assert "was measured on NVIDIA H100 80GB HBM3 (sm_90), not on this GPU (NVIDIA B200 sm_100)" in log[-1]
+    record(_entry(), _entry(device="NVIDIA B200", capability="10.0"))
     assert factory.resolve("auto", _config(), on_cuda=True) == "kernel"
 
 

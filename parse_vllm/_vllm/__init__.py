@@ -75,6 +75,7 @@ from .attention import (  # noqa: E402
     bound_kv_cache,
     copy_kv_blocks,
     cuda_device_capability,
+    cuda_device_name,
     current_layer_attn_metadata,
     is_cpu_attention_backend,
     kernel_verify_config_unsupported,
@@ -86,6 +87,7 @@ from .attention import (  # noqa: E402
     replaced_attention_impls,
     standard_kv_cache_views,
     target_attention_layers,
+    target_dtype,
     target_head_size,
 )
 from .batch import (  # noqa: E402
@@ -205,6 +207,7 @@ __all__ = [
     "cpu_worker_cls",
     "cu_sampled_tokens",
     "cuda_device_capability",
+    "cuda_device_name",
     "cuda_platform_cls",
     "current_layer_attn_metadata",
     "deliver_drafts",
@@ -248,6 +251,7 @@ __all__ = [
     "standard_kv_cache_views",
     "step_report",
     "target_attention_layers",
+    "target_dtype",
     "target_head_size",
     "target_logits",
     "target_shape",

@@ -303,6 +303,12 @@ def target_head_size(vllm_config) -> int:
     return vllm_config.model_config.get_head_size()
 
 
+def target_dtype(vllm_config):
+    """vllm.config.model.ModelConfig.dtype: the torch dtype the target runs in (resolved from
+    "auto" by the time the platform arranges the engine)."""
+    return vllm_config.model_config.dtype
+
+
 def attention_rows_limit(runner, kv_cache_group_id: int) -> int | None:
     """Rows (requests) one attention forward may have where the backend keeps
     per-request buffers sized max_num_seqs (GPU backends, kernel block tables
@@ -326,3 +332,17 @@ def cuda_device_capability() -> tuple[int, int] | None:
 
     cap = current_platform.get_device_capability()
     return None if cap is None else (int(cap.major), int(cap.minor))
+
+
+def cuda_device_name() -> str | None:
+    """Name of this process's GPU ("NVIDIA H200") as vLLM's platform reads it
+    (vllm.platforms.interface.Platform.get_device_name: NVML where vLLM uses it, so
+    CUDA is not initialised); None off CUDA or where it cannot be read."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return None
+    try:
+        return str(current_platform.get_device_name())
+    except Exception:  # noqa: BLE001 - NVML errors are not RuntimeErrors; the name is optional
+        return None

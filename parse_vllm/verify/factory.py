@@ -1,5 +1,5 @@
-"""Which verifier an engine judges with: chosen once, from the configuration,
-then built by the runner.
+"""Which verifier an engine judges with: chosen once, from the configuration and a
+recorded measurement, then built by the runner.
 
 `resolve` runs in process 0 (plugin.arrange_engine) and writes its answer
 back into the `parse` section, so the two processes that must agree on it
@@ -7,20 +7,35 @@ read one value: the scheduler (engine-core process) holds scratch KV blocks
 back only for the forked verifier (scheduler.py, `scratch_block_count`), and
 the runner (worker) builds the same verifier (`build`).
 
-"auto" becomes "kernel" where the configuration allows the fused kernel (a
-CUDA device, the compiled CUDA op built for that GPU's architecture, a head
-size the kernel has, and nothing `_vllm.kernel_verify_config_unsupported`
-names), else "forked". An op that is installed but was built against another
-torch stops the start (auto included): falling back without it would hide a
-broken install. What only
-the loaded model shows (a layer kind the kernel cannot stand in for) stops
-the start with a message naming parse.verifier='forked': no blocks were held
-back for the fallback.
+"auto" becomes "kernel" only where the kernel can run and is known to be faster:
+
+1. the configuration allows the fused kernel (a CUDA device, the compiled CUDA
+   op built for that GPU's architecture, a head size the kernel has, and
+   nothing `_vllm.kernel_verify_config_unsupported` names), and
+2. the record of GPU measurements shipped beside this file
+   (kernel_measurements.json) holds a measurement of THIS kernel (the version the
+   op reports for the target's dtype, `kernel_version`), in that dtype, on this
+   GPU (same device name, else same compute capability), in which the op is
+   faster than the per-copy attention the forked verifier stands for at every
+   shape of GOAL_SHAPES (`measured_verdict`).
+
+Else "forked", with one log line saying why (the configuration's reason, or the
+measurement's verdict, or its absence): a kernel nobody has timed is not
+trusted. parse.verifier='kernel' still forces the kernel wherever it can run
+(1.), whatever the record says. An op that is installed but was built against
+another torch stops the start (auto included): falling back without it would
+hide a broken install. What only the loaded model shows (a layer kind the
+kernel cannot stand in for) stops the start with a message naming
+parse.verifier='forked': no blocks were held back for the fallback.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
+import torch
 
 from parse_vllm import _vllm
 from parse_vllm import ops as _ops
@@ -29,6 +44,26 @@ from parse_vllm.verify.base import Verifier
 from parse_vllm.verify.forked import ForkedBlockTableVerifier, scratch_block_count
 
 logger = _vllm.init_logger("parse_vllm.verify")
+
+# The record "auto" trusts: GPU measurements of the op against per-copy attention,
+# one entry per (kernel_version, GPU) run; format in docs/compiled-op.md.
+MEASUREMENTS_PATH = Path(__file__).with_name("kernel_measurements.json")
+MEASUREMENTS_SCHEMA = "parse-vllm/kernel-measurements/1"
+# The shapes that matter, (context, K, Hq, Hkv), at head size 128, a 24-token suffix
+# per copy: the goal table of issue 35 (one request, K nested prefixes, as
+# scripts/bench_kernel.py builds them). The op must be faster than the fastest
+# recorded per-copy baseline at every one of them.
+GOAL_SHAPES: tuple[tuple[int, int, int, int], ...] = (
+    (2048, 8, 8, 2),
+    (2048, 16, 8, 2),
+    (8192, 8, 8, 2),
+    (32768, 4, 8, 2),
+    (32768, 8, 8, 2),
+    (32768, 16, 8, 2),
+    (2048, 8, 32, 8),
+    (8192, 8, 32, 8),
+)
+GOAL_HEAD_SIZE, GOAL_SUFFIX = 128, 24
 
 
 def kernel_unavailable(vllm_config, on_cuda: bool) -> str | None:
@@ -48,20 +83,172 @@ def kernel_unavailable(vllm_config, on_cuda: bool) -> str | None:
     return _vllm.kernel_verify_config_unsupported(vllm_config)
 
 
+def kernel_version(dtype: torch.dtype) -> str | None:
+    """The version of the CUDA kernel that serves calls in `dtype`,
+    `torch.ops.parse_vllm.cuda_kernel_version(dtype)`: the key of its measurements in the
+    record. None where the op exports none (builds before it existed): such a kernel is
+    unmeasured by construction."""
+    try:
+        version = torch.ops.parse_vllm.cuda_kernel_version(dtype)
+    except Exception:  # noqa: BLE001 - no such op (older build, no build): unmeasured
+        return None
+    return str(version) if version else None
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_entry(e) -> dict:
+    """One measurement of the record, checked (ValueError naming what is wrong)."""
+    if not isinstance(e, dict):
+        raise ValueError(f"a measurement must be an object, got {type(e).__name__}")
+    for key in ("kernel_version", "device", "capability", "date", "dtype", "source"):
+        if not isinstance(e.get(key), str) or not e[key]:
+            raise ValueError(f"measurement {e.get('kernel_version')!r}: {key!r} must be a non-empty string")
+    major, _, minor = e["capability"].partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise ValueError(f"measurement {e['kernel_version']!r}: capability {e['capability']!r} is not 'X.Y'")
+    rows = e.get("rows")
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"measurement {e['kernel_version']!r}: 'rows' must be a non-empty list")
+    for r in rows:
+        where = f"measurement {e['kernel_version']!r}, row {r!r}"
+        if not isinstance(r, dict) or not all(
+            isinstance(r.get(k), int) and r[k] > 0 for k in ("ctx", "K", "Hq", "Hkv")
+        ):
+            raise ValueError(f"{where}: ctx, K, Hq, Hkv must be positive integers")
+        per_copy = r.get("per_copy_us")
+        times = [r.get("op_us")] + (list(per_copy.values()) if isinstance(per_copy, dict) else [])
+        if (
+            not isinstance(per_copy, dict)
+            or not per_copy
+            or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for t in times)
+        ):
+            raise ValueError(f"{where}: op_us and per_copy_us (baseline name -> us, at least one) must be positive")
+    return e
+
+
+def load_measurements(path: Path | None = None) -> list[dict]:
+    """The record's measurements, checked; OSError or ValueError where it is missing or malformed."""
+    path = MEASUREMENTS_PATH if path is None else Path(path)
+    doc = json.loads(path.read_text())
+    if not isinstance(doc, dict) or doc.get("schema") != MEASUREMENTS_SCHEMA:
+        raise ValueError(f"{path.name}: schema is not {MEASUREMENTS_SCHEMA!r}")
+    entries = doc.get("measurements")
+    if not isinstance(entries, list):
+        raise ValueError(f"{path.name}: 'measurements' must be a list")
+    return [_check_entry(e) for e in entries]
+
+
+def _shape(s) -> str:
+    ctx, k, hq, hkv = s
+    return f"ctx {ctx} K {k} {hq}:{hkv}"
+
+
+def entry_verdict(entry: dict) -> tuple[bool, str]:
+    """Whether one measurement shows the op faster than the per-copy alternative at every
+    goal shape (the alternative's time at a shape: the fastest per-copy baseline recorded
+    there), and why, in one clause."""
+    rows = {
+        (r["ctx"], r["K"], r["Hq"], r["Hkv"]): r
+        for r in entry["rows"]
+        if r.get("D", GOAL_HEAD_SIZE) == GOAL_HEAD_SIZE and r.get("L", GOAL_SUFFIX) == GOAL_SUFFIX
+    }
+    missing = [s for s in GOAL_SHAPES if s not in rows]
+    if missing:
+        return (
+            False,
+            f"it does not cover {len(missing)} of the {len(GOAL_SHAPES)} goal shapes ({_shape(missing[0])}, ...)",
+        )
+    timed = []
+    for s in GOAL_SHAPES:
+        name, alt = min(rows[s]["per_copy_us"].items(), key=lambda kv: kv[1])
+        timed.append((rows[s]["op_us"] / alt, s, rows[s]["op_us"], alt, name))
+    slower = [t for t in timed if t[0] >= 1.0]
+    if slower:
+        ratio, s, op, alt, name = max(slower)
+        return False, (
+            f"the op is slower than K per-copy attention calls at {len(slower)} of {len(GOAL_SHAPES)} goal shapes "
+            f"(worst {_shape(s)}: {op:g} us against {alt:g} us for K per-copy {name} calls, {ratio:.2f}x)"
+        )
+    ratio, s, op, alt, name = max(timed)
+    return True, (
+        f"the op is faster than K per-copy attention calls at all {len(GOAL_SHAPES)} goal shapes "
+        f"(least at {_shape(s)}: {op:g} us against {alt:g} us, {1 / ratio:.2f}x)"
+    )
+
+
+def measured_verdict(
+    version: str | None,
+    dtype: str,
+    device_name: str | None,
+    capability: tuple[int, int] | None,
+    entries: list[dict],
+) -> tuple[bool, str]:
+    """Whether the record shows kernel `version` faster in `dtype` ("bfloat16") on this GPU,
+    and why (one clause, naming the measurement or its absence). A measurement counts on a
+    GPU of the same name; where there is none, on one of the same compute capability. Every
+    counting measurement must show the op faster."""
+    if version is None:
+        return False, "this build of the op reports no cuda_kernel_version(), so no recorded measurement is of it"
+    mine = [e for e in entries if e["kernel_version"] == version and e["dtype"] == dtype]
+    if not mine:
+        return False, f"kernel {version} has no recorded {dtype} measurement in {MEASUREMENTS_PATH.name}"
+    arch = None if capability is None else f"{capability[0]}.{capability[1]}"
+    named = [e for e in mine if device_name and e["device"].strip().lower() == device_name.strip().lower()]
+    counting = named or [e for e in mine if e["capability"] == arch]
+    here = f"{device_name or 'unnamed'}" + (f" sm_{capability[0]}{capability[1]}" if capability else "")
+    if not counting:
+        measured = ", ".join(sorted({f"{e['device']} (sm_{e['capability'].replace('.', '')})" for e in mine}))
+        return False, f"kernel {version} was measured on {measured}, not on this GPU ({here})"
+    verdicts = [(e, *entry_verdict(e)) for e in counting]
+    e, faster, why = next((v for v in verdicts if not v[1]), verdicts[0])
+    same = "" if named else f"; this GPU, {here}, has its architecture"
+    return faster, (
+        f"kernel {version} measured on {e['device']} (sm_{e['capability'].replace('.', '')}{same}) "
+        f"on {e['date']}, {MEASUREMENTS_PATH.name}: {why}"
+    )
+
+
+def kernel_speed(vllm_config) -> tuple[bool, str]:
+    """`measured_verdict` for the installed op, in the target's dtype, on this process's
+    GPU, from the shipped record; a missing or malformed record is no measurement (never an
+    error here: tests/test_verifier_factory.py checks the committed one)."""
+    try:
+        entries = load_measurements()
+    except (OSError, ValueError) as e:
+        return False, f"the record of kernel measurements cannot be read ({type(e).__name__}: {e})"
+    dtype = _vllm.target_dtype(vllm_config)
+    return measured_verdict(
+        kernel_version(dtype), _dtype_name(dtype), _vllm.cuda_device_name(), _vllm.cuda_device_capability(), entries
+    )
+
+
 def resolve(requested: str, vllm_config, on_cuda: bool) -> str:
     """ "kernel" or "forked" for parse.verifier `requested`; refuses "kernel"
-    where it cannot run."""
+    where it cannot run. "auto" takes the kernel only where it can run and a recorded
+    measurement shows this kernel faster on this GPU (module docstring)."""
     if requested == "forked":
         return "forked"
     broken = _ops.compiled_op_unusable() if on_cuda else None
     if broken is not None:
         raise ParseConfigError(f"PARSE: {broken}; or set parse.verifier='forked' to run without the kernel")
     why = kernel_unavailable(vllm_config, on_cuda)
-    if why is None:
-        return "kernel"
+    if why is not None:
+        if requested == "kernel":
+            raise ParseConfigError(f"parse.verifier='kernel' cannot run here: {why}; use 'auto' or 'forked'")
+        logger.info("PARSE: forked-block-table verification (%s)", why)
+        return "forked"
+    faster, why = kernel_speed(vllm_config)
     if requested == "kernel":
-        raise ParseConfigError(f"parse.verifier='kernel' cannot run here: {why}; use 'auto' or 'forked'")
-    logger.info("PARSE: forked-block-table verification (%s)", why)
+        if not faster:
+            logger.info("PARSE: kernel verification, as parse.verifier='kernel' asks (%s)", why)
+        return "kernel"
+    if faster:
+        logger.info("PARSE: kernel verification (%s)", why)
+        return "kernel"
+    logger.info("PARSE: forked-block-table verification; the kernel could run but is not chosen: %s", why)
     return "forked"
 
 
