@@ -106,6 +106,25 @@ def _cpu_isa() -> str:
     return "default"
 
 
+def _shared_libstdcxx() -> list[str]:
+    """Link the shared libstdc++ by name, whatever the toolchain's default.
+
+    Python and torch have already loaded libstdc++.so.6 when the op is imported.
+    A toolchain that links libstdc++ statically (some GCC builds, conda and
+    devtoolset setups, `-static-libstdc++` in a wrapper) puts a second copy into
+    `_C.so` whose GNU_UNIQUE locale-facet ids merge with the loaded one's: the
+    first error message that formats an integer then uses a wrong facet and the
+    process dies (SIGSEGV) or the message is cut at the first number.  Naming the
+    shared object (`-l:libstdc++.so.6`, before the driver's own `-lstdc++`) binds
+    every std symbol to it, so the static archive contributes nothing.  Plain
+    `-lstdc++` is not enough: such a toolchain resolves it from its own lib
+    directory to the archive.  tests/test_build_link.py checks the result.
+    """
+    if sys.platform != "linux":
+        return []
+    return ["-l:libstdc++.so.6"]
+
+
 def _set_cuda_home() -> None:
     """Point CUDA_HOME at the real toolkit when only a `nvcc` on PATH is known.
 
@@ -182,15 +201,17 @@ def _extensions():
     isa = _cpu_isa()
     build_cuda, why = _want_cuda(torch)
 
-    sources = [_rel("csrc", "torch_bindings.cpp"), _rel("csrc", "cpu", "prefix_verify_attention.cpp")]
+    sources = [_rel("csrc", "torch_bindings.cpp"), _rel("csrc", "cpu", "prefix_verify_attention.cpp"),
+               _rel("csrc", "cpu", "prefix_verify_tc_emulator.cpp")]
     cxx = ["-O3", "-fopenmp", "-Wno-unused-function", "-Wno-maybe-uninitialized", *_ISA_FLAGS[isa]]
-    link = ["-fopenmp"]
+    link = ["-fopenmp", *_shared_libstdcxx()]
     if build_cuda:
         arch_list = os.environ.get("PARSE_VLLM_CUDA_ARCHS") or os.environ.get("TORCH_CUDA_ARCH_LIST") \
             or DEFAULT_CUDA_ARCHS
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
         archs_macro = "-DPARSE_VLLM_CUDA_ARCHS=" + ",".join(re.split(r"[;,\s]+", arch_list.strip()))
-        sources.append(_rel("csrc", "cuda", "prefix_verify_attention.cu"))
+        sources += [_rel("csrc", "cuda", "prefix_verify_attention.cu"),
+                    _rel("csrc", "cuda", "prefix_verify_attention_tc.cu")]
         ext = CUDAExtension(
             name="parse_vllm._C",
             sources=sources,

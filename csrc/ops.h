@@ -29,6 +29,8 @@ struct PrefixVerifyArgs {
   double scale;                // > 0
   double softcap;              // 0 = off
   int64_t sliding_window;      // 0 = off
+  int64_t max_prefix_len;      // >= every copy_prefix_len (the caller knows it on the host); 0 = unknown:
+                               // bounded by the block table's width (block_table.size(1) * block_size)
 };
 
 // The one check of a call's arguments (csrc/torch_bindings.cpp), before any
@@ -42,8 +44,23 @@ void check_prefix_verify_args(const PrefixVerifyArgs& a);
 
 void prefix_verify_attention_cpu(const PrefixVerifyArgs& a);
 
-// Only in builds with the CUDA kernel (PARSE_VLLM_WITH_CUDA).
+// Only in builds with the CUDA kernel (PARSE_VLLM_WITH_CUDA).  The tensor-core
+// kernel (bf16 / fp16, 16-byte aligned rows) returns false for calls it does not
+// take; prefix_verify_attention_cuda tries it first, then the CUDA-core kernel.
 void prefix_verify_attention_cuda(const PrefixVerifyArgs& a);
+bool prefix_verify_attention_cuda_tc(const PrefixVerifyArgs& a);
+
+// Which CUDA kernel serves a call of this dtype, for the factory's recorded
+// measurements ("tc-1": tensor cores, bf16/fp16; "cc-1": the CUDA-core kernel).
+inline constexpr const char* kTensorCoreKernelVersion = "tc-1";
+inline constexpr const char* kCudaCoreKernelVersion = "cc-1";
+
+// The CPU emulation of the tensor-core kernel's schedule and numerics
+// (csrc/cpu/prefix_verify_tc_emulator.cpp): same tiling header, same split plan
+// for `num_sms`; writes `out` (float32) and counts in `visits` [T, Hq, K + T]
+// (int32, zeroed by the caller) how often each (row, key) pair was accumulated:
+// column k < K = visits.size(2) - T for cached key k, K + tk for suffix token tk.
+void prefix_verify_tc_emulate(const PrefixVerifyArgs& a, int64_t num_sms, const at::Tensor& visits);
 
 // Which SIMD flavour the CPU twin was compiled for ("avx512", "avx2",
 // "default"); exposed as torch.ops.parse_vllm.cpu_isa().

@@ -78,6 +78,8 @@ void check_prefix_verify_args(const PrefixVerifyArgs& a) {
   PV_CHECK(a.scale > 0.0 && std::isfinite(a.scale), "scale must be a finite float > 0, got ", a.scale);
   PV_CHECK(a.softcap >= 0.0 && std::isfinite(a.softcap), "softcap must be >= 0 (0 = off), got ", a.softcap);
   PV_CHECK(a.sliding_window >= 0, "sliding_window must be >= 0 (0 = off), got ", a.sliding_window);
+  PV_CHECK(a.max_prefix_len >= 0, "max_prefix_len must be >= 0 (0 = bounded by the block table), got ",
+           a.max_prefix_len);
 
   if (!a.copy_req.device().is_cpu()) return;  // values: only where reading them is free
   const int32_t* cu = a.cu_copy_lens.data_ptr<int32_t>();
@@ -93,6 +95,8 @@ void check_prefix_verify_args(const PrefixVerifyArgs& a) {
              "]=", cu[c + 1], ")");
     PV_CHECK(req[c] >= 0 && req[c] < R, "copy_req[", c, "]=", req[c], " is not a block-table row (R=", R, ")");
     PV_CHECK(plen[c] >= 0, "copy_prefix_len[", c, "]=", plen[c], " is negative");
+    PV_CHECK(a.max_prefix_len == 0 || plen[c] <= a.max_prefix_len, "copy_prefix_len[", c, "]=", plen[c],
+             " exceeds max_prefix_len=", a.max_prefix_len);
     PV_CHECK(plen[c] <= max_blocks * block_size, "copy_prefix_len[", c, "]=", plen[c],
              " is longer than the block table holds (", max_blocks, " blocks x ", block_size, " tokens = ",
              max_blocks * block_size, ")");
@@ -113,10 +117,10 @@ void prefix_verify_attention(at::Tensor& out, const at::Tensor& q, const at::Ten
                              const at::Tensor& key_cache, const at::Tensor& value_cache,
                              const at::Tensor& block_table, const at::Tensor& copy_req,
                              const at::Tensor& copy_prefix_len, const at::Tensor& cu_copy_lens, double scale,
-                             double softcap, int64_t sliding_window) {
+                             double softcap, int64_t sliding_window, int64_t max_prefix_len) {
   const PrefixVerifyArgs a{out,         q,        k_new,           v_new,        key_cache, value_cache,
                            block_table, copy_req, copy_prefix_len, cu_copy_lens, scale,     softcap,
-                           sliding_window};
+                           sliding_window, max_prefix_len};
   check_prefix_verify_args(a);
   if (a.q.size(0) == 0) return;
   if (a.q.is_cuda()) {
@@ -128,6 +132,30 @@ void prefix_verify_attention(at::Tensor& out, const at::Tensor& q, const at::Ten
   } else {
     prefix_verify_attention_cpu(a);
   }
+}
+
+// The tensor-core kernel's schedule run on the host (tests/test_kernel_tc_schedule.py): same
+// arguments as the op (CPU tensors), the GPU's SM count for the split plan, and the pair counter.
+void prefix_verify_tc_emulate_op(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_new,
+                                 const at::Tensor& v_new, const at::Tensor& key_cache,
+                                 const at::Tensor& value_cache, const at::Tensor& block_table,
+                                 const at::Tensor& copy_req, const at::Tensor& copy_prefix_len,
+                                 const at::Tensor& cu_copy_lens, double scale, double softcap,
+                                 int64_t sliding_window, int64_t max_prefix_len, int64_t num_sms,
+                                 at::Tensor& visits) {
+  const PrefixVerifyArgs a{out,         q,        k_new,           v_new,        key_cache, value_cache,
+                           block_table, copy_req, copy_prefix_len, cu_copy_lens, scale,     softcap,
+                           sliding_window, max_prefix_len};
+  check_prefix_verify_args(a);
+  TORCH_CHECK(q.device().is_cpu(), "prefix_verify_tc_emulate: CPU tensors only");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
+              "prefix_verify_tc_emulate: the tensor-core kernel takes bfloat16 / float16, got ", q.scalar_type());
+  TORCH_CHECK(num_sms > 0, "prefix_verify_tc_emulate: num_sms must be > 0, got ", num_sms);
+  TORCH_CHECK(visits.dim() == 3 && visits.size(0) == q.size(0) && visits.size(1) == q.size(1) &&
+                  visits.size(2) >= q.size(0) && visits.scalar_type() == at::kInt && visits.is_contiguous(),
+              "prefix_verify_tc_emulate: visits must be a contiguous int32 [T, Hq, K + T], got ", visits.sizes());
+  if (q.size(0) == 0) return;
+  prefix_verify_tc_emulate(a, num_sms, visits);
 }
 
 std::vector<int64_t> supported_head_sizes() {
@@ -152,7 +180,18 @@ TORCH_LIBRARY(parse_vllm, m) {
       "prefix_verify_attention(Tensor(a!) out, Tensor q, Tensor k_new, Tensor v_new, "
       "Tensor key_cache, Tensor value_cache, Tensor block_table, Tensor copy_req, "
       "Tensor copy_prefix_len, Tensor cu_copy_lens, float scale, float softcap, "
-      "int sliding_window) -> ()");
+      "int sliding_window, int max_prefix_len=0) -> ()");
+  m.def(
+      "prefix_verify_tc_emulate(Tensor(a!) out, Tensor q, Tensor k_new, Tensor v_new, "
+      "Tensor key_cache, Tensor value_cache, Tensor block_table, Tensor copy_req, "
+      "Tensor copy_prefix_len, Tensor cu_copy_lens, float scale, float softcap, "
+      "int sliding_window, int max_prefix_len, int num_sms, Tensor(b!) visits) -> ()");
+  // Which CUDA kernel serves a call of this dtype (the verifier factory keys its recorded
+  // measurements by it): "tc-1" (tensor cores: bf16 / fp16), "cc-1" (CUDA cores: float32).
+  m.def("cuda_kernel_version(ScalarType dtype) -> str", [](c10::ScalarType dt) {
+    return std::string(dt == at::kFloat ? parse_vllm::kCudaCoreKernelVersion
+                                        : parse_vllm::kTensorCoreKernelVersion);
+  });
   m.def("cpu_isa() -> str", []() { return std::string(parse_vllm::cpu_isa_name()); });
   m.def("cpu_uses_brgemm(ScalarType dtype) -> bool",
         [](c10::ScalarType dt) { return parse_vllm::cpu_uses_brgemm(dt); });
@@ -166,7 +205,10 @@ TORCH_LIBRARY(parse_vllm, m) {
   m.def("cuda_archs() -> str", []() { return std::string(PV_CUDA_ARCHS); });
 }
 
-TORCH_LIBRARY_IMPL(parse_vllm, CPU, m) { m.impl("prefix_verify_attention", &parse_vllm::prefix_verify_attention); }
+TORCH_LIBRARY_IMPL(parse_vllm, CPU, m) {
+  m.impl("prefix_verify_attention", &parse_vllm::prefix_verify_attention);
+  m.impl("prefix_verify_tc_emulate", &parse_vllm::prefix_verify_tc_emulate_op);
+}
 
 #ifdef PARSE_VLLM_WITH_CUDA
 TORCH_LIBRARY_IMPL(parse_vllm, CUDA, m) { m.impl("prefix_verify_attention", &parse_vllm::prefix_verify_attention); }
@@ -177,7 +219,7 @@ TORCH_LIBRARY_IMPL(parse_vllm, Meta, m) {
   m.impl("prefix_verify_attention",
          [](at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
             const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-            double, int64_t) {});
+            double, int64_t, int64_t) {});
 }
 
 // A minimal Python module so that `import parse_vllm._C` loads this library

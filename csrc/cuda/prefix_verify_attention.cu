@@ -1,7 +1,8 @@
-// CUDA kernel of the PARSE prefix-verification attention op.
-//
-// STATUS: compiled (nvcc, sm_80/sm_90) and linked into the extension, but never
-// executed on a GPU.  See csrc/README.md.
+// CUDA-core kernel of the PARSE prefix-verification attention op: float32, and
+// bf16 / fp16 calls the tensor-core kernel (prefix_verify_attention_tc.cu) does
+// not take (rows not 16-byte aligned), or all calls with
+// PARSE_VLLM_CUDA_KERNEL=cuda-core.  Ran on an H200 (2026-11-26: 97 CUDA tests
+// pass; slower than generic attention, csrc/README.md).
 //
 // Layout and tiling (same as the CPU twin, csrc/cpu/prefix_verify_attention.cpp):
 //   * copies are grouped per request (maximal runs of equal copy_req); inside a
@@ -37,6 +38,8 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "../ops.h"
@@ -440,13 +443,20 @@ void prefix_verify_attention_cuda(const PrefixVerifyArgs& a) {
   const int64_t sliding_window = a.sliding_window;
   TORCH_CHECK(q.is_cuda(), "prefix_verify_attention (CUDA): tensors must be on a CUDA device");
   const c10::cuda::CUDAGuard guard(q.device());
+  // bf16 / fp16 with aligned rows: the tensor-core kernel (prefix_verify_attention_tc.cu), unless
+  // PARSE_VLLM_CUDA_KERNEL=cuda-core asks for this one (benchmarks compare the two).
+  const char* which = std::getenv("PARSE_VLLM_CUDA_KERNEL");
+  const bool force_cuda_core = which != nullptr && std::string(which) == "cuda-core";
+  if (!force_cuda_core && q.size(0) > 0 && prefix_verify_attention_cuda_tc(a)) return;
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_new.size(1);
   if (T == 0) return;
   TORCH_CHECK(T * Hq < (int64_t{1} << 31) && key_cache.numel() < (int64_t{1} << 62),
               "prefix_verify_attention (CUDA): problem too large");
   const int64_t C = copy_req.size(0);
   const int64_t block_size = key_cache.size(1);
-  const int64_t max_prefix_bound = block_table.size(1) * block_size;
+  // The caller's bound of the prefixes; the block table's width only when it gave none (in an
+  // engine that width is max_model_len, which would split a short context as if it were long).
+  const int64_t max_prefix_bound = a.max_prefix_len > 0 ? a.max_prefix_len : block_table.size(1) * block_size;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
   auto run = [&](auto* tag) {

@@ -152,6 +152,7 @@ def op_arguments(
         float(md.scale),
         float(md.softcap),
         int(md.sliding_window or 0),
+        int(md.max_prefix_len or 0),
     )
 
 
@@ -171,8 +172,9 @@ def prefix_verify_attention(
 
     Compiled op: ``torch.ops.parse_vllm.prefix_verify_attention(out, q, k_new,
     v_new, key_cache, value_cache, block_table, copy_req, copy_prefix_len,
-    cu_copy_lens, scale: float, softcap: float, sliding_window: int) -> ()``
-    (mutates `out`; `sliding_window` 0 = off there). This face is the one place
+    cu_copy_lens, scale: float, softcap: float, sliding_window: int,
+    max_prefix_len: int = 0) -> ()`` (mutates `out`; `sliding_window` 0 = off
+    there; `max_prefix_len` 0 = bounded by the block table's width). This face is the one place
     that spells its argument order; the op checks its arguments once
     (csrc/torch_bindings.cpp, `check_prefix_verify_args`) and this face raises
     its complaints as ValueError.
@@ -205,7 +207,9 @@ def prefix_verify_attention(
     Scalars: `scale` (> 0); `softcap` (logits become softcap * tanh(scale *
     q.k / softcap) before the softmax; 0 = off); `sliding_window` (None or 0 =
     off; else a query at absolute position p sees only keys at positions
-    > p - sliding_window).
+    > p - sliding_window); `max_prefix_len` (None, or an int >= every
+    copy_prefix_len: the CUDA kernels size their key splits from it; checked
+    when the index tensors are on the CPU).
 
     Semantics. Cached token i of a request is at absolute position i; suffix
     token j of copy c at position P_c + j. For suffix token t = cu[c] + j and

@@ -31,3 +31,8 @@ class PrefixVerifyMetadata:
     scale: float  # > 0, usually D**-0.5
     softcap: float = 0.0  # 0 = off
     sliding_window: int | None = None  # None or 0 = off
+    # >= every copy_prefix_len, known on the host (the verifier packs the prefixes there): the
+    # CUDA kernels size their key splits from it.  None: bounded by the block table's width,
+    # which in an engine is max_model_len and splits a 2k context as if it were 32k.  A CUDA
+    # graph bakes it in: capture with the largest value the replays will need.
+    max_prefix_len: int | None = None

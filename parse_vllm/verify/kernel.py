@@ -231,6 +231,7 @@ class KernelVerifier(VerifierBase):
         )
         table_of = {id(t): d for t, d in zip(distinct, on_device)}
         T = int(packed.cu_copy_lens[-1])
+        max_prefix = int(packed.copy_prefix_len.max()) if len(packed.copy_prefix_len) else 0
         out = {}
         for name in self.layer_names:
             scale, softcap, window = self.layer_params[name]
@@ -243,6 +244,7 @@ class KernelVerifier(VerifierBase):
                 scale=scale,
                 softcap=softcap,
                 sliding_window=window,
+                max_prefix_len=max_prefix,
             )
         return out, input_ids, positions, last
 

@@ -1,0 +1,614 @@
+// Tensor-core kernel of the PARSE prefix-verification attention op (bf16 / fp16).
+//
+// The schedule (row tiles, key splits, staircase classification, masks) lives
+// in csrc/prefix_verify_tiling.h, shared with the CPU emulator that tests it;
+// this file holds what only a GPU does: the loads, the MMAs and the softmax in
+// registers.  fp32 inputs and unaligned tensors go to the CUDA-core kernel
+// (prefix_verify_attention.cu).
+//
+// One CTA = 4 warps = (row tile of kTcRows = 64 packed rows of one run, kv
+// head, key split).  Warp w owns rows [16 w, 16 w + 16): one m16 MMA tile.
+//   * Q of the tile is loaded once into shared memory (bf16/fp16, padded rows).
+//   * The split's cached key tiles (64 keys; 32 for D = 256) are gathered
+//     through the block table with 16-byte cp.async into a 2-stage ring, keys
+//     no row sees zero-filled; tiles no row sees are never loaded.
+//   * S = Q K^T and O += P V by mma.sync m16n8k16 (bf16/fp16 in, fp32
+//     accumulate).  P is rounded to the input dtype in registers, as in FA2.
+//   * Each warp classifies each tile against its own rows: FULL (no mask),
+//     PARTIAL (per-pair mask from each row's [lo, P)), SKIP (no MMA).
+//   * Online softmax in fp32 registers, logits in log2 units (exp2).
+//   * Split 0 also walks the rows' own suffix keys (k_new), causally per copy.
+//   * One split: the CTA writes `out`.  Several: partial (m, l, acc) to an fp32
+//     workspace, merged by prefix_verify_tc_merge_kernel in the same stream.
+// Nothing is read on the host: the grid comes from T, C, Hkv and the caller's
+// max_prefix_len; the CTA finds its run and row tile on the device by a
+// block-wide prefix sum of the runs' tile counts (CUDA-graph safe).
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16, .bf16/.f16): lane = 4 * gid + tig.
+//   A (16 x 16, row): a0..a7 = rows {gid, gid + 8} x cols {2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9},
+//     registers {a0 a1} (gid, 2tig..) {a2 a3} (gid+8, 2tig..) {a4 a5} (gid, 2tig+8..) {a6 a7} (gid+8, 2tig+8..)
+//   B (16 x 8, col): {b0 b1} = k rows 2 tig, 2 tig + 1 of col gid; {b2 b3} = k rows 2 tig + 8, + 9
+//   C (16 x 8, f32): {c0 c1} = row gid, cols 2 tig, 2 tig + 1; {c2 c3} = row gid + 8, same cols
+// so the C fragments of two adjacent n8 tiles of S are the A fragment of P for
+// the next MMA (k = the 16 keys of those two tiles) without leaving registers.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "../ops.h"
+#include "../prefix_verify_common.h"
+#include "../prefix_verify_tiling.h"
+
+namespace parse_vllm {
+namespace {
+
+using pv::kTcRows;
+using pv::kTcThreads;
+using pv::kTcWarps;
+
+template <typename scalar_t>
+struct TcParams {
+  scalar_t* out;
+  const scalar_t* q;
+  const scalar_t* k_new;
+  const scalar_t* v_new;
+  const scalar_t* kc;
+  const scalar_t* vc;
+  const int32_t* block_table;
+  const int32_t* copy_req;
+  const int32_t* copy_prefix_len;
+  const int32_t* cu;
+  int64_t out_s0, out_s1, q_s0, q_s1, kn_s0, kn_s1, vn_s0, vn_s1, bt_s0;
+  pv::CacheStrides ks, vs;
+  int block_size, C, T, Hq, Hkv, G;
+  float scale, softcap;
+  int window;
+  int num_splits;
+  int chunk;
+  float* ws_m;    // [S, T, Hq]      (num_splits > 1), m in log2 units
+  float* ws_l;    // [S, T, Hq]
+  float* ws_acc;  // [S, T, Hq, D]
+};
+
+// ---------------------------------------------------------------- PTX wrappers
+
+template <typename scalar_t>
+struct MmaOp;
+
+template <>
+struct MmaOp<c10::BFloat16> {
+  static __device__ __forceinline__ void run(float* c, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo (low 16 bits)
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+};
+
+template <>
+struct MmaOp<c10::Half> {
+  static __device__ __forceinline__ void run(float* c, const uint32_t* a, const uint32_t* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte asynchronous copy global -> shared; src_bytes 0 zero-fills the 16 bytes.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool load) {
+  const int src_bytes = load ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ uint32_t lds32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t pack16(uint16_t lo, uint16_t hi) {
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Block-wide bounds: each warp reduces its 16 rows' RowBounds, warp 0 merges.
+__device__ __forceinline__ int warp_min_i(int x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = min(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ int warp_max_i(int x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ pv::RowBounds warp_bounds(pv::RowBounds b) {
+  b.lo_min = warp_min_i(b.lo_min);
+  b.lo_max = warp_max_i(b.lo_max);
+  b.hi_min = warp_min_i(b.hi_min);
+  b.hi_max = warp_max_i(b.hi_max);
+  b.t_min = warp_min_i(b.t_min);
+  b.t_max = warp_max_i(b.t_max);
+  b.tok0_min = warp_min_i(b.tok0_min);
+  return b;
+}
+
+// ---------------------------------------------------------------- shared memory
+
+template <int D>
+struct TcSmem {
+  using Shape = pv::TcShape<D>;
+  static constexpr int kRS = Shape::kRowStride;  // elements per padded row
+  static constexpr int q_elems = kTcRows * kRS;
+  static constexpr int kv_elems = Shape::kKeys * kRS;  // one K or V tile
+  static constexpr size_t bytes = sizeof(uint16_t) * (q_elems + 2 * Shape::kStages * kv_elems);
+  static_assert((kRS * 2) % 16 == 0, "padded rows keep 16-byte alignment");
+};
+
+// ---------------------------------------------------------------- the kernel
+
+template <typename scalar_t, int D>
+__global__ void __launch_bounds__(kTcThreads, 1)
+    prefix_verify_tc_kernel(const TcParams<scalar_t> p) {
+  using Shape = pv::TcShape<D>;
+  using SM = TcSmem<D>;
+  using Mma = MmaOp<scalar_t>;
+  constexpr int N = Shape::kKeys;  // keys per tile
+  constexpr int RS = SM::kRS;
+  constexpr int NT = N / 8;        // n8 tiles of S per key tile
+  constexpr int DT = D / 8;        // n8 tiles of O
+  constexpr int KS = D / 16;       // k16 steps of Q K^T
+  constexpr int CPR = D / 8;       // 16-byte chunks per row (8 elements of 2 bytes)
+
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* Qs = smem;
+  uint16_t* Ks = smem + SM::q_elems;                         // [stage][N][RS]
+  uint16_t* Vs = Ks + Shape::kStages * SM::kv_elems;         // [stage][N][RS]
+
+  __shared__ int sh_c0, sh_c1, sh_row0, sh_found, sh_carry;
+  __shared__ int sh_scan[kTcThreads];
+  __shared__ pv::RowBounds sh_wb[kTcWarps];
+  __shared__ int32_t row_t[kTcRows], row_hq[kTcRows];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int h = blockIdx.y, split = blockIdx.z;
+  const int my_tile = blockIdx.x;
+
+  // ---- which run and row tile is mine: prefix sum of the runs' tile counts
+  if (tid == 0) {
+    sh_found = 0;
+    sh_carry = 0;
+  }
+  __syncthreads();
+  for (int base = 0; base < p.C; base += kTcThreads) {
+    const int c = base + tid;
+    const int n = c < p.C ? static_cast<int>(pv::run_tile_count(p.copy_req, p.cu, c, p.C, p.G, kTcRows)) : 0;
+    sh_scan[tid] = n;
+    __syncthreads();
+    for (int o = 1; o < kTcThreads; o <<= 1) {  // Hillis-Steele inclusive scan
+      const int v = tid >= o ? sh_scan[tid - o] : 0;
+      __syncthreads();
+      sh_scan[tid] += v;
+      __syncthreads();
+    }
+    const int first = sh_carry + sh_scan[tid] - n;  // exclusive
+    if (n > 0 && my_tile >= first && my_tile < first + n) {
+      sh_found = 1;
+      sh_c0 = c;
+      sh_c1 = static_cast<int>(pv::group_end(p.copy_req, c, p.C));
+      sh_row0 = (my_tile - first) * kTcRows;
+    }
+    __syncthreads();
+    if (tid == kTcThreads - 1) sh_carry += sh_scan[tid];
+    __syncthreads();
+    if (sh_found) break;
+  }
+  if (!sh_found) return;
+  const int c0 = sh_c0, c1 = sh_c1;
+
+  // ---- my two rows (gid, gid + 8 of my warp) and the bounds of warp and CTA
+  pv::RowInfo ri[2];
+  pv::RowBounds wb = pv::empty_bounds();
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = warp * 16 + gid + 8 * i;
+    ri[i] = pv::run_row(p.cu, p.copy_prefix_len, c0, c1, p.G, p.window, sh_row0 + r);
+    pv::add_row(wb, ri[i]);
+    if (tig == 0) {
+      row_t[r] = ri[i].valid ? ri[i].t : -1;
+      row_hq[r] = h * p.G + ri[i].g;
+    }
+  }
+  wb = warp_bounds(wb);
+  if (lane == 0) sh_wb[warp] = wb;
+  __syncthreads();
+  pv::RowBounds cb = sh_wb[0];
+#pragma unroll
+  for (int w = 1; w < kTcWarps; ++w) cb = pv::merge_bounds(cb, sh_wb[w]);
+
+  const pv::SplitPlan sp{p.num_splits, p.chunk};
+  const pv::KeyRange cached = pv::split_key_tiles(cb, sp, split, N);
+  const pv::KeyRange suffix = split == 0 ? pv::suffix_key_range(cb) : pv::KeyRange{0, 0};
+  const int n_cached = cached.hi > cached.lo ? static_cast<int>(pv::ceil_div(cached.hi - cached.lo, N)) : 0;
+  const int n_suffix = suffix.hi > suffix.lo ? static_cast<int>(pv::ceil_div(suffix.hi - suffix.lo, N)) : 0;
+  const int n_tiles = n_cached + n_suffix;
+  if (n_tiles == 0 && p.num_splits > 1 && split > 0) {
+    // Nothing of this split concerns my rows: say so to the merge.
+    for (int r = tid; r < kTcRows; r += kTcThreads) {
+      if (row_t[r] < 0) continue;
+      const int64_t idx = (static_cast<int64_t>(split) * p.T + row_t[r]) * p.Hq + row_hq[r];
+      p.ws_m[idx] = pv::kNegInf;
+      p.ws_l[idx] = 0.f;
+    }
+    return;
+  }
+
+  // ---- Q of my rows -> shared memory (16-byte chunks; padding rows zero)
+  for (int i = tid; i < kTcRows * CPR; i += kTcThreads) {
+    const int r = i / CPR, part = i - r * CPR;
+    const int t = row_t[r];
+    const scalar_t* src = t >= 0 ? p.q + t * p.q_s0 + row_hq[r] * p.q_s1 + part * 8 : p.q;
+    cp_async16(Qs + r * RS + part * 8, src, t >= 0);
+  }
+
+  const int req = p.copy_req[c0];
+  const int32_t* bt_row = p.block_table + static_cast<int64_t>(req) * p.bt_s0;
+
+  // Tile i: cached tiles first, then suffix tiles.  Key index of slot n of tile i.
+  auto tile_key0 = [&](int i) -> int64_t {
+    return i < n_cached ? cached.lo + static_cast<int64_t>(i) * N : suffix.lo + static_cast<int64_t>(i - n_cached) * N;
+  };
+  auto load_tile = [&](int i, int stage) {
+    uint16_t* kd = Ks + stage * SM::kv_elems;
+    uint16_t* vd = Vs + stage * SM::kv_elems;
+    const int64_t k0 = tile_key0(i);
+    const bool is_cached = i < n_cached;
+    for (int e = tid; e < N * CPR; e += kTcThreads) {
+      const int n = e / CPR, part = e - n * CPR;
+      const int64_t key = k0 + n;
+      const scalar_t* ksrc = p.kc;
+      const scalar_t* vsrc = p.vc;
+      bool load;
+      if (is_cached) {
+        load = key < cached.hi && pv::cached_key_loaded(key, cb);
+        if (load) {
+          ksrc = p.kc + pv::cache_offset(bt_row, key, p.block_size, p.ks, h) + part * 8;
+          vsrc = p.vc + pv::cache_offset(bt_row, key, p.block_size, p.vs, h) + part * 8;
+        }
+      } else {
+        load = key < suffix.hi;
+        if (load) {
+          ksrc = p.k_new + key * p.kn_s0 + h * p.kn_s1 + part * 8;
+          vsrc = p.v_new + key * p.vn_s0 + h * p.vn_s1 + part * 8;
+        }
+      }
+      cp_async16(kd + n * RS + part * 8, ksrc, load);
+      cp_async16(vd + n * RS + part * 8, vsrc, load);
+    }
+  };
+
+  // ---- accumulators: O [DT][4], m and l for rows gid and gid + 8
+  float o[DT][4];
+#pragma unroll
+  for (int d = 0; d < DT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  float m_row[2] = {pv::kNegInf, pv::kNegInf};
+  float l_row[2] = {0.f, 0.f};  // this thread's share of l (summed over the quad at the end)
+  const uint16_t* qw = Qs + (warp * 16) * RS;
+
+  if (n_tiles > 0) load_tile(0, 0);
+  cp_async_commit();  // group 0: Q (+ tile 0)
+
+  for (int i = 0; i < n_tiles; ++i) {
+    const int stage = Shape::kStages == 1 ? 0 : (i & 1);
+    if (Shape::kStages == 1) {  // one buffer: tile i is loaded now (the last iteration ended in a barrier)
+      if (i > 0) {
+        load_tile(i, 0);
+        cp_async_commit();
+      }
+      cp_async_wait<0>();
+    } else if (i + 1 < n_tiles) {  // two buffers: tile i + 1 loads while tile i is computed
+      load_tile(i + 1, (i + 1) & 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // tile i (and Q) visible to every warp
+
+    const int64_t k0 = tile_key0(i);
+    const bool is_cached = i < n_cached;
+    const pv::TileKind kind =
+        is_cached ? pv::classify_cached_tile(k0, k0 + N, wb) : pv::classify_suffix_tile(k0, k0 + N, wb);
+    if (kind != pv::kTileSkip) {  // warp-uniform
+      const uint16_t* kt = Ks + stage * SM::kv_elems;
+      const uint16_t* vt = Vs + stage * SM::kv_elems;
+      // S = Q K^T (16 rows x N keys per warp)
+      float s[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        uint32_t a[4];
+        const uint16_t* q0 = qw + gid * RS + ks * 16 + 2 * tig;
+        a[0] = lds32(q0);
+        a[1] = lds32(q0 + 8 * RS);
+        a[2] = lds32(q0 + 8);
+        a[3] = lds32(q0 + 8 * RS + 8);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          uint32_t b[2];
+          const uint16_t* k = kt + (nt * 8 + gid) * RS + ks * 16 + 2 * tig;
+          b[0] = lds32(k);
+          b[1] = lds32(k + 8);
+          Mma::run(s[nt], a, b);
+        }
+      }
+      // logits, mask, running max
+      float mx[2] = {pv::kNegInf, pv::kNegInf};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i2 = e >> 1;  // row gid (0) or gid + 8 (1)
+          const int64_t key = k0 + nt * 8 + 2 * tig + (e & 1);
+          bool keep = true;
+          if (kind == pv::kTilePartial) {
+            keep = ri[i2].valid &&
+                   (is_cached ? pv::cached_pair_visible(key, ri[i2].lo, ri[i2].P)
+                              : pv::suffix_pair_visible(key, ri[i2].t, ri[i2].tok0, p.window));
+          }
+          const float x = keep ? pv::tc_logit(s[nt][e], p.scale, p.softcap) : pv::kNegInf;
+          s[nt][e] = x;
+          mx[i2] = fmaxf(mx[i2], x);
+        }
+      }
+      float alpha[2];
+#pragma unroll
+      for (int i2 = 0; i2 < 2; ++i2) {
+        const float m_new = fmaxf(m_row[i2], quad_max(mx[i2]));
+        alpha[i2] = pv::tc_rescale(m_row[i2], m_new);
+        m_row[i2] = m_new;
+        l_row[i2] *= alpha[i2];
+      }
+#pragma unroll
+      for (int d = 0; d < DT; ++d) {
+        o[d][0] *= alpha[0];
+        o[d][1] *= alpha[0];
+        o[d][2] *= alpha[1];
+        o[d][3] *= alpha[1];
+      }
+      // P = exp2(x - m), rounded to the input dtype; l from the rounded values
+      // (the weights the P V product uses)
+      uint32_t pa[NT][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t lo = Mma::pack(pv::tc_weight(s[nt][0], m_row[0]), pv::tc_weight(s[nt][1], m_row[0]));
+        const uint32_t hi = Mma::pack(pv::tc_weight(s[nt][2], m_row[1]), pv::tc_weight(s[nt][3], m_row[1]));
+        pa[nt][0] = lo;
+        pa[nt][1] = hi;
+        const scalar_t* lo2 = reinterpret_cast<const scalar_t*>(&pa[nt][0]);
+        const scalar_t* hi2 = reinterpret_cast<const scalar_t*>(&pa[nt][1]);
+        l_row[0] += static_cast<float>(lo2[0]) + static_cast<float>(lo2[1]);
+        l_row[1] += static_cast<float>(hi2[0]) + static_cast<float>(hi2[1]);
+      }
+      // O += P V: k16 = keys of n8 tiles 2 kk, 2 kk + 1
+#pragma unroll
+      for (int kk = 0; kk < N / 16; ++kk) {
+        const uint32_t a[4] = {pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1]};
+        const uint16_t* v0 = vt + (kk * 16 + 2 * tig) * RS + gid;
+#pragma unroll
+        for (int d = 0; d < DT; ++d) {
+          const uint16_t* v = v0 + d * 8;
+          uint32_t b[2];
+          b[0] = pack16(v[0], v[RS]);
+          b[1] = pack16(v[8 * RS], v[9 * RS]);
+          Mma::run(o[d], a, b);
+        }
+      }
+    }
+    __syncthreads();  // every warp done with this stage before it is refilled
+  }
+  cp_async_wait<0>();
+
+  // ---- write: out (one split) or the partial state
+  float l_tot[2];
+#pragma unroll
+  for (int i2 = 0; i2 < 2; ++i2) l_tot[i2] = quad_sum(l_row[i2]);
+#pragma unroll
+  for (int i2 = 0; i2 < 2; ++i2) {
+    const int r = warp * 16 + gid + 8 * i2;
+    const int t = row_t[r];
+    if (t < 0) continue;
+    const int hq = row_hq[r];
+    if (p.num_splits == 1) {
+      const float inv = pv::finalize_scale(l_tot[i2]);
+      scalar_t* dst = p.out + t * p.out_s0 + hq * p.out_s1 + 2 * tig;
+#pragma unroll
+      for (int d = 0; d < DT; ++d) {
+        const uint32_t v = Mma::pack(o[d][2 * i2] * inv, o[d][2 * i2 + 1] * inv);
+        *reinterpret_cast<uint32_t*>(dst + d * 8) = v;
+      }
+    } else {
+      const int64_t idx = (static_cast<int64_t>(split) * p.T + t) * p.Hq + hq;
+      if (tig == 0) {
+        p.ws_m[idx] = m_row[i2];
+        p.ws_l[idx] = l_tot[i2];
+      }
+      float* dst = p.ws_acc + idx * D + 2 * tig;
+#pragma unroll
+      for (int d = 0; d < DT; ++d) {
+        *reinterpret_cast<float2*>(dst + d * 8) = make_float2(o[d][2 * i2], o[d][2 * i2 + 1]);
+      }
+    }
+  }
+}
+
+// Merges the split partial states: one warp per (token, query head).  Every
+// split wrote a state for every row of every row tile that exists (an empty one
+// with m = -inf, l = 0 when the split held nothing for the row).
+template <typename scalar_t, int D>
+__global__ void __launch_bounds__(128) prefix_verify_tc_merge_kernel(const TcParams<scalar_t> p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= static_cast<int64_t>(p.T) * p.Hq) return;
+  const int64_t t = row / p.Hq, hq = row - t * p.Hq;
+  const int64_t stride = static_cast<int64_t>(p.T) * p.Hq;
+  float m_max = pv::kNegInf;
+  for (int s = 0; s < p.num_splits; ++s) m_max = fmaxf(m_max, p.ws_m[s * stride + row]);
+  float l = 0.f;
+  for (int s = 0; s < p.num_splits; ++s) l += pv::tc_rescale(p.ws_m[s * stride + row], m_max) * p.ws_l[s * stride + row];
+  const float inv = pv::finalize_scale(l);
+  for (int d = lane; d < D; d += 32) {
+    float acc = 0.f;
+    for (int s = 0; s < p.num_splits; ++s) {
+      const float w = pv::tc_rescale(p.ws_m[s * stride + row], m_max);
+      if (w != 0.f) acc += w * p.ws_acc[(s * stride + row) * D + d];
+    }
+    p.out[t * p.out_s0 + hq * p.out_s1 + d] = static_cast<scalar_t>(acc * inv);
+  }
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+template <typename scalar_t, int D>
+void launch_tc(TcParams<scalar_t>& p, int64_t max_prefix_len, const at::Tensor& q, cudaStream_t stream) {
+  using SM = TcSmem<D>;
+  int device = 0, sms = 0, smem_optin = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int64_t est_tiles = pv::ceil_div(static_cast<int64_t>(p.T) * p.G, kTcRows);
+  const int64_t grid_x = pv::max_row_tiles(p.T, p.C, p.G, kTcRows);
+  // about two CTAs per SM (87 KB of shared memory each up to D = 128)
+  const pv::SplitPlan sp = pv::plan_splits(max_prefix_len, est_tiles, p.Hkv, 2 * static_cast<int64_t>(sms),
+                                           pv::TcShape<D>::kKeys);
+  p.num_splits = static_cast<int>(sp.num_splits);
+  p.chunk = static_cast<int>(sp.chunk);
+  at::Tensor ws;
+  if (sp.num_splits > 1) {
+    const int64_t n = sp.num_splits * static_cast<int64_t>(p.T) * p.Hq;
+    ws = at::empty({n * (D + 2)}, q.options().dtype(at::kFloat));
+    p.ws_m = ws.data_ptr<float>();
+    p.ws_l = p.ws_m + n;
+    p.ws_acc = p.ws_l + n;
+  }
+  auto kernel = prefix_verify_tc_kernel<scalar_t, D>;
+  TORCH_CHECK(static_cast<int64_t>(SM::bytes) <= smem_optin, "prefix_verify_attention (CUDA): head size ", D,
+              " needs ", SM::bytes, " bytes of shared memory per block, this GPU allows ", smem_optin);
+  C10_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(SM::bytes)));
+  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.Hkv), static_cast<unsigned>(sp.num_splits));
+  kernel<<<grid, kTcThreads, SM::bytes, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (sp.num_splits > 1) {
+    const int64_t rows = static_cast<int64_t>(p.T) * p.Hq;
+    prefix_verify_tc_merge_kernel<scalar_t, D>
+        <<<static_cast<unsigned>(pv::ceil_div(rows, 4)), 128, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+template <typename scalar_t>
+bool run_tc(const PrefixVerifyArgs& a) {
+  const at::Tensor &out = a.out, &q = a.q, &k_new = a.k_new, &v_new = a.v_new;
+  const at::Tensor &key_cache = a.key_cache, &value_cache = a.value_cache, &block_table = a.block_table;
+  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_new.size(1);
+  // 16-byte loads and 4-byte stores everywhere: pointers and row strides aligned
+  auto rows16 = [&](const at::Tensor& t) {
+    bool ok = aligned16(t.data_ptr());
+    for (int64_t i = 0; i + 1 < t.dim(); ++i) ok = ok && (t.stride(i) * 2) % 16 == 0;
+    return ok;
+  };
+  if (!(rows16(q) && rows16(k_new) && rows16(v_new) && rows16(key_cache) && rows16(value_cache) && rows16(out)))
+    return false;
+  TcParams<scalar_t> p{};
+  p.out = out.data_ptr<scalar_t>();
+  p.q = q.data_ptr<scalar_t>();
+  p.k_new = k_new.data_ptr<scalar_t>();
+  p.v_new = v_new.data_ptr<scalar_t>();
+  p.kc = key_cache.data_ptr<scalar_t>();
+  p.vc = value_cache.data_ptr<scalar_t>();
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.copy_req = a.copy_req.data_ptr<int32_t>();
+  p.copy_prefix_len = a.copy_prefix_len.data_ptr<int32_t>();
+  p.cu = a.cu_copy_lens.data_ptr<int32_t>();
+  p.out_s0 = out.stride(0);
+  p.out_s1 = out.stride(1);
+  p.q_s0 = q.stride(0);
+  p.q_s1 = q.stride(1);
+  p.kn_s0 = k_new.stride(0);
+  p.kn_s1 = k_new.stride(1);
+  p.vn_s0 = v_new.stride(0);
+  p.vn_s1 = v_new.stride(1);
+  p.bt_s0 = block_table.stride(0);
+  p.ks = pv::CacheStrides{key_cache.stride(0), key_cache.stride(1), key_cache.stride(2)};
+  p.vs = pv::CacheStrides{value_cache.stride(0), value_cache.stride(1), value_cache.stride(2)};
+  p.block_size = static_cast<int>(key_cache.size(1));
+  p.C = static_cast<int>(a.copy_req.size(0));
+  p.T = static_cast<int>(T);
+  p.Hq = static_cast<int>(Hq);
+  p.Hkv = static_cast<int>(Hkv);
+  p.G = static_cast<int>(Hq / Hkv);
+  p.scale = static_cast<float>(a.scale);
+  p.softcap = static_cast<float>(a.softcap);
+  p.window = static_cast<int>(a.sliding_window);
+  const int64_t max_prefix_len =
+      a.max_prefix_len > 0 ? a.max_prefix_len : block_table.size(1) * key_cache.size(1);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  switch (D) {
+    case 32: launch_tc<scalar_t, 32>(p, max_prefix_len, q, stream); break;
+    case 64: launch_tc<scalar_t, 64>(p, max_prefix_len, q, stream); break;
+    case 80: launch_tc<scalar_t, 80>(p, max_prefix_len, q, stream); break;
+    case 96: launch_tc<scalar_t, 96>(p, max_prefix_len, q, stream); break;
+    case 128: launch_tc<scalar_t, 128>(p, max_prefix_len, q, stream); break;
+    case 256: launch_tc<scalar_t, 256>(p, max_prefix_len, q, stream); break;
+    default: return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool prefix_verify_attention_cuda_tc(const PrefixVerifyArgs& a) {
+  const int64_t T = a.q.size(0), Hq = a.q.size(1);
+  if (T * Hq >= (int64_t{1} << 31)) return false;
+  switch (a.q.scalar_type()) {
+    case at::kBFloat16: return run_tc<c10::BFloat16>(a);
+    case at::kHalf: return run_tc<c10::Half>(a);
+    default: return false;  // float32: the CUDA-core kernel
+  }
+}
+
+}  // namespace parse_vllm

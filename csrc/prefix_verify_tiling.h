@@ -1,0 +1,266 @@
+// Schedule of the tensor-core kernel (csrc/cuda/prefix_verify_attention_tc.cu):
+// which CTA owns which query rows, which cached keys each split walks, how each
+// key tile is classified against the staircase, and which (row, key) pairs a
+// partial tile keeps.  Host + device, no torch: the CUDA kernel calls these
+// functions, and the CPU emulator (csrc/cpu/prefix_verify_tc_emulator.cpp) runs
+// the same schedule on the host so that tests can check, over thousands of
+// fuzzed calls, that every visible (row, key) pair is accumulated exactly once
+// and no other pair at all (tests/test_kernel_tc_schedule.py).
+//
+// Rows.  Copies are grouped in runs (maximal runs of consecutive copies of one
+// request, prefix_verify_common.h).  The query rows of one (run, kv head) are
+// all G = Hq / Hkv query heads of every suffix token of the run, token-major
+// and head-minor: row r of the run is token cu[c0] + r / G, query head
+// h * G + r % G.  So the G heads of a token and the copies of a request share
+// every key tile a CTA loads (FlashInfer / FA3 "packed GQA", Hydragen's batching
+// of the queries that share a prefix).
+//
+// Worked example (the schedule of one call).  G = 4, kRows = 64, a request
+// judged by K = 3 copies of an L = 24-token suffix after P = 1000, 1100, 1200
+// cached tokens, then a second request with one copy after P = 300:
+//   copy_req = [0, 0, 0, 1], cu = [0, 24, 48, 72, 96], copy_prefix_len = [1000, 1100, 1200, 300]
+//   run 0 = copies [0, 3): 72 tokens x 4 heads = 288 rows -> 5 row tiles (4 x 64 + 32)
+//   run 1 = copy 3:        24 x 4 = 96 rows              -> 2 row tiles (64 + 32)
+//   row tile 1 of run 0 = rows [64, 128) = tokens 16..31: copy 0 (tokens 16..23, P 1000)
+//   and copy 1 (tokens 24..31, P 1100).  Its cached keys: [0, 1100).  With 64-key
+//   tiles, keys [0, 960) are FULL (seen by every row: no mask), [960, 1024) too
+//   (960 + 64 <= 1000), [1024, 1088) and [1088, 1152) PARTIAL (rows of copy 0 stop
+//   at 1000), [1152, ...) SKIPPED (never loaded).  Its suffix keys: tokens
+//   [0, 32) of k_new, causal within each copy.
+//   Grid: x = an upper bound of the row tiles, ceil(T * G / kRows) + C = 6 + 4 =
+//   10 (CTAs past the real 7 tiles return at once), y = Hkv, z = the key splits.
+#pragma once
+
+#include <cstdint>
+
+#include "prefix_verify_common.h"
+
+namespace parse_vllm {
+namespace pv {
+
+// ---------------------------------------------------------------- tile shapes
+
+// Query rows per CTA: 4 warps x 16 rows (one m16 MMA tile per warp).
+constexpr int kTcWarps = 4;
+constexpr int kTcThreads = kTcWarps * 32;
+constexpr int kTcRows = kTcWarps * 16;
+
+// Keys per shared-memory tile, and pipeline stages: 64 keys, double-buffered,
+// up to D = 128 (Q 17 KB + 2 x (K + V) 70 KB = 87 KB of shared memory with the
+// 16-byte row padding); 32 keys, one stage for D = 256 (68 KB), so that every
+// head size fits the 99 KB per block of sm_86 / sm_89.
+template <int D>
+struct TcShape {
+  static_assert(D % 16 == 0, "head size must be a multiple of 16 for the MMA path");
+  static constexpr int kKeys = D <= 128 ? 64 : 32;
+  static constexpr int kStages = D <= 128 ? 2 : 1;
+  static constexpr int kPad = 8;  // elements of padding per shared row: conflict-free fragment loads
+  static constexpr int kRowStride = D + kPad;
+};
+
+// Smallest key range one split covers (FlashInfer's minimum KV chunk).
+constexpr int64_t kTcMinChunk = 128;
+// Upper bound on splits (the merge reads every split's partial state).
+constexpr int64_t kTcMaxSplits = 64;
+
+// ---------------------------------------------------------------- row tiles
+
+// Row tiles the run starting at copy c contributes (0 when c does not start a
+// run).  Every CTA computes this for all copies and prefix-sums it (in
+// parallel); the emulator does the same serially.
+PV_HD int64_t run_tile_count(const int32_t* copy_req, const int32_t* cu, int64_t c, int64_t num_copies,
+                             int64_t G, int64_t rows_per_tile) {
+  if (!is_group_start(copy_req, c)) return 0;
+  const int64_t ce = group_end(copy_req, c, num_copies);
+  return ceil_div((static_cast<int64_t>(cu[ce]) - cu[c]) * G, rows_per_tile);
+}
+
+// An upper bound of the row tiles of a call from what the host knows without
+// reading the index tensors: each run adds at most one partial tile.
+PV_HD int64_t max_row_tiles(int64_t T, int64_t num_copies, int64_t G, int64_t rows_per_tile) {
+  return ceil_div(T * G, rows_per_tile) + num_copies;
+}
+
+// One query row of a run.
+struct RowInfo {
+  bool valid;     // false past the run's last row (tile padding)
+  int32_t t;      // suffix token (row of q / k_new / out)
+  int32_t g;      // query head within the kv head's group
+  int32_t copy;   // copy of token t
+  int32_t P;      // cached keys the copy sees: [lo, P)
+  int32_t lo;     // first cached key the row sees (sliding window), 0 without one
+  int32_t tok0;   // first suffix token of the copy (its own keys: [tok0, t])
+};
+
+// Row r of the run of copies [c0, c1).  The copy of token t is found by a
+// binary search of cu over the run's copies (empty copies are skipped).
+PV_HD RowInfo run_row(const int32_t* cu, const int32_t* copy_prefix_len, int64_t c0, int64_t c1, int64_t G,
+                      int64_t window, int64_t r) {
+  RowInfo x{};
+  const int64_t tok0 = cu[c0];
+  const int64_t t = tok0 + r / G;
+  x.valid = t < cu[c1];
+  if (!x.valid) return x;
+  int64_t lo = c0, hi = c1;  // invariant: cu[lo] <= t < cu[hi]
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) >> 1;
+    if (cu[mid] <= t) lo = mid; else hi = mid;
+  }
+  x.t = static_cast<int32_t>(t);
+  x.g = static_cast<int32_t>(r % G);
+  x.copy = static_cast<int32_t>(lo);
+  x.P = copy_prefix_len[lo];
+  x.tok0 = cu[lo];
+  x.lo = static_cast<int32_t>(prefix_window_lo(x.P, t - x.tok0, window));
+  return x;
+}
+
+// ---------------------------------------------------------------- staircase
+
+// The cached-key bounds of a set of rows (a CTA's or a warp's): each row sees
+// [lo, P).  Empty set: lo_min = INT32_MAX, hi_max = 0 (every tile skips).
+struct RowBounds {
+  int32_t lo_min, lo_max;  // min / max of the rows' first visible key
+  int32_t hi_min, hi_max;  // min / max of the rows' prefix lengths P
+  int32_t t_min, t_max;    // min / max suffix token
+  int32_t tok0_min;        // min first token of the rows' copies
+};
+
+PV_HD RowBounds empty_bounds() {
+  return RowBounds{2147483647, -2147483647 - 1, 2147483647, 0, 2147483647, -1, 2147483647};
+}
+
+PV_HD void add_row(RowBounds& b, const RowInfo& x) {
+  if (!x.valid) return;
+  b.lo_min = x.lo < b.lo_min ? x.lo : b.lo_min;
+  b.lo_max = x.lo > b.lo_max ? x.lo : b.lo_max;
+  b.hi_min = x.P < b.hi_min ? x.P : b.hi_min;
+  b.hi_max = x.P > b.hi_max ? x.P : b.hi_max;
+  b.t_min = x.t < b.t_min ? x.t : b.t_min;
+  b.t_max = x.t > b.t_max ? x.t : b.t_max;
+  b.tok0_min = x.tok0 < b.tok0_min ? x.tok0 : b.tok0_min;
+}
+
+PV_HD RowBounds merge_bounds(RowBounds a, const RowBounds& b) {
+  a.lo_min = b.lo_min < a.lo_min ? b.lo_min : a.lo_min;
+  a.lo_max = b.lo_max > a.lo_max ? b.lo_max : a.lo_max;
+  a.hi_min = b.hi_min < a.hi_min ? b.hi_min : a.hi_min;
+  a.hi_max = b.hi_max > a.hi_max ? b.hi_max : a.hi_max;
+  a.t_min = b.t_min < a.t_min ? b.t_min : a.t_min;
+  a.t_max = b.t_max > a.t_max ? b.t_max : a.t_max;
+  a.tok0_min = b.tok0_min < a.tok0_min ? b.tok0_min : a.tok0_min;
+  return a;
+}
+
+enum TileKind : int { kTileSkip = 0, kTilePartial = 1, kTileFull = 2 };
+
+// How the cached keys [k0, k1) relate to the rows of `b`: FULL when every row
+// sees every key (no mask is applied), SKIP when no row sees any (the tile is
+// not loaded, or the warp does no MMA), else PARTIAL (each pair is masked by
+// cached_pair_visible).
+PV_HD TileKind classify_cached_tile(int64_t k0, int64_t k1, const RowBounds& b) {
+  if (b.hi_max <= 0 || k0 >= b.hi_max || k1 <= b.lo_min) return kTileSkip;
+  if (k0 >= b.lo_max && k1 <= b.hi_min) return kTileFull;
+  return kTilePartial;
+}
+
+PV_HD bool cached_pair_visible(int64_t key, int32_t lo, int32_t P) { return key >= lo && key < P; }
+
+// Suffix keys are tokens of k_new: row (token t of a copy starting at tok0)
+// sees tokens [max(tok0, t - W + 1), t].  A tile of tokens [j0, j1) against a
+// set of rows: SKIP when it holds no token any row sees.  (Suffix tiles are
+// always masked: they are one or two tiles per row tile.)
+PV_HD bool suffix_pair_visible(int64_t tk, int32_t t, int32_t tok0, int64_t window) {
+  return tk >= tok0 && tk <= t && (window <= 0 || t - tk < window);
+}
+
+PV_HD TileKind classify_suffix_tile(int64_t j0, int64_t j1, const RowBounds& b) {
+  if (b.t_max < 0 || j0 > b.t_max || j1 <= b.tok0_min) return kTileSkip;
+  return kTilePartial;
+}
+
+// The suffix tokens a CTA's rows may see: [tok0_min, t_max + 1).
+PV_HD KeyRange suffix_key_range(const RowBounds& b) {
+  KeyRange r;
+  r.lo = b.tok0_min;
+  r.hi = b.t_max + 1;
+  if (b.t_max < 0) r.lo = r.hi = 0;
+  return r;
+}
+
+// ---------------------------------------------------------------- key splits
+
+// Split-KV (flash-decoding): split s walks the cached keys [s * chunk, (s + 1)
+// * chunk).  Chosen on the host from the real bound of the call's prefixes
+// (max_prefix_len, which the caller knows) and the GPU's size, never from the
+// block table's width: enough (row tile, kv head, split) CTAs for about
+// `target_ctas`, each split at least kTcMinChunk keys, chunk a whole number of
+// key tiles so that no tile straddles two splits.
+struct SplitPlan {
+  int64_t num_splits;
+  int64_t chunk;
+};
+
+PV_HD SplitPlan plan_splits(int64_t max_prefix_len, int64_t est_row_tiles, int64_t Hkv, int64_t target_ctas,
+                            int64_t keys_per_tile) {
+  SplitPlan s{1, keys_per_tile};
+  const int64_t P = max_prefix_len > 0 ? max_prefix_len : 1;
+  const int64_t pairs = (est_row_tiles > 0 ? est_row_tiles : 1) * (Hkv > 0 ? Hkv : 1);
+  int64_t want = ceil_div(target_ctas, pairs);
+  const int64_t most = ceil_div(P, kTcMinChunk);
+  want = want < most ? want : most;
+  want = want < kTcMaxSplits ? want : kTcMaxSplits;
+  want = want > 1 ? want : 1;
+  s.chunk = ceil_div(ceil_div(P, want), keys_per_tile) * keys_per_tile;
+  s.num_splits = ceil_div(P, s.chunk);
+  return s;
+}
+
+// The cached key tiles split `s` walks for rows `b`: tile starts k0 in
+// [first, end) step keys_per_tile, aligned to keys_per_tile.
+PV_HD KeyRange split_key_tiles(const RowBounds& b, const SplitPlan& sp, int64_t s, int64_t keys_per_tile) {
+  KeyRange r;
+  const int64_t s_lo = s * sp.chunk, s_hi = s_lo + sp.chunk;
+  const int64_t lo = b.lo_min > s_lo ? b.lo_min : s_lo;
+  const int64_t hi = b.hi_max < s_hi ? b.hi_max : s_hi;
+  r.lo = (lo / keys_per_tile) * keys_per_tile;
+  r.hi = hi;
+  if (hi <= lo) r.lo = r.hi = 0;
+  return r;
+}
+
+// Which keys of a cached tile are loaded from the cache (the rest of the tile
+// is zero-filled): those some row of the CTA sees.  Keys at or past hi_max may
+// lie in blocks the request does not own.
+PV_HD bool cached_key_loaded(int64_t key, const RowBounds& b) { return key >= b.lo_min && key < b.hi_max; }
+
+// ---------------------------------------------------------------- softmax, base 2
+//
+// The kernel keeps logits in log2 units (x = s * scale * log2(e), or the
+// soft-capped logit times log2(e)) so that every weight is one exp2.  Split
+// partial states store m in those units; the merge uses the same base.
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+PV_HD float tc_logit(float dot, float scale, float softcap) {
+  const float s = dot * scale;
+  return (softcap > 0.f ? softcap * tanhf(s / softcap) : s) * kLog2e;
+}
+
+PV_HD float exp2_of(float x) {
+#if defined(__CUDA_ARCH__)
+  return exp2f(x);
+#else
+  return std::exp2(x);
+#endif
+}
+
+// Rescale factor of the state when the running max moves m_old -> m_new; 0
+// when nothing was accumulated (m_old = -inf).
+PV_HD float tc_rescale(float m_old, float m_new) { return m_old == kNegInf ? 0.f : exp2_of(m_old - m_new); }
+
+// Weight of logit x under running max m; 0 for a masked logit.
+PV_HD float tc_weight(float x, float m) { return x == kNegInf ? 0.f : exp2_of(x - m); }
+
+}  // namespace pv
+}  // namespace parse_vllm
