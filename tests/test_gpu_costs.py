@@ -18,7 +18,7 @@ from parse_vllm.tools.benchmarks import report
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_costs.py"
-TINY = ["--device", "cpu", "--tiny", "--batches", "1", "4", "--windows", "8", "16", "--copies", "2", "4"]
+TINY = ["--device", "cpu", "--tiny", "--batches", "1", "8", "--windows", "8", "16", "--copies", "2", "4"]
 TINY += ["--context", "64", "--repeats", "2"]
 
 
@@ -68,23 +68,23 @@ def test_tiny_cpu_run_measures_every_planned_case(tiny_costs):
     got = {(x["case"], x["batch"], x["new_tokens"], x["logit_positions"]) for x in target["cases"]}
     assert got == {
         ("decode", 1, 1, 1),
-        ("decode", 4, 1, 4),
+        ("decode", 8, 1, 8),
         ("window_forward", 1, 8, 8),
         ("window_forward", 1, 16, 16),
         ("verify_forward", 1, 2 * 24, 2),  # K copies of the 24-token suffix, one logit per copy
         ("verify_forward", 1, 4 * 24, 4),
     }
-    # the forwards at the larger batch: 4 sequences of W tokens (logits at each), of K x 24 tokens (K logits each)
+    # the forwards at the larger batch: 8 sequences of W tokens (logits at each), of K x 24 tokens (K logits each)
     got = {(x["case"], x["batch"], x["new_tokens"], x["logit_positions"]) for x in target["batch_cases"]}
     assert got == {
-        ("window_forward", 4, 8, 4 * 8),
-        ("window_forward", 4, 16, 4 * 16),
-        ("verify_forward", 4, 2 * 24, 4 * 2),
-        ("verify_forward", 4, 4 * 24, 4 * 4),
+        ("window_forward", 8, 8, 8 * 8),
+        ("window_forward", 8, 16, 8 * 16),
+        ("verify_forward", 8, 2 * 24, 8 * 2),
+        ("verify_forward", 8, 4 * 24, 8 * 4),
     }
     assert {x["window"] for x in target["batch_cases"] if x["case"] == "window_forward"} == {8, 16}
     assert {x["copies"] for x in target["batch_cases"] if x["case"] == "verify_forward"} == {2, 4}
-    assert {(x["case"], x["batch"]) for x in draft["cases"]} == {("decode", 1), ("decode", 4)}  # a draft only decodes
+    assert {(x["case"], x["batch"]) for x in draft["cases"]} == {("decode", 1), ("decode", 8)}  # a draft only decodes
     assert draft["batch_cases"] == []
     for m in (target, draft):
         depth = m["geometry"]["num_hidden_layers"]
@@ -92,8 +92,8 @@ def test_tiny_cpu_run_measures_every_planned_case(tiny_costs):
             assert x["layer_ms"] == pytest.approx(x["stack_ms"] / x["layers_built"])
             assert x["model_ms"] == pytest.approx(x["layer_ms"] * depth + x["head_ms"])
             assert x["context"] == 64 and x["timing"] == "eager"
-    decode = next(x for x in target["cases"] if x["case"] == "decode" and x["batch"] == 4)
-    assert decode["tokens_per_s"] == pytest.approx(4 / decode["model_ms"] * 1e3)
+    decode = next(x for x in target["cases"] if x["case"] == "decode" and x["batch"] == 8)
+    assert decode["tokens_per_s"] == pytest.approx(8 / decode["model_ms"] * 1e3)
     assert [a["copies"] for a in c["verify_attention"]] == [2, 4]
     for a in c["verify_attention"]:
         assert a["model"] == "tiny-target" and a["sdpa_per_copy_ms"] > 0
@@ -102,7 +102,11 @@ def test_tiny_cpu_run_measures_every_planned_case(tiny_costs):
             assert a["op_speedup_vs_sdpa_per_copy"] == pytest.approx(a["sdpa_per_copy_ms"] / a["op_ms"])
         else:
             assert a["op"].startswith("not measured")
-    assert "tiny-target" in r.stdout and "verify attention" in r.stdout and "at batch 4: window_forward (W) 8: " in r.stdout
+    assert (
+        "tiny-target" in r.stdout
+        and "verify attention" in r.stdout
+        and "at batch 8: window_forward (W) 8: " in r.stdout
+    )
 
 
 def test_time_budget_leaves_cases_out_and_says_so(tmp_path):
@@ -110,11 +114,11 @@ def test_time_budget_leaves_cases_out_and_says_so(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr  # nothing measured
     c = json.loads(out.read_text())
     assert c["models"] == {} and c["verify_attention"] == []
-    # decodes of both at batch 1 and 4; the target's windows, verify forwards and attention at batch 1;
-    # its windows and verify forwards at batch 4
+    # decodes of both at batch 1 and 8; the target's windows, verify forwards and attention at batch 1;
+    # its windows and verify forwards at batch 8
     assert len(c["not_measured"]) == 2 * 2 + 2 + 2 + 2 + 2 + 2
     assert {x["why"] for x in c["not_measured"]} == {"time budget 0 s"}
-    # the order they would have run in: every batch-1 cost first, then batch 4 model by model
+    # the order they would have run in: every batch-1 cost first, then batch 8 model by model
     assert [(x["case"], x["model"], x["size"], x["batch"]) for x in c["not_measured"]] == [
         ("decode", "tiny-target", 1, 1),
         ("window_forward", "tiny-target", 8, 1),
@@ -124,12 +128,12 @@ def test_time_budget_leaves_cases_out_and_says_so(tmp_path):
         ("verify_attention", "tiny-target", 2, 1),
         ("verify_attention", "tiny-target", 4, 1),
         ("decode", "tiny-draft", 1, 1),
-        ("decode", "tiny-target", 4, 4),
-        ("window_forward", "tiny-target", 8, 4),
-        ("window_forward", "tiny-target", 16, 4),
-        ("verify_forward", "tiny-target", 2, 4),
-        ("verify_forward", "tiny-target", 4, 4),
-        ("decode", "tiny-draft", 4, 4),
+        ("decode", "tiny-target", 8, 8),
+        ("window_forward", "tiny-target", 8, 8),
+        ("window_forward", "tiny-target", 16, 8),
+        ("verify_forward", "tiny-target", 2, 8),
+        ("verify_forward", "tiny-target", 4, 8),
+        ("decode", "tiny-draft", 8, 8),
     ]
 
 
@@ -287,7 +291,7 @@ def test_counters_from_eval_rows_old_and_new():
     assert pj.counters_from_row({"config": "target", "tokens": 10, "acceptance": None}) is None
 
 
-def test_projection_of_eval_summaries_sums_sets_and_projects_batch_1_only():
+def test_projection_of_eval_summaries_sums_sets_and_leaves_out_batches_the_costs_miss():
     row = {"config": "parse W=16", "tau": 0.5, "guard": 0, "tokens": 100}
     acc = {"vllm_drafts": 4, "vllm_draft_tokens": 60, "vllm_accepted": 60, "drafts": 4, "draft_tokens": 60}
     summary = {
@@ -303,9 +307,14 @@ def test_projection_of_eval_summaries_sums_sets_and_projects_batch_1_only():
     assert r["sets"] == ["a", "b"] and r["counters"]["tokens"] == 200 and r["counters"]["windows"] == 8
     (p,) = r["projections"]
     assert (p["target"], p["draft"]) == ("t", "d") and p["speedup"] > 1
-    assert proj["rows_not_projected"] == ["run: parse W=16 τ 0.5 at batch 8 (batch 1 only)"]
+    # _costs() has a decode step at batch 8 but no forward there: the batch-8 row is left out, saying why
+    assert proj["rows_not_projected"] == [
+        "run: parse W=16 τ 0.5 guard 0 at batch 8 "
+        "(t: no window or verification forwards measured at batch 8 (measured at batch 1))"
+    ]
     md = "\n".join(pj.section(proj, _costs()))
-    assert "## Projection on Test GPU" in md and f"| {p['speedup']:.2f} |" in md
+    assert "## Projection on Test GPU" in md and f"| 1 | 200 | 8 | 0.0 | {p['speedup']:.2f} |" in md
+    assert "Not projected: run: parse W=16 τ 0.5 guard 0 at batch 8" in md
     assert all(f"- {a}" in md for a in pj.ASSUMPTIONS)
 
 
@@ -317,6 +326,11 @@ def test_tiny_costs_project_the_committed_eval_runs(tiny_costs):
     for r in proj["rows"]:
         (p,) = r["projections"]
         assert math.isfinite(p["speedup"]) and p["speedup"] > 0, r["config"]
+        assert p["batch"] == r["effective_batch"] == min(r["batch"], 41 if r["batch"] > 1 else 1)
+    # eval-coder's batch-8 rows (41 prompts) projected at batch 8 on the tiny run's batch-8 forwards
+    at8 = [r for r in proj["rows"] if r["batch"] == 8]
+    assert {r["config"] for r in at8} == {"token-k4", "token-k8", "parse W=128 k4"}
+    assert proj["rows_not_projected"] == []
 
 
 def test_bench_report_renders_the_projection_section(tiny_costs, tmp_path):
@@ -326,10 +340,13 @@ def test_bench_report_renders_the_projection_section(tiny_costs, tmp_path):
     common = ["--results", str(ROOT / "bench" / "full"), "--full-dir", str(tmp_path / "full"), "--out", str(out)]
     common += ["--latency", str(ROOT / "bench" / "latency"), "--eagle3", str(ROOT / "bench" / "eagle3")]
     counters = ["--counters", str(ROOT / "bench" / "eagle3" / "summary.json")]
+    counters += [str(ROOT / "bench" / "eval-coder" / "summary.json")]
     assert report.main([*common, "--gpu-costs", str(costs), *counters]) == 0
     text = out.read_text()
     section = text.split("## Projection on")[1]
-    assert "| eagle3 | parse W=48 e3 | 1.5 |" in section and "Assumptions:" in section
+    assert "| eagle3 | parse W=48 e3 | 1.5 | 0 | 1 |" in section and "Assumptions:" in section
+    assert "| eval-coder | parse W=128 k4 | 0.8 | 0 | 8 |" in section  # a batch row, projected at its batch
+    assert "| tiny-target | 8 |" in section and "- Batch B > 1 (the row's batch" in section
     assert report.main(common) == 0 and "## Projection on" not in out.read_text()  # only when asked
     with pytest.raises(SystemExit):
         report.main([*common, "--gpu-costs", str(tmp_path / "missing.json")])

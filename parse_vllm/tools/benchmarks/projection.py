@@ -1,9 +1,9 @@
 """What PARSE would gain over the target alone on a GPU: the step costs that
 ``scripts/gpu_costs.py`` measured there, combined with the acceptance counters of runs
 on this CPU (``parse_vllm.get_stats`` through ``parse-vllm eval``: the ``acceptance`` of
-each summary row).
+each summary row), at each row's batch.
 
-Pure: dicts in, dicts and Markdown out; no torch, no vLLM. The model (batch 1, one
+Pure: dicts in, dicts and Markdown out; no torch, no vLLM. The model at batch 1 (one
 request, every step of it costed; ``ASSUMPTIONS`` says what it leaves out):
 
     time(PARSE)  = plain steps x decode
@@ -20,6 +20,27 @@ past what it accepts), plain steps = target steps - windows - token-level steps,
 and k the runs' means. Per window, the same costs give the window's own balance: accepted
 tokens + 1 over W x draft step + forward(W + 1) + its verification passes.
 
+At batch B > 1 (a row's batch, or its prompt count when smaller) the same counters are
+costed as a throughput run: B requests in every engine step, so
+
+    time(PARSE)  = (target steps / B) x E[step(B)]              each request of a step independently a plain,
+                                                                a window or a token-level step, in the counters'
+                                                                proportions; step = one forward of B sequences
+                                                                over their new tokens (the measured decode step
+                                                                at batch B when all are plain)
+                 + passes x forward(r sequences, C x L tokens, C logits)   r = drafts / passes, in [1, B]
+                 + (draft-model tokens / ρ) x the draft's decode step at batch ρ
+                                                                ρ = drafter rows / drafter calls, in [1, B]
+                 + (EAGLE-3 tokens / B) x (one target layer + LM head, at batch B)
+    time(target) = (tokens / B) x decode at batch B
+    speed-up     = time(target) / time(PARSE)                   a throughput ratio at equal batch
+
+which is the batch-1 model at B = 1. A forward of b sequences over n new tokens each is
+gpu_costs.py's measurement at batch b (``batch_cases``), piecewise linear in n, linear in
+b between the measured batches. The window's balance at batch B is its marginal cost: the
+step with one window among B - 1 plain requests over the all-plain step, plus its draft
+tokens and its share of passes, against decode(B) / B per token.
+
     python -m parse_vllm.tools.benchmarks.projection gpu_costs.json bench/eagle3/summary.json
 """
 
@@ -27,17 +48,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-#: eval summaries whose batch-1 rows are projected when none are named
+#: eval summaries whose rows are projected when none are named
 DEFAULT_COUNTERS = (Path("bench/eagle3/summary.json"), Path("bench/eval-coder/summary.json"))
 
 ASSUMPTIONS = (
     "Acceptance transfers: the counters come from runs of a small pair on this CPU (float32); the projection "
     "assumes the GPU pair accepts as much per window and per token-level draft (it depends on the models and "
     "the judge, not the hardware, and the pairs differ).",
-    "Batch 1: one request, every step of it on the GPU alone; rows at larger batches are not projected.",
+    "Batch 1: one request, every step of it on the GPU alone.",
+    "Batch B > 1 (the row's batch, or its prompt count when that is smaller): a throughput run where every engine "
+    "step carries B requests, so (target steps) / B steps; the ramp-up and the tail, when fewer requests are left "
+    "in flight, are not modelled. The target alone takes tokens / B decode steps at batch B; the speed-up is the "
+    "ratio of throughputs at equal batch.",
+    "At batch B, each request of a step is independently in a plain decode step, a window step (W + 1 tokens) or a "
+    "token-level step (k + 1 tokens), in the proportions of the counters; a step costs one forward of B sequences "
+    "over its new tokens (the measured decode step at batch B when all are plain), averaged over those mixes.",
+    "A forward of b sequences with n new tokens in all costs gpu_costs' measured forward of b sequences of n / b "
+    "new tokens each (equal lengths and contexts, where a real step mixes them) plus the LM head over its logit "
+    "positions; linear in b between measured batch sizes; a batch above the largest measured one is not projected.",
+    "A verification pass at batch B covers drafts / passes requests (at least 1, at most B): one forward of that "
+    "many sequences over the pass's copies x L tokens, logits at its copies.",
+    "The draft decodes drafter rows / drafter calls requests at a time (PARSE's counters; at least 1, at most B); "
+    "a PARSE row at batch > 1 without those counters costs every draft token at the draft's batch-1 step (an upper "
+    "bound); vLLM's own proposers (rows without PARSE counters) and EAGLE-3 propose for the B requests of a step "
+    "at once.",
     "Step costs are scripts/gpu_costs.py's: random weights in the geometries' real shapes, a few layers timed "
     "(CUDA graphs) and scaled to the full depth plus the LM head, at the context it used; vLLM's kernels differ.",
     "Target steps = tokens - accepted draft tokens; plain decode steps = target steps - windows - token-level "
@@ -81,34 +119,100 @@ def _points(pairs) -> list[tuple[float, float]]:
     return sorted((x, sum(ys) / len(ys)) for x, ys in by.items())
 
 
+class NotProjectable(ValueError):
+    """The gpu_costs.json does not cover what a row needs (a batch it did not measure):
+    `model` and `why`."""
+
+    def __init__(self, model: str, why: str):
+        super().__init__(f"{model}: {why}")
+        self.model, self.why = model, why
+
+
+def _along_batch(batches: list[int], b: float, at, name: str, what: str) -> float:
+    """at(b) where b was measured; linear in b between the two measured batches around it."""
+    if b in batches:
+        return at(b)
+    for b0, b1 in zip(batches, batches[1:]):
+        if b0 < b < b1:
+            return at(b0) + (at(b1) - at(b0)) * (b - b0) / (b1 - b0)
+    have = ", ".join(map(str, batches)) or "none"
+    raise NotProjectable(name, f"no {what} measured at batch {b:g} (measured at batch {have})")
+
+
 @dataclass
 class ModelCosts:
-    """One geometry's costs from a gpu_costs.json, in ms: the layers of a batch-1 forward
-    over n new tokens (full depth), the head over p logit positions, the decode step."""
+    """One geometry's costs from a gpu_costs.json, in ms: the layers of a forward of b
+    sequences over n new tokens each (full depth), the head over p logit positions (over
+    the whole batch), the decode step at each batch."""
 
     name: str
     layers: list[tuple[float, float]]  # (new tokens, layer_ms x depth), batch 1
     head: list[tuple[float, float]]  # (logit positions, head_ms)
     layer_decode_ms: float  # one decoder layer, batch 1, one token
     decode_ms: float  # the whole model's decode step at batch 1
+    # batch -> (new tokens per sequence, layer_ms x depth): every case at that batch
+    layers_by_batch: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    decode_by_batch: dict[int, float] = field(default_factory=dict)  # batch -> the decode step's model_ms
+    layer_decode_by_batch: dict[int, float] = field(default_factory=dict)  # batch -> one layer's decode ms
 
     def forward_ms(self, new_tokens: float, positions: float) -> float:
+        """A batch-1 forward over `new_tokens`, logits at `positions`."""
         return _interp(self.layers, new_tokens) + _interp(self.head, positions)
+
+    def forward_batches(self) -> list[int]:
+        """The batches at which forwards over several tokens per sequence were measured."""
+        return sorted(b for b, pts in self.layers_by_batch.items() if any(n > 1 for n, _ in pts))
+
+    def layers_at(self, batch: float, per_sequence: float) -> float:
+        """The layers of a forward of `batch` sequences over `per_sequence` new tokens each."""
+        return _along_batch(
+            self.forward_batches(),
+            batch,
+            lambda b: _interp(self.layers_by_batch[b], per_sequence),
+            self.name,
+            "window or verification forwards",
+        )
+
+    def step_ms(self, batch: float, tokens: float, positions: float) -> float:
+        """One forward of `batch` sequences with `tokens` new tokens in all, logits at `positions`."""
+        return self.layers_at(batch, tokens / batch) + _interp(self.head, positions)
+
+    def decode_at(self, batch: float) -> float:
+        return _along_batch(
+            sorted(self.decode_by_batch), batch, self.decode_by_batch.__getitem__, self.name, "decode step"
+        )
+
+    def layer_decode_at(self, batch: float) -> float:
+        return _along_batch(
+            sorted(self.layer_decode_by_batch), batch, self.layer_decode_by_batch.__getitem__, self.name, "decode step"
+        )
 
 
 def model_costs(gpu_costs: dict, name: str) -> ModelCosts:
-    """The batch-1 cost curves of `name` in a gpu_costs.json (scripts/gpu_costs.py)."""
+    """The cost curves of `name` in a gpu_costs.json (scripts/gpu_costs.py): every batch's
+    (`cases`, and `batch_cases` where the script measured forwards at larger batches)."""
     m = gpu_costs["models"].get(name)
     if not m or not m["cases"]:
         raise KeyError(f"{name} has no measured cases in this gpu_costs.json")
     depth = m["geometry"]["num_hidden_layers"]
-    cases = m["cases"]
+    cases = m["cases"] + m.get("batch_cases", [])
     decode = next((c for c in cases if c["case"] == "decode" and c["batch"] == 1), None)
     if decode is None:
         raise KeyError(f"{name} has no batch-1 decode step in this gpu_costs.json")
-    layers = _points((c["new_tokens"], c["layer_ms"] * depth) for c in cases if c["batch"] == 1)
-    head = _points((c["logit_positions"], c["head_ms"]) for c in cases)
-    return ModelCosts(name, layers, head, decode["layer_ms"], decode["model_ms"])
+    by_batch: dict[int, list] = {}
+    for c in cases:
+        by_batch.setdefault(int(c["batch"]), []).append((c["new_tokens"], c["layer_ms"] * depth))
+    decodes = [c for c in cases if c["case"] == "decode"]
+    return ModelCosts(
+        name,
+        layers=_points(by_batch[1]),
+        head=_points((c["logit_positions"], c["head_ms"]) for c in cases),
+        layer_decode_ms=decode["layer_ms"],
+        decode_ms=decode["model_ms"],
+        layers_by_batch={b: _points(v) for b, v in by_batch.items()},
+        decode_by_batch={int(c["batch"]): c["model_ms"] for c in decodes},
+        layer_decode_by_batch={int(c["batch"]): c["layer_ms"] for c in decodes},
+    )
 
 
 # --------------------------------------------------------------------------- counters
@@ -128,6 +232,10 @@ class Counters:
     suffix_tokens: int = 0
     token_level_drafts: dict[str, int] = field(default_factory=dict)  # by proposer
     token_level_draft_tokens: dict[str, int] = field(default_factory=dict)
+    drafter_calls: int = 0  # PARSE's drafter calls (0: the row predates the counter, or no PARSE)
+    drafter_rows: int = 0  # requests in those calls
+    # vLLM's own proposer (a row without PARSE counters): it drafts for every request of a step at once
+    batched_proposer: bool = False
 
 
 def _sum_by(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
@@ -168,6 +276,9 @@ def counters_from_row(row: dict) -> Counters | None:
         suffix_tokens=int(a.get("suffix_tokens", 0)),
         token_level_drafts=by_drafts,
         token_level_draft_tokens=by_tokens,
+        drafter_calls=int(a.get("drafter_passes", 0)),
+        drafter_rows=int(a.get("drafter_rows", 0)),
+        batched_proposer="drafts" not in a,
     )
 
 
@@ -183,21 +294,60 @@ def add(a: Counters, b: Counters) -> Counters:
             "passes",
             "copies",
             "suffix_tokens",
+            "drafter_calls",
+            "drafter_rows",
         )
     }
     return Counters(
         **plain,
         token_level_drafts=_sum_by(a.token_level_drafts, b.token_level_drafts),
         token_level_draft_tokens=_sum_by(a.token_level_draft_tokens, b.token_level_draft_tokens),
+        batched_proposer=a.batched_proposer and b.batched_proposer,
     )
 
 
 # --------------------------------------------------------------------------- projection
 
 
-def project(c: Counters, target: ModelCosts, draft: ModelCosts) -> dict:
-    """Projected time of PARSE and of the target alone over the run's tokens, in ms, each
-    term apart, and the speed-up (module docstring; ASSUMPTIONS)."""
+def _mixture(batch: int, kinds: list[tuple[float, float]], cost) -> float:
+    """E[cost(tokens, all_plain)] over steps of `batch` requests, each independently of kind i
+    with probability p_i, where `kinds` = [(p_i, new tokens of a request of kind i)] and kind
+    0 is the plain decode step: a multinomial expectation over the compositions of the batch."""
+
+    def compositions(left: int, n_kinds: int):
+        if n_kinds == 1:
+            yield (left,)
+            return
+        for j in range(left + 1):
+            for tail in compositions(left - j, n_kinds - 1):
+                yield (j, *tail)
+
+    total = 0.0
+    for counts in compositions(batch, len(kinds)):
+        prob = math.factorial(batch) / math.prod(math.factorial(k) for k in counts)
+        prob *= math.prod(p**k for (p, _), k in zip(kinds, counts))
+        if prob:
+            tokens = sum(n * k for (_, n), k in zip(kinds, counts))
+            total += prob * cost(tokens, counts[0] == batch)
+    return total
+
+
+def project(c: Counters, target: ModelCosts, draft: ModelCosts, batch: int = 1) -> dict:
+    """Projected time of PARSE and of the target alone over the run's tokens at `batch`
+    requests per engine step, in ms, each term apart, and the speed-up (module docstring;
+    ASSUMPTIONS). Raises NotProjectable when the costs do not cover that batch.
+
+    time_ms: at batch 1 the target's steps by kind (plain_decode, window_forwards,
+    token_level_forwards), at batch > 1 together (target_steps: its steps mix the kinds);
+    then verification, draft_model, eagle3, total. step_ms, per step of the whole batch:
+    target_decode (all plain), window_forward and token_level_forward (one such request
+    among B - 1 plain ones), verification_pass, draft_decode (one step of the draft's
+    rows per call), eagle3_token (per token). at_batch: the batch quantities the model
+    used (engine steps, the step mix, the mean step, requests per pass, rows per drafter
+    call) and both throughputs."""
+    B = int(batch)
+    if B < 1:
+        raise ValueError(f"batch {batch} < 1")
     notes = []
     tl_steps = sum(c.token_level_drafts.values())
     tl_tokens = sum(c.token_level_draft_tokens.values())
@@ -212,23 +362,53 @@ def project(c: Counters, target: ModelCosts, draft: ModelCosts) -> dict:
     k = tl_tokens / tl_steps if tl_steps else 0.0
     draft_written = c.window_tokens + c.token_level_draft_tokens.get("draft_model", 0)
     eagle3_tokens = c.token_level_draft_tokens.get("eagle3", 0)
-    window_ms = target.forward_ms(W + 1, W + 1) if c.windows else 0.0
-    pass_ms = target.forward_ms(C * L, C) if c.passes else 0.0
-    tl_ms = target.forward_ms(k + 1, k + 1) if tl_steps else 0.0
-    eagle3_step_ms = target.layer_decode_ms + _interp(target.head, 1)
+
+    decode_ms = target.decode_at(B)  # one step of B plain requests
+
+    def step(tokens: float, all_plain: bool) -> float:
+        return decode_ms if all_plain else target.step_ms(B, tokens, tokens)
+
+    # a step with one window (one token-level step) among B - 1 plain requests
+    window_ms = step(B - 1 + W + 1, False) if c.windows else 0.0
+    tl_ms = step(B - 1 + k + 1, False) if tl_steps else 0.0
+    request_steps = plain + c.windows + tl_steps
+    mix = [(plain, 1.0), (c.windows, W + 1), (tl_steps, k + 1)]
+    mix = [(n / request_steps, size) for n, size in mix] if request_steps else []
+    if B == 1:  # each step is one request's: the kinds apart
+        step_terms = {
+            "plain_decode": plain * decode_ms,
+            "window_forwards": c.windows * window_ms,
+            "token_level_forwards": tl_steps * tl_ms,
+        }
+        mixed_step_ms = sum(step_terms.values()) / request_steps if request_steps else 0.0
+    else:
+        mixed_step_ms = _mixture(B, mix, step) if request_steps else 0.0
+        step_terms = {"target_steps": request_steps / B * mixed_step_ms}
+
+    per_pass = min(max(c.windows / c.passes, 1.0), B) if c.passes else 1.0  # requests in a pass
+    pass_ms = target.step_ms(per_pass, C * L, C) if c.passes else 0.0
+    rows = 1.0  # requests per drafter call
+    if B > 1 and draft_written:
+        if c.drafter_calls:
+            rows = min(max(c.drafter_rows / c.drafter_calls, 1.0), B)
+        elif c.batched_proposer:
+            rows = float(B)
+        else:
+            notes.append("no drafter counters in this row: every draft token costed at the draft's batch-1 step")
+    draft_step_ms = draft.decode_at(rows) if draft_written else draft.decode_ms
+    eagle3_step_ms = target.layer_decode_at(B) + _interp(target.head, B)  # B proposal tokens
     terms = {
-        "plain_decode": plain * target.decode_ms,
-        "window_forwards": c.windows * window_ms,
+        **step_terms,
         "verification": c.passes * pass_ms,
-        "token_level_forwards": tl_steps * tl_ms,
-        "draft_model": draft_written * draft.decode_ms,
-        "eagle3": eagle3_tokens * eagle3_step_ms,
+        "draft_model": draft_written / rows * draft_step_ms,
+        "eagle3": eagle3_tokens / B * eagle3_step_ms,
     }
     parse_ms = sum(terms.values())
-    target_ms = c.tokens * target.decode_ms
+    target_ms = c.tokens / B * decode_ms
     out = {
         "target": target.name,
         "draft": draft.name,
+        "batch": B,
         "counters": asdict(c),
         "steps": {
             "target_steps": target_steps,
@@ -241,53 +421,75 @@ def project(c: Counters, target: ModelCosts, draft: ModelCosts) -> dict:
         },
         "means": {"window": W, "copies_per_pass": C, "suffix_tokens": L, "token_level_k": k},
         "step_ms": {
-            "target_decode": target.decode_ms,
+            "target_decode": decode_ms,
             "window_forward": window_ms,
             "verification_pass": pass_ms,
             "token_level_forward": tl_ms,
-            "draft_decode": draft.decode_ms,
-            "eagle3_token": eagle3_step_ms,
+            "draft_decode": draft_step_ms,
+            "eagle3_token": eagle3_step_ms / B,
         },
         "time_ms": {**terms, "total": parse_ms},
         "target_alone_ms": target_ms,
         "speedup": target_ms / parse_ms if parse_ms > 0 else None,
         "notes": notes,
     }
+    out["at_batch"] = {
+        "engine_steps": request_steps / B,
+        "step_mix": dict(zip(("plain", "window", "token_level"), (p for p, _ in mix))),
+        "mean_step_ms": mixed_step_ms,
+        "requests_per_pass": per_pass,
+        "rows_per_drafter_call": rows,
+        "tokens_per_s": c.tokens / parse_ms * 1e3 if parse_ms > 0 else None,
+        "target_tokens_per_s": c.tokens / target_ms * 1e3 if target_ms > 0 else None,
+    }
     if c.windows:
-        per_window_ms = W * draft.decode_ms + window_ms + (c.passes / c.windows) * pass_ms
+        # what the window adds to its step, over the plain step it replaces, plus its draft
+        # tokens and its share of the passes; at batch 1 its whole cost
+        per_window_ms = (
+            decode_ms / B
+            + (window_ms - decode_ms)
+            + W * draft_step_ms / rows
+            + (c.passes / c.windows) * pass_ms  # a pass is shared by the windows it judges
+        )
         written = c.accepted_in_windows / c.windows + 1
         out["per_window"] = {
             "tokens": written,  # accepted + the target's own token
             "ms": per_window_ms,
             "ms_per_token": per_window_ms / written,
-            "target_ms_per_token": target.decode_ms,
-            "pays": per_window_ms / written < target.decode_ms,
+            "target_ms_per_token": decode_ms / B,
+            "pays": per_window_ms / written < decode_ms / B,
         }
     return out
 
 
 def rows_to_project(summary: dict, source: str) -> tuple[list[dict], list[str]]:
-    """The batch-1 rows of an eval summary that carry counters, summed over the prompt
-    sets per (config, τ, guard); and what was left out, saying why."""
+    """The rows of an eval summary that carry counters, summed over the prompt sets per
+    (config, τ, guard, batch), each with the batch it is projected at (its batch, or its
+    fewest prompts per set when fewer); and what was left out, saying why (nothing here:
+    `projection` leaves out the rows at batches the costs miss)."""
     groups: dict[tuple, dict] = {}
-    skipped = []
     for r in summary.get("rows", []):
         c = counters_from_row(r)
         if c is None:
             continue
-        if r.get("batch") != 1:
-            skipped.append(f"{source}: {r['config']} τ {r.get('tau')} at batch {r.get('batch')} (batch 1 only)")
-            continue
-        key = (r["config"], r.get("tau"), r.get("guard"))
-        g = groups.setdefault(key, {"source": source, "config": key[0], "tau": key[1], "guard": key[2], "sets": []})
+        batch = int(r.get("batch") or 1)
+        key = (r["config"], r.get("tau"), r.get("guard"), batch)
+        g = groups.setdefault(
+            key,
+            {"source": source, "config": key[0], "tau": key[1], "guard": key[2], "batch": batch, "sets": []},
+        )
         g["counters"] = add(g["counters"], c) if "counters" in g else c
         g["sets"].append(r.get("set"))
-    return list(groups.values()), sorted(set(skipped))
+        n = r.get("n_prompts")
+        effective = min(batch, int(n)) if n else batch
+        g["effective_batch"] = min(g.get("effective_batch", effective), effective)
+    return list(groups.values()), []
 
 
 def projection(gpu_costs: dict, summaries: dict[str, dict]) -> dict:
-    """Every batch-1 row of `summaries` ({source: eval summary}) projected on every pair of
-    `gpu_costs` that it measured in full."""
+    """Every row of `summaries` ({source: eval summary}) projected at its batch on every
+    pair of `gpu_costs` that it measured in full (a pair whose costs miss that batch says
+    why; a row that no pair covers is left out, saying why)."""
     pairs, missing = [], []
     for p in gpu_costs.get("pairs", []):
         try:
@@ -299,9 +501,22 @@ def projection(gpu_costs: dict, summaries: dict[str, dict]) -> dict:
         got, left = rows_to_project(summary, source)
         rows += got
         skipped += left
+    projected = []
     for r in rows:
-        r["projections"] = [project(r["counters"], t, d) for t, d in pairs]
+        r["projections"], whys = [], {}
+        for t, d in pairs:
+            try:
+                r["projections"].append(project(r["counters"], t, d, r["effective_batch"]))
+            except NotProjectable as e:
+                r["projections"].append({"target": t.name, "draft": d.name, "speedup": None, "not_projected": str(e)})
+                whys.setdefault(e.why, []).append(e.model)
         r["counters"] = asdict(r["counters"])
+        if pairs and all("not_projected" in p for p in r["projections"]):
+            why = "; ".join(f"{', '.join(dict.fromkeys(ms))}: {w}" for w, ms in whys.items())
+            guard = f" guard {r['guard']}" if r["guard"] is not None else ""
+            skipped.append(f"{r['source']}: {r['config']} τ {r['tau']}{guard} at batch {r['batch']} ({why})")
+            continue
+        projected.append(r)
     return {
         "gpu": gpu_costs.get("device", {}).get("name"),
         "gpu_costs_measurement": gpu_costs.get("measurement"),
@@ -309,8 +524,8 @@ def projection(gpu_costs: dict, summaries: dict[str, dict]) -> dict:
         "context": gpu_costs.get("settings", {}).get("context"),
         "pairs": [f"{d.name} → {t.name}" for t, d in pairs],
         "pairs_not_measured": missing,
-        "rows": rows,
-        "rows_not_projected": skipped,
+        "rows": projected,
+        "rows_not_projected": sorted(set(skipped)),
         "assumptions": list(ASSUMPTIONS),
     }
 
@@ -329,40 +544,41 @@ def section(proj: dict, gpu_costs: dict, costs_name: str = "gpu_costs.json") -> 
         "",
         f"Step costs measured on {proj['gpu']} by `scripts/gpu_costs.py` (`{costs_name}`: {proj['dtype']}, "
         f"context {proj['context']}; {proj['gpu_costs_measurement']}), combined with the PARSE counters of the "
-        "batch-1 rows of the eval runs below: the speed-up over the target alone that those acceptances would "
-        "give on that GPU with each pair's costs. A model, not a measurement: every assumption is listed.",
+        "eval rows below, each at its batch: the speed-up over the target alone that those acceptances would "
+        "give on that GPU with each pair's costs (at batch > 1 a ratio of throughputs at equal batch). A model, "
+        "not a measurement: every assumption is listed.",
         "",
     ]
     if not proj["pairs"]:
         return out + ["No pair of the gpu_costs.json was measured in full: nothing to project.", ""]
     out += [
-        "| run | row | τ | guard | tokens | windows | accepted / window | "
+        "| run | row | τ | guard | batch | tokens | windows | accepted / window | "
         + " | ".join(f"× target, {p}" for p in proj["pairs"])
         + " |",
-        "|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(proj["pairs"]),
+        "|---|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(proj["pairs"]),
     ]
     for r in proj["rows"]:
         c = r["counters"]
         apw = c["accepted_in_windows"] / c["windows"] if c["windows"] else None
+        batch = str(r["batch"]) + (f" ({r['effective_batch']} in flight)" if r["effective_batch"] != r["batch"] else "")
         out.append(
             f"| {r['source']} | {r['config']} | {_f(r['tau'], 'g') if r['tau'] is not None else '—'} | "
-            f"{r['guard'] if r['guard'] is not None else '—'} | {c['tokens']} | {c['windows']} | {_f(apw, '.1f')} | "
-            + " | ".join(_f(p["speedup"]) for p in r["projections"])
-            + " |"
+            f"{r['guard'] if r['guard'] is not None else '—'} | {batch} | {c['tokens']} | {c['windows']} | "
+            f"{_f(apw, '.1f')} | " + " | ".join(_f(p["speedup"]) for p in r["projections"]) + " |"
         )
-    out += ["", "Measured step costs (ms, full model extrapolated, batch 1 unless said):", ""]
+    out += ["", "Measured step costs (ms, full model extrapolated, per step of the whole batch):", ""]
     out += [
-        "| model | decode bs 1 | decode bs 8 | decode bs 32 | forward W 16 / 64 / 128 | verify forward K 4 / 8 / 16 |",
-        "|---|---:|---:|---:|---|---|",
+        "| model | batch | decode | forward over W tokens a sequence (W: ms) | verification forward (K copies: ms) |",
+        "|---|---:|---:|---|---|",
     ]
     for name, m in gpu_costs.get("models", {}).items():
-        dec = {c["batch"]: c["model_ms"] for c in m["cases"] if c["case"] == "decode"}
-        win = [f"{c['model_ms']:.2f}" for c in m["cases"] if c["case"] == "window_forward"]
-        ver = [f"{c['model_ms']:.2f}" for c in m["cases"] if c["case"] == "verify_forward"]
-        out.append(
-            f"| {name} | {_f(dec.get(1), '.3f')} | {_f(dec.get(8), '.3f')} | {_f(dec.get(32), '.3f')} | "
-            f"{' / '.join(win) or '—'} | {' / '.join(ver) or '—'} |"
-        )
+        cases = m["cases"] + m.get("batch_cases", [])
+        for b in sorted({c["batch"] for c in cases}):
+            at = [c for c in cases if c["batch"] == b]
+            dec = next((c["model_ms"] for c in at if c["case"] == "decode"), None)
+            win = [f"{c['new_tokens']}: {c['model_ms']:.2f}" for c in at if c["case"] == "window_forward"]
+            ver = [f"{c.get('copies', '?')}: {c['model_ms']:.2f}" for c in at if c["case"] == "verify_forward"]
+            out.append(f"| {name} | {b} | {_f(dec, '.3f')} | {', '.join(win) or '—'} | {', '.join(ver) or '—'} |")
     att = gpu_costs.get("verify_attention", [])
     if att:
         out += ["", "Verification attention, one layer (the compiled op against K per-copy SDPA calls, eager):", ""]
@@ -373,6 +589,16 @@ def section(proj: dict, gpu_costs: dict, costs_name: str = "gpu_costs.json") -> 
                 f"{_f(a.get('sdpa_per_copy_ms'), '.3f')} | {_f(a.get('op_speedup_vs_sdpa_per_copy'))} |"
             )
     out += ["", "Assumptions:", ""] + [f"- {a}" for a in proj["assumptions"]]
+    notes = sorted(
+        {
+            f"{r['source']} {r['config']} batch {r['batch']}: {n}"
+            for r in proj["rows"]
+            for p in r["projections"]
+            for n in p.get("notes", []) + ([p["not_projected"]] if "not_projected" in p else [])
+        }
+    )
+    if notes:
+        out += ["", "Notes: " + "; ".join(notes[:12]) + (f"; … ({len(notes)} in all)" if len(notes) > 12 else "")]
     left = proj["rows_not_projected"] + proj["pairs_not_measured"]
     if left:
         out += ["", "Not projected: " + "; ".join(left[:12]) + (f"; … ({len(left)} in all)" if len(left) > 12 else "")]

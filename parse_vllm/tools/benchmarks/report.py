@@ -126,7 +126,7 @@ SECTIONS = (Path("bench/latency-restructure/section.md"), Path("bench/adaptive/s
 
 
 def gpu_projection_section(gpu_costs: Path, counters) -> list[str]:
-    """The projection of the eval summaries' batch-1 counters on the GPU that measured `gpu_costs`."""
+    """The projection of the eval summaries' counters (each row at its batch) on the GPU that measured `gpu_costs`."""
     costs = json.loads(gpu_costs.read_text())
     proj = projection.projection(costs, projection.load_summaries(counters))
     return projection.section(proj, costs, gpu_costs.name)
@@ -543,7 +543,7 @@ def main(argv=None) -> int:
         type=Path,
         nargs="+",
         default=list(projection.DEFAULT_COUNTERS),
-        help="eval summary.json files whose batch-1 PARSE counters --gpu-costs projects",
+        help="eval summary.json files whose PARSE counters --gpu-costs projects (each row at its batch)",
     )
     args = ap.parse_args(argv)
     if args.gpu_costs is not None and not args.gpu_costs.is_file():
