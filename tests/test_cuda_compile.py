@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sysconfig
@@ -99,3 +100,73 @@ def test_cu_compiles_to_object(cu, tmp_path):
         for a in archs:
             assert f"sm_{a.strip().replace('.', '')}" in listing.stdout, listing.stdout
     print(f"nvcc compiled {os.path.relpath(cu, ROOT)} for sm_{', sm_'.join(archs)} in {took:.0f}s")
+
+
+def _disassembler() -> tuple[str, dict] | None:
+    """cuobjdump with an nvdisasm beside it (cuobjdump -sass runs nvdisasm): Triton's bundled
+    copies (a vLLM dependency), else the nvidia-cuda-cuobjdump/-nvdisasm wheels, else the toolkit's."""
+    import importlib.util
+
+    dirs = []
+    spec = importlib.util.find_spec("triton")
+    if spec is not None and spec.origin:
+        dirs.append(os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin"))
+    dirs += glob.glob(os.path.join(sysconfig.get_paths()["purelib"], "nvidia", "*", "bin"))
+    if NVCC:
+        dirs.append(os.path.dirname(NVCC))
+    cuobjdump = next((os.path.join(d, "cuobjdump") for d in dirs if os.path.exists(os.path.join(d, "cuobjdump"))), None)
+    nvdisasm = next((d for d in dirs if os.path.exists(os.path.join(d, "nvdisasm"))), None)
+    if cuobjdump is None or nvdisasm is None:
+        return None
+    return cuobjdump, dict(os.environ, PATH=nvdisasm + os.pathsep + os.environ.get("PATH", ""))
+
+
+TC_ARCHS = ("80", "86", "89", "90")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found (neither $CUDA_HOME/bin/nvcc nor nvcc on PATH)")
+def test_tensor_core_kernel_builds_without_spills_and_uses_hmma(tmp_path):
+    """The tensor-core kernel as setup.py builds it (-O3), for every architecture of the default
+    build: ptxas reports 0 spill bytes and no stack frame for every kernel instance (each head
+    size x bf16/fp16, and the merge), the shared memory of one CTA fits the 99 KB of sm_86/89
+    (the header's static_asserts and TcSmem), and the SASS runs its products on tensor cores
+    (HMMA.16816.F32.BF16 and .F32 for fp16) with no local-memory traffic (LDL/STL)."""
+    cu = os.path.join(ROOT, "csrc", "cuda", "prefix_verify_attention_tc.cu")
+    obj = tmp_path / "tc.o"
+    cmd = [NVCC, "-c", cu, "-o", str(obj), "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
+           "-O3", "--use_fast_math", "-diag-suppress", "3306", "-Xcompiler", "-Wno-c++20-extensions",
+           "-Xptxas", "-v", "--threads", os.environ.get("PARSE_VLLM_NVCC_THREADS", "2"),
+           f"-I{sysconfig.get_paths()['include']}"]
+    for a in TC_ARCHS:
+        cmd += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+    cmd += [f"-I{p}" for p in _torch_includes()]
+    if not os.path.exists(os.path.join(_torch_includes()[0], "c10", "cuda", "impl", "cuda_cmake_macros.h")):
+        cmd.append("-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-6000:]
+    info = r.stderr + r.stdout
+    # ptxas -v: per entry function "Compiling entry function '<name>' for 'sm_XX'", then its
+    # "N bytes stack frame, N bytes spill stores, N bytes spill loads" and "Used N registers"
+    entries = re.findall(r"Compiling entry function '([^']+)' for 'sm_(\d+)'", info)
+    spills = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", info)
+    assert len(entries) == len(spills) > 0, info[-3000:]
+    per_arch = {a: 0 for a in TC_ARCHS}
+    bad = []
+    for (name, arch), (stack, st, ld) in zip(entries, spills):
+        per_arch[arch] += 1
+        if (int(stack), int(st), int(ld)) != (0, 0, 0):
+            bad.append(f"sm_{arch} {name}: {stack} B stack, {st} B spill stores, {ld} B spill loads")
+    assert not bad, "\n".join(bad)
+    # 6 head sizes x 2 dtypes x (kernel + merge) per architecture
+    assert per_arch == {a: 24 for a in TC_ARCHS}, per_arch
+    dis = _disassembler()
+    if dis is None:
+        pytest.skip("spills checked; no cuobjdump + nvdisasm here to read the SASS")
+    cuobjdump, env = dis
+    for a in TC_ARCHS:
+        sass = subprocess.run([cuobjdump, "-sass", "-arch", f"sm_{a}", str(obj)], capture_output=True, text=True,
+                              env=env, timeout=600)
+        assert sass.returncode == 0, sass.stderr[-2000:]
+        assert re.search(r"HMMA\.16816\.F32\.BF16", sass.stdout), f"sm_{a}: no bf16 HMMA in the SASS"
+        assert re.search(r"HMMA\.16816\.F32\s", sass.stdout), f"sm_{a}: no fp16 HMMA in the SASS"
+        assert not re.search(r"\b(LDL|STL)(\.\w+)*\s", sass.stdout), f"sm_{a}: local-memory traffic in the SASS"
