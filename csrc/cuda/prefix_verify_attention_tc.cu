@@ -13,7 +13,9 @@
 //     through the block table with 16-byte cp.async into a 2-stage ring, keys
 //     no row sees zero-filled; tiles no row sees are never loaded.
 //   * S = Q K^T and O += P V by mma.sync m16n8k16 (bf16/fp16 in, fp32
-//     accumulate).  P is rounded to the input dtype in registers, as in FA2.
+//     accumulate), fragments read by ldmatrix (x4; .trans for V) from rows
+//     padded by 16 bytes (conflict-free).  P is rounded to the input dtype in
+//     registers, as in FA2.
 //   * Each warp classifies each tile against its own rows: FULL (no mask),
 //     PARTIAL (per-pair mask from each row's [lo, P)), SKIP (no MMA).
 //   * Online softmax in fp32 registers, logits in log2 units (exp2).
@@ -128,9 +130,18 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ uint32_t lds32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-__device__ __forceinline__ uint32_t pack16(uint16_t lo, uint16_t hi) {
-  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+// Four 8x8 b16 matrices from shared memory: lane l gives the address of row l % 8 of matrix
+// l / 8; register i of lane l receives matrix i's elements (row l / 4, cols 2 (l % 4), +1), or
+// with .trans (rows 2 (l % 4), +1 of col l / 4).
+__device__ __forceinline__ void ldsm_x4(uint32_t* r, const uint16_t* row_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(row_addr)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t* r, const uint16_t* row_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(row_addr)));
 }
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -173,7 +184,8 @@ struct TcSmem {
   static constexpr int q_elems = kTcRows * kRS;
   static constexpr int kv_elems = Shape::kKeys * kRS;  // one K or V tile
   static constexpr size_t bytes = sizeof(uint16_t) * (q_elems + 2 * Shape::kStages * kv_elems);
-  static_assert((kRS * 2) % 16 == 0, "padded rows keep 16-byte alignment");
+  static_assert((kRS * 2) % 16 == 0, "padded rows keep 16-byte alignment (ldmatrix row addresses)");
+  static_assert((D / 8) % 2 == 0 && (Shape::kKeys / 8) % 2 == 0, "ldmatrix.x4 loads n8 tiles in pairs");
 };
 
 // ---------------------------------------------------------------- the kernel
@@ -325,7 +337,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   for (int d = 0; d < DT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m_row[2] = {pv::kNegInf, pv::kNegInf};
   float l_row[2] = {0.f, 0.f};  // this thread's share of l (summed over the quad at the end)
-  const uint16_t* qw = Qs + (warp * 16) * RS;
+  const uint16_t* q_lane = Qs + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * RS + (lane >> 4) * 8;
 
   if (n_tiles > 0) load_tile(0, 0);
   cp_async_commit();  // group 0: Q (+ tile 0)
@@ -360,19 +372,19 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
+        // A of the warp's 16 rows: matrices (rows 0/8.., dims ks*16 + 0), (.., + 8); lane l
+        // addresses row ((l/8)%2)*8 + l%8, dim ks*16 + (l/16)*8
         uint32_t a[4];
-        const uint16_t* q0 = qw + gid * RS + ks * 16 + 2 * tig;
-        a[0] = lds32(q0);
-        a[1] = lds32(q0 + 8 * RS);
-        a[2] = lds32(q0 + 8);
-        a[3] = lds32(q0 + 8 * RS + 8);
+        ldsm_x4(a, q_lane + ks * 16);
+        // B of n8 tiles nt, nt + 1 in one ldmatrix: matrices (keys nt*8.., dims ks*16 + 0/8),
+        // (keys (nt+1)*8.., dims ks*16 + 0/8); lane l addresses key (nt + l/16)*8 + l%8, dim half (l/8)%2
+        const uint16_t* k_lane = kt + ((lane >> 4) * 8 + (lane & 7)) * RS + ks * 16 + ((lane >> 3) & 1) * 8;
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          uint32_t b[2];
-          const uint16_t* k = kt + (nt * 8 + gid) * RS + ks * 16 + 2 * tig;
-          b[0] = lds32(k);
-          b[1] = lds32(k + 8);
+        for (int nt = 0; nt < NT; nt += 2) {
+          uint32_t b[4];
+          ldsm_x4(b, k_lane + nt * 8 * RS);
           Mma::run(s[nt], a, b);
+          Mma::run(s[nt + 1], a, b + 2);
         }
       }
       // logits, mask, running max
@@ -427,14 +439,16 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < N / 16; ++kk) {
         const uint32_t a[4] = {pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1]};
-        const uint16_t* v0 = vt + (kk * 16 + 2 * tig) * RS + gid;
+        // B of dim tiles d, d + 1 in one transposing ldmatrix: matrices (keys kk*16 + 0/8, dims
+        // d*8..), (keys kk*16 + 0/8, dims (d+1)*8..); lane l addresses key kk*16 + ((l/8)%2)*8 + l%8,
+        // dim (d + l/16)*8
+        const uint16_t* v_lane = vt + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * RS + (lane >> 4) * 8;
 #pragma unroll
-        for (int d = 0; d < DT; ++d) {
-          const uint16_t* v = v0 + d * 8;
-          uint32_t b[2];
-          b[0] = pack16(v[0], v[RS]);
-          b[1] = pack16(v[8 * RS], v[9 * RS]);
+        for (int d = 0; d < DT; d += 2) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, v_lane + d * 8);
           Mma::run(o[d], a, b);
+          Mma::run(o[d + 1], a, b + 2);
         }
       }
     }
