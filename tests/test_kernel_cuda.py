@@ -207,3 +207,89 @@ def test_cuda_graph_capture():
     err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
     record_error(torch.float16, err, TOL[torch.float16])
     assert err <= TOL[torch.float16]
+
+
+# ---------------------------------------------------------------- the tensor-core kernel
+#
+# bf16 / fp16 calls with 16-byte aligned rows run on the tensor-core kernel
+# (csrc/cuda/prefix_verify_attention_tc.cu); PARSE_VLLM_CUDA_KERNEL=cuda-core sends them to
+# the CUDA-core kernel.  Its schedule is fuzzed on the CPU (tests/test_kernel_tc_schedule.py,
+# prefix_verify_tc_emulate); here the GPU runs the same fuzzed calls.
+
+
+def _tc_cases(n, seed, **kw):
+    import numpy as np
+    from test_kernel_tc_schedule import make_case as tc_case
+
+    rng = np.random.default_rng(seed)
+    return [tc_case(rng, **kw) for _ in range(n)]
+
+
+def _run_on_gpu(case):
+    c = map_tensors({k: v for k, v in case.items() if k != "num_sms"}, lambda t: t.cuda())
+    out = ops.prefix_verify_attention(c["q"], c["k_new"], c["v_new"], c["key_cache"], c["value_cache"], c["md"])
+    torch.cuda.synchronize()
+    return out.cpu()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tensor_core_kernel_matches_its_emulation_and_float64(seed):
+    """40 fuzzed calls per seed: the GPU's result against the CPU emulation of the same schedule
+    (same rounding of P; only the order of fp32 sums differs) and a float64 reference."""
+    import numpy as np
+    from test_kernel_tc_schedule import emulate, reference_f64, visibility
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for case in _tc_cases(40, 3000 + seed):
+        case["num_sms"] = sms
+        got = _run_on_gpu(case)
+        emu, _ = emulate(case)
+        vis = visibility(case)
+        ref = reference_f64(case, vis)
+        tol = 3e-2 if case["q"].dtype == torch.bfloat16 else 4e-3
+        err = float(np.abs(got.double().numpy() - ref).max())
+        record_error(case["q"].dtype, err, tol)
+        assert err < tol, err
+        assert float((got.float() - emu.float()).abs().max()) < 2 * tol
+
+
+def test_tensor_core_and_cuda_core_kernels_agree(monkeypatch):
+    """The same bf16 calls through both kernels (PARSE_VLLM_CUDA_KERNEL=cuda-core)."""
+    for case in _tc_cases(20, 4000, dtype=torch.bfloat16):
+        tc = _run_on_gpu(case)
+        monkeypatch.setenv("PARSE_VLLM_CUDA_KERNEL", "cuda-core")
+        cc = _run_on_gpu(case)
+        monkeypatch.delenv("PARSE_VLLM_CUDA_KERNEL")
+        assert float((tc.float() - cc.float()).abs().max()) < 3e-2
+
+
+def test_tensor_core_kernel_ignores_the_block_tables_width():
+    """A block table padded to 32k tokens of columns nobody reads, with max_prefix_len given:
+    bit-identical result (the split plan comes from max_prefix_len)."""
+    import dataclasses
+
+    for case in _tc_cases(5, 4100, dtype=torch.bfloat16, D=128):
+        md = case["md"]
+        md = dataclasses.replace(md, max_prefix_len=int(md.copy_prefix_len.max()))
+        wide = torch.zeros((md.block_table.shape[0], md.block_table.shape[1] + 2048), dtype=torch.int32)
+        wide[:, : md.block_table.shape[1]] = md.block_table
+        a = _run_on_gpu(dict(case, md=md))
+        b = _run_on_gpu(dict(case, md=dataclasses.replace(md, block_table=wide.contiguous())))
+        assert torch.equal(a, b)
+
+
+def test_unaligned_rows_take_the_cuda_core_kernel():
+    """q as a view one element off a 16-byte boundary: the tensor-core kernel declines it and the
+    CUDA-core kernel answers, correctly."""
+    from test_kernel_tc_schedule import reference_f64, visibility
+
+    (case,) = _tc_cases(1, 4200, dtype=torch.bfloat16, D=64)
+    q = case["q"]
+    base = torch.empty(q.numel() + 1, dtype=q.dtype)
+    base[1:] = q.reshape(-1)
+    case = dict(case, q=base[1:].view(q.shape))
+    c = map_tensors({k: v for k, v in case.items() if k != "num_sms"}, lambda t: t.cuda())
+    c["q"] = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape).copy_(q)
+    out = ops.prefix_verify_attention(c["q"], c["k_new"], c["v_new"], c["key_cache"], c["value_cache"], c["md"])
+    ref = reference_f64(case, visibility(case))
+    assert float((out.cpu().double() - torch.from_numpy(ref)).abs().max()) < 3e-2
