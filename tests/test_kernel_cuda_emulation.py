@@ -57,7 +57,7 @@ def emulate(case, sms=108):
     # ---- launch()
     est_tiles = ceil_div(T * G, ROWS)
     max_tiles = est_tiles + C
-    bound = len(bt[0]) * bs
+    bound = md.max_prefix_len or len(bt[0]) * bs  # the caller's bound, else the block table's width
     max_splits = max(1, bound // MIN_SPLIT_KEYS)
     S = min(max_splits, ceil_div(2 * sms, max(1, est_tiles * Hkv)))
     S = max(1, min(S, 64))
