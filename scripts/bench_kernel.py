@@ -48,14 +48,44 @@ there is one: the kernel without the wrapper's Python work), and its share of
 the GPU's peak memory bandwidth (--peak-bw-gbps, else a spec-sheet table by
 device name, else 2 x memory clock x bus width from the device properties).
 
+The goal table (--goals; issue 35).  Per shape ctx/K/Hq:Hkv (the issue's
+eight, or --goal-shapes), bf16, D 128, L 24, block 16, one request, every
+method on the same inputs in one process:
+  op          the op through the face, captured in a CUDA graph and replayed
+              (op_eager: the face called eagerly; op_wide: the op with its
+              block table padded to --block-table-width tokens, goal v)
+  flex        ONE torch.compile'd flex_attention call (dynamic=False, default
+              config) with PARSE's block mask over a GATHERED, contiguous KV
+              [the request's cached tokens ; every copy's suffix]; the
+              BlockMask and the gathered K/V are made outside the timed region
+              (flex_gather times the gather from the paged cache as well)
+  sdpa        K per-copy SDPA calls (the faster of GOAL_SDPA_FORMS)
+  flash       K per-copy flash_attn_func calls, when flash-attn imports
+  flashinfer  one BatchPrefillWithPagedKVCacheWrapper call, the K copies as K
+              requests sharing the prefix pages, when flashinfer imports
+Each is captured in a CUDA graph and replayed with the L2 flushed before every
+replay (median of --reps, default 50).  Errors: max |O - O_f64| against a
+float64 reference.  The floor: max(bytes_min / measured copy bandwidth, FLOPs
+/ measured bf16 GEMM rate), FLOPs = 4*D*Hq*sum_k(L*P_k + L(L+1)/2).  Goals
+(GOALS, judge_goals): (i) op >= 4x faster than one Flex call and than K
+per-copy SDPA calls; (ii) ctx >= 8192: op <= 3x floor; (iii) ctx 2048: op <= 15
+us (8:2), <= 20 us (32:8); (iv) op's error <= 2x Flex's; (v) the op no slower
+than 1.15x with a wide block table.  Printed, and with --json written as
+{"meta", "rows", "summary", "complete"}.  The exit status is 1 only when the op
+is wrong; goals are reported.
+
     python scripts/bench_kernel.py                     # the full CPU table
     python scripts/bench_kernel.py --contexts 2048 --ks 8 --dtype bfloat16
     python scripts/bench_kernel.py --device cuda --dtype bfloat16 float32 --json out.json
+    python scripts/bench_kernel.py --goals --device cuda --block-table-width 131072 --json goals.json
+    python scripts/bench_kernel.py --goals --device cpu --goal-shapes 256/4/4:2 --head-size 64 --suffix 8
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import json
 import os
 import re
@@ -76,6 +106,10 @@ from parse_vllm.ops.reference import (  # noqa: E402
     prefix_verify_attention_dense_ref,
     prefix_verify_attention_ref,
 )
+
+# the op's metadata gained max_prefix_len (the real bound of the prefixes, so
+# that nothing is sized from the block table's width); set where it exists
+HAS_MAX_PREFIX_LEN = "max_prefix_len" in {f.name for f in dataclasses.fields(PrefixVerifyMetadata)}
 
 CPU_CONTEXTS = [512, 2048, 8192]
 CUDA_CONTEXTS = [512, 2048, 8192, 32768]
@@ -168,11 +202,31 @@ def copy_bandwidth(device, nbytes=1 << 30, reps=10) -> float:
 # --------------------------------------------------------------------------- inputs
 
 
-def make_inputs(n_ctx, K, L, Hq, Hkv, D, bs, dtype, seed=0, device="cpu"):
+def metadata_extra(max_prefix_len: int) -> dict:
+    """PrefixVerifyMetadata's `max_prefix_len` (the longest copy_prefix_len, a
+    host int the caller knows) where this checkout's metadata has the field."""
+    return {"max_prefix_len": int(max_prefix_len)} if HAS_MAX_PREFIX_LEN else {}
+
+
+def widen_block_table(md, width_tokens, block_size):
+    """md with its block table padded by columns nobody reads (block 0) to
+    `width_tokens` tokens, like a table sized for an engine's max_model_len;
+    None when the table is already at least that wide."""
+    bt = md.block_table
+    cols = -(-int(width_tokens) // block_size)
+    if cols <= bt.shape[1]:
+        return None
+    pad = torch.zeros(bt.shape[0], cols - bt.shape[1], dtype=bt.dtype, device=bt.device)
+    return dataclasses.replace(md, block_table=torch.cat([bt, pad], 1))
+
+
+def make_inputs(n_ctx, K, L, Hq, Hkv, D, bs, dtype, seed=0, device="cpu", bt_width=None):
     """Inputs drawn on the CPU (same values on every device), then moved: the
     op's arguments (q, k_new, v_new, key_cache, value_cache, md: see
     `op_inputs`).  The index lists are kept on the host as well (`lists`), so
-    that the baselines' loops never read a GPU tensor back."""
+    that the baselines' loops never read a GPU tensor back.  `bt_width`
+    (tokens): the block table padded to that width (`widen_block_table`); the
+    metadata's max_prefix_len is the longest prefix either way."""
     g = torch.Generator().manual_seed(seed)
     n_blocks = -(-n_ctx // bs)
     num_blocks = n_blocks + 8
@@ -195,7 +249,10 @@ def make_inputs(n_ctx, K, L, Hq, Hkv, D, bs, dtype, seed=0, device="cpu"):
         cu_copy_lens=torch.arange(0, T + 1, L, dtype=torch.int32, device=device),
         num_actual_tokens=T,
         scale=D**-0.5,
+        **metadata_extra(max(prefix)),
     )
+    if bt_width:
+        x["md"] = widen_block_table(x["md"], bt_width, bs) or x["md"]
     x["lists"] = ([0] * K, prefix, list(range(0, T + 1, L)))
     return x
 
@@ -214,7 +271,9 @@ def bytes_moved(x) -> tuple[int, int]:
     Hkv = kc.shape[2]
     _, plens, _ = x["lists"]
     rest = 2 * T * Hq * D * e + 2 * T * Hkv * D * e
-    index = 4 * (md.block_table.numel() + md.copy_req.numel() + md.copy_prefix_len.numel() + md.cu_copy_lens.numel())
+    # the block table's entries that are read (a table padded wider adds none)
+    bt_read = md.block_table.shape[0] * -(-max(plens) // kc.shape[1])
+    index = 4 * (bt_read + md.copy_req.numel() + md.copy_prefix_len.numel() + md.cu_copy_lens.numel())
     return (2 * max(plens) * Hkv * D * e + rest + index, 2 * sum(plens) * Hkv * D * e + rest)
 
 
@@ -475,9 +534,21 @@ def bench_one(n_ctx, K, dtype, args, device, flush=None, flash_attn=None, gpu_pa
     `gpu_path` (default: device is CUDA) selects the CUDA methods and timers; the
     tests run it on the CPU with those timers replaced."""
     is_cuda = device.type == "cuda" if gpu_path is None else gpu_path
-    x = make_inputs(n_ctx, K, args.suffix, args.hq, args.hkv, args.head_size, args.block_size, dtype, device=device)
+    x = make_inputs(
+        n_ctx,
+        K,
+        args.suffix,
+        args.hq,
+        args.hkv,
+        args.head_size,
+        args.block_size,
+        dtype,
+        device=device,
+        bt_width=getattr(args, "block_table_width", None),
+    )
     out = torch.full_like(x["q"], float("nan"))
     row = dict(
+        block_table_width=x["md"].block_table.shape[1] * args.block_size,
         ctx=n_ctx,
         K=K,
         dtype=str(dtype).replace("torch.", ""),
@@ -674,6 +745,727 @@ def print_cuda_row(row):
     )
 
 
+# --------------------------------------------------------------------------- the goal table (issue 35)
+
+# (ctx, K, Hq, Hkv): the shapes issue 35 judges the op at (D 128, L 24, bf16, block 16, one request)
+GOAL_SHAPES = (
+    (2048, 8, 8, 2),
+    (2048, 16, 8, 2),
+    (8192, 8, 8, 2),
+    (32768, 4, 8, 2),
+    (32768, 8, 8, 2),
+    (32768, 16, 8, 2),
+    (2048, 8, 32, 8),
+    (8192, 8, 32, 8),
+)
+GOAL_DTYPE = torch.bfloat16
+GOAL_SPEEDUP = 4.0  # (i)   op >= 4x faster than one Flex call and than K per-copy SDPA calls
+GOAL_FLOOR_X = 3.0  # (ii)  op <= 3x the floor ...
+GOAL_FLOOR_MIN_CTX = 8192  # ... at ctx >= 8192
+GOAL_ABS_US = {(2048, 8, 2): 15.0, (2048, 32, 8): 20.0}  # (iii) (ctx, Hq, Hkv) -> op <= this many us
+GOAL_ERR_X = 2.0  # (iv)  op's max |O - O_f64| <= 2x one Flex call's on the same inputs
+GOAL_WIDE_X = 1.15  # (v)   op with a --block-table-width table <= 1.15x op with the table the context needs
+GOALS = {
+    "i_speedup": f"(i) op >= {GOAL_SPEEDUP:g}x faster than one FlexAttention call and than K per-copy SDPA calls",
+    "ii_floor": f"(ii) at ctx >= {GOAL_FLOOR_MIN_CTX}: op <= {GOAL_FLOOR_X:g}x the floor",
+    "iii_abs": "(iii) at ctx 2048: op <= "
+    + " / ".join(f"{us:g} us ({hq}:{hkv})" for (_, hq, hkv), us in GOAL_ABS_US.items()),
+    "iv_error": f"(iv) op's max |O - O_f64| <= {GOAL_ERR_X:g}x FlexAttention's on the same inputs",
+    "v_wide_table": f"(v) op with a block table padded to --block-table-width <= {GOAL_WIDE_X:g}x op with the "
+    "table the context needs (nothing sized from the table's width)",
+}
+GOAL_BASELINES = ("flex", "sdpa")  # what (i) compares against
+BASELINE_REL_TOL = 3e-2  # a baseline further than this from float64 (normwise) is dropped, not timed
+# per-copy SDPA forms the goal table tries (the faster one counts)
+GOAL_SDPA_FORMS = ("lower_right_gqa", "mask_gqa")
+
+
+def parse_shape(s: str) -> tuple[int, int, int, int]:
+    """'ctx/K/Hq:Hkv' (e.g. '2048/8/32:8') -> (ctx, K, Hq, Hkv)."""
+    m = re.fullmatch(r"\s*(\d+)/(\d+)/(\d+):(\d+)\s*", s)
+    if not m:
+        raise argparse.ArgumentTypeError(f"shape {s!r}: want ctx/K/Hq:Hkv, e.g. 2048/8/8:2")
+    ctx, K, hq, hkv = map(int, m.groups())
+    if min(ctx, K, hq, hkv) <= 0 or hq % hkv:
+        raise argparse.ArgumentTypeError(f"shape {s!r}: positive numbers, Hq a multiple of Hkv")
+    return ctx, K, hq, hkv
+
+
+def shape_name(ctx, K, Hq, Hkv) -> str:
+    return f"{ctx}/{K}/{Hq}:{Hkv}"
+
+
+def verify_flops(prefix_lens, L, Hq, D) -> int:
+    """FLOPs of the exact computation: 4*D*Hq per visible (row, key) pair
+    (QK^T and PV, a multiply-add = 2): every row of copy k sees its P_k cached
+    keys, suffix row j also j + 1 suffix keys (the triangle)."""
+    return 4 * D * Hq * sum(L * p + L * (L + 1) // 2 for p in prefix_lens)
+
+
+def floor_us(bytes_min, flops, copy_GBps, gemm_TFLOPs) -> tuple[float | None, str | None]:
+    """The floor: max(bytes_min / measured copy bandwidth, FLOPs / measured
+    bf16 GEMM rate), in us, and which bound it is ('memory' / 'compute')."""
+    if not copy_GBps or not gemm_TFLOPs:
+        return None, None
+    t_mem = bytes_min / (copy_GBps * 1e9) * 1e6
+    t_fl = flops / (gemm_TFLOPs * 1e12) * 1e6
+    return (t_mem, "memory") if t_mem > t_fl else (t_fl, "compute")
+
+
+def judge_goals(r: dict) -> dict:
+    """PASS / FAIL / N/A of every goal (GOALS) for one shape's row.
+
+    Reads r["ctx"], r["Hq"], r["Hkv"], r["us"] (microseconds: "op" = the op's
+    graph replay, "op_wide", "flex", "sdpa"), r["floor_us"] and
+    r["max_abs_err"] ("op", "flex").  Returns {goal: {"status", "value",
+    "limit", "why"}}; value/limit are the judged ratio (or us) and its bound."""
+    us, err = r.get("us") or {}, r.get("max_abs_err") or {}
+    op = us.get("op")
+    res = {}
+
+    def put(key, status, value=None, limit=None, why=""):
+        res[key] = {"status": status, "value": value, "limit": limit, "why": why}
+
+    if op is None or not op > 0:
+        for key in GOALS:
+            put(key, "N/A", why="the op was not timed")
+    else:
+        base = {n: us[n] for n in GOAL_BASELINES if us.get(n)}
+        if not base:
+            put("i_speedup", "N/A", why="neither one Flex call nor per-copy SDPA ran")
+        else:
+            xs = {n: t / op for n, t in base.items()}
+            worst = min(xs.values())
+            why = ", ".join(f"{x:.2f}x vs {n}" for n, x in xs.items())
+            missing = [n for n in GOAL_BASELINES if n not in base]
+            if missing:
+                why += f" ({', '.join(missing)} did not run)"
+            put("i_speedup", "PASS" if worst >= GOAL_SPEEDUP else "FAIL", worst, GOAL_SPEEDUP, why)
+        fl = r.get("floor_us")
+        if r["ctx"] < GOAL_FLOOR_MIN_CTX:
+            put("ii_floor", "N/A", op / fl if fl else None, GOAL_FLOOR_X, f"ctx < {GOAL_FLOOR_MIN_CTX}")
+        elif not fl:
+            put("ii_floor", "N/A", limit=GOAL_FLOOR_X, why="no floor (rates not measured)")
+        else:
+            x = op / fl
+            put("ii_floor", "PASS" if x <= GOAL_FLOOR_X else "FAIL", x, GOAL_FLOOR_X, f"{op:.1f} us / {fl:.1f} us")
+        lim = GOAL_ABS_US.get((r["ctx"], r["Hq"], r["Hkv"]))
+        if lim is None:
+            put("iii_abs", "N/A", op, None, "no absolute goal at this shape")
+        else:
+            put("iii_abs", "PASS" if op <= lim else "FAIL", op, lim, f"{op:.1f} us")
+        eo, ef = err.get("op"), err.get("flex")
+        if eo is None:
+            put("iv_error", "N/A", why="the op's error was not measured")
+        elif ef is None:
+            put("iv_error", "N/A", limit=GOAL_ERR_X, why=f"op {eo:.2e}; Flex did not run")
+        else:
+            x = eo / ef if ef > 0 else (0.0 if eo == 0 else float("inf"))
+            put("iv_error", "PASS" if eo <= GOAL_ERR_X * ef else "FAIL", x, GOAL_ERR_X, f"op {eo:.2e}, Flex {ef:.2e}")
+        w = us.get("op_wide")
+        if w is None:
+            put("v_wide_table", "N/A", limit=GOAL_WIDE_X, why=r.get("wide_why") or "no --block-table-width")
+        else:
+            x = w / op
+            put(
+                "v_wide_table",
+                "PASS" if x <= GOAL_WIDE_X else "FAIL",
+                x,
+                GOAL_WIDE_X,
+                f"{w:.1f} us with a {r.get('wide_tokens')}-token table, {op:.1f} us with {r.get('table_tokens')}",
+            )
+    return res
+
+
+def goal_summary(rows) -> dict:
+    """Counts of PASS / FAIL / N/A over every (shape, goal), in all and by goal."""
+    by_goal = {g: {"PASS": 0, "FAIL": 0, "N/A": 0} for g in GOALS}
+    for r in rows:
+        for g, v in (r.get("goals") or {}).items():
+            by_goal.setdefault(g, {"PASS": 0, "FAIL": 0, "N/A": 0})[v["status"]] += 1
+    total = {s: sum(c[s] for c in by_goal.values()) for s in ("PASS", "FAIL", "N/A")}
+    return {"total": total, "by_goal": by_goal}
+
+
+def reference_f64(x) -> torch.Tensor:
+    """The exact result in float64, [T, Hq, D], on x's device: per copy, its
+    prefix gathered from the paged cache plus its suffix, a dense softmax."""
+    q, kn, vn, kc, vc, md = op_inputs(x)
+    q, kn, vn, kc, vc = (t.double() for t in (q, kn, vn, kc, vc))
+    G = q.shape[1] // kn.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    for t0, t1, r, p in _copies(x):
+        L = t1 - t0
+        k = torch.cat([gather_prefix(kc, md.block_table, r, p), kn[t0:t1]]).repeat_interleave(G, dim=1)
+        v = torch.cat([gather_prefix(vc, md.block_table, r, p), vn[t0:t1]]).repeat_interleave(G, dim=1)
+        s = torch.einsum("thd,khd->htk", q[t0:t1], k) * md.scale
+        s[:, :, p:].masked_fill_(torch.ones(L, L, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+        out[t0:t1] = torch.einsum("htk,khd->thd", torch.softmax(s, -1), v)
+    return out
+
+
+def abs_err(got, ref) -> float:
+    return (got.double() - ref).abs().max().item()
+
+
+# torch.compile'd flex_attention, one function per mode (a recompile per shape: dynamic=False)
+_FLEX_FNS: dict = {}
+
+
+def flex_function(mode: str):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if mode not in _FLEX_FNS:
+        if mode == "compile":
+            for knob in ("cache_size_limit", "recompile_limit"):  # one compile per shape (and variant)
+                if hasattr(torch._dynamo.config, knob):
+                    setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config, knob)))
+            _FLEX_FNS[mode] = torch.compile(flex_attention, dynamic=False)
+        else:
+            _FLEX_FNS[mode] = flex_attention
+    return _FLEX_FNS[mode]
+
+
+def flex_mask(x):
+    """PARSE's mask for one Flex call over KV = [the request's N cached tokens,
+    gathered ; all T suffix tokens]: query row qi of copy c sees key kv when
+    kv < P_c (cached) or kv - N is a suffix token of copy c at or before qi.
+    Returns (mask_mod, N, T)."""
+    reqs, plens, cu = x["lists"]
+    if len(set(reqs)) != 1:
+        raise ValueError("the Flex baseline is built for one request")
+    dev = x["q"].device
+    N, T = max(plens), cu[-1]
+    copy_of = torch.repeat_interleave(
+        torch.arange(len(plens), device=dev), torch.tensor([cu[c + 1] - cu[c] for c in range(len(plens))], device=dev)
+    )
+    plen = torch.tensor(plens, dtype=torch.int64, device=dev)
+    start = torch.tensor(cu[:-1], dtype=torch.int64, device=dev)
+
+    def mask_mod(b, h, qi, kv):
+        c = copy_of[qi]
+        s = kv - N
+        return (kv < plen[c]) | ((kv >= N) & (s >= start[c]) & (s <= qi))
+
+    return mask_mod, N, T
+
+
+def _visited_pct(bm):
+    """Share of the BlockMask's (query block, key block) tiles that Flex visits."""
+    try:
+        n = bm.kv_num_blocks.sum().item() + (
+            bm.full_kv_num_blocks.sum().item() if bm.full_kv_num_blocks is not None else 0
+        )
+        q_blocks, kv_blocks = bm.kv_indices.shape[-2], bm.kv_indices.shape[-1]
+        return round(100.0 * n / (q_blocks * kv_blocks), 1)
+    except Exception:  # noqa: BLE001 - informative only
+        return None
+
+
+def make_flex(x, mode="compile"):
+    """One FlexAttention call with PARSE's block mask, over a GATHERED KV
+    (contiguous [1, Hkv, N + T, D]: the request's cached blocks, then every
+    copy's suffix), GQA by enable_gqa.  The BlockMask, the contiguous q and
+    (for `flex`) the gathered K/V are made here, outside the timed region;
+    `flex_gather` gathers from the paged cache inside it.  Returns (flex,
+    flex_gather, info): zero-argument callables -> [1, Hq, T, D]."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    q, kc, vc, md = x["q"], x["key_cache"], x["value_cache"], x["md"]
+    reqs, _, _ = x["lists"]
+    mask_mod, N, T = flex_mask(x)
+    bs = kc.shape[1]
+    blocks = md.block_table[reqs[0], : -(-N // bs)].long()
+
+    def gather():
+        k = torch.cat([kc[blocks].flatten(0, 1)[:N], x["k_new"][:T]]).transpose(0, 1)[None].contiguous()
+        v = torch.cat([vc[blocks].flatten(0, 1)[:N], x["v_new"][:T]]).transpose(0, 1)[None].contiguous()
+        return k, v
+
+    t0 = time.perf_counter()
+    bm = create_block_mask(mask_mod, 1, None, T, N + T, device=q.device)
+    info = {
+        "kv": "gathered (contiguous [1, Hkv, N+T, D]); flex_gather includes the gather from the paged cache",
+        "mode": mode,
+        "block_mask_s": round(time.perf_counter() - t0, 2),
+        "block_mask_visited_pct": _visited_pct(bm),
+    }
+    q4 = q[:T].transpose(0, 1)[None].contiguous()
+    Kg, Vg = gather()
+    fn = flex_function(mode)
+    kw = dict(block_mask=bm, scale=md.scale, enable_gqa=q.shape[1] != kc.shape[2])
+    t0 = time.perf_counter()
+    try:
+        fn(q4, Kg, Vg, **kw)
+    except Exception as e:  # noqa: BLE001 - e.g. q_len < 128 routes to FlexDecoding, which may find no config
+        info["default_failed"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        kw["kernel_options"] = {"FORCE_USE_FLEX_ATTENTION": True}
+        fn(q4, Kg, Vg, **kw)
+    if q.is_cuda:
+        torch.cuda.synchronize()
+    info["first_call_s"] = round(time.perf_counter() - t0, 2)  # the compile, in compile mode
+    info["kernel_options"] = kw.get("kernel_options")
+
+    def flex():
+        return fn(q4, Kg, Vg, **kw)
+
+    def flex_gather():
+        k, v = gather()
+        return fn(q4, k, v, **kw)
+
+    return flex, flex_gather, info
+
+
+def make_flashinfer(x, flashinfer):
+    """The K copies as K requests of ONE FlashInfer BatchPrefillWithPagedKVCache
+    call: request k's pages = its prefix's blocks from the block table, then
+    pages of its own suffix (k_new / v_new written into spare pages of a copy
+    of the cache, inside the timed region).  Causal (bottom-right) when every
+    prefix ends on a page edge, else a custom mask.  Returns (fn, info)."""
+    q, kc, vc, md = x["q"], x["key_cache"], x["value_cache"], x["md"]
+    bs, Hkv, D, Hq = kc.shape[1], kc.shape[2], kc.shape[3], q.shape[1]
+    dev = q.device
+    _, _, cu = x["lists"]
+    copies = list(_copies(x))
+    T = cu[-1]
+    bt = md.block_table.cpu()
+    spare = sum(-(-(t1 - t0) // bs) for t0, t1, _, _ in copies)
+    fk = torch.cat([kc, kc.new_zeros(spare, bs, Hkv, D)])
+    fv = torch.cat([vc, vc.new_zeros(spare, bs, Hkv, D)])
+    aligned = all(p % bs == 0 for _, _, _, p in copies)
+    indptr, indices, last, slots, masks = [0], [], [], [], []
+    page = kc.shape[0]
+    for t0, t1, r, p in copies:
+        L, npre = t1 - t0, -(-p // bs)
+        n_suf = -(-L // bs)
+        indices += bt[r, :npre].tolist() + list(range(page, page + n_suf))
+        slots += [page * bs + j for j in range(L)]
+        page += n_suf
+        indptr.append(len(indices))
+        last.append(L - (n_suf - 1) * bs)
+        if not aligned:
+            t = torch.arange(npre * bs + L)[None]
+            j = torch.arange(L)[:, None]
+            masks.append(((t < p) | ((t >= npre * bs) & (t - npre * bs <= j))).flatten())
+
+    def i32(a, device):
+        return torch.tensor(a, dtype=torch.int32, device=device)
+
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+    kw = {}
+    if aligned:  # graph-safe wrapper: its index buffers are fixed
+        kw = dict(
+            use_cuda_graph=True,
+            qo_indptr_buf=i32(cu, dev),
+            paged_kv_indptr_buf=i32(indptr, dev),
+            paged_kv_indices_buf=i32(indices, dev),
+            paged_kv_last_page_len_buf=i32(last, dev),
+        )
+    t0 = time.perf_counter()
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", **kw)
+    plan_kw = dict(causal=aligned, sm_scale=md.scale, q_data_type=q.dtype, kv_data_type=kc.dtype)
+    if not aligned:
+        plan_kw["custom_mask"] = torch.cat(masks).to(dev)
+    w.plan(i32(cu, "cpu"), i32(indptr, "cpu"), i32(indices, "cpu"), i32(last, "cpu"), Hq, Hkv, D, bs, **plan_kw)
+    slot = torch.tensor(slots, dtype=torch.long, device=dev)
+    qT, knT, vnT = q[:T], x["k_new"][:T], x["v_new"][:T]
+
+    def run():
+        fk.view(-1, Hkv, D).index_copy_(0, slot, knT)
+        fv.view(-1, Hkv, D).index_copy_(0, slot, vnT)
+        return w.run(qT, (fk, fv))
+
+    run()
+    if q.is_cuda:
+        torch.cuda.synchronize()
+    info = {
+        "form": "one BatchPrefillWithPagedKVCacheWrapper call, K copies as K requests sharing the prefix pages; "
+        + ("causal (bottom-right)" if aligned else "custom mask (a prefix ends inside a page)"),
+        "setup_s": round(time.perf_counter() - t0, 2),
+        "graphable": aligned,
+        "version": getattr(flashinfer, "__version__", "?"),
+    }
+    return run, info
+
+
+def capture(fn):
+    """fn (no arguments, returns a tensor) captured once in a CUDA graph after a
+    warm-up on a side stream; the returned callable replays it and returns the
+    captured output tensor."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        res = fn()
+
+    def replay():
+        g.replay()
+        return res
+
+    replay.graph = g
+    return replay
+
+
+def measure_rates(device, dtype=GOAL_DTYPE, quick=False) -> dict:
+    """The floor's two rates on this device: the device-to-device copy
+    bandwidth (GB/s, read + write) and the GEMM rate in `dtype` (TFLOP/s)."""
+    if device.type == "cuda":
+        bw = copy_bandwidth(device, nbytes=(256 << 20) if quick else (1 << 30))
+        n = 4096 if quick else 8192
+        a = torch.randn(n, n, device=device).to(dtype)
+        for _ in range(3):
+            a @ a
+        ts = []
+        for _ in range(3 if quick else 10):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            a @ a
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e) / 1e3)
+        del a
+        return {
+            "copy_GBps": bw,
+            "gemm_TFLOPs": 2 * n**3 / statistics.median(ts) / 1e12,
+            "how": f"copy: {'256 MiB' if quick else '1 GiB'} device-to-device, median of 10; "
+            f"GEMM: {n}x{n} @ {n}x{n} in {str(dtype).replace('torch.', '')}, median",
+        }
+    a = torch.empty(64 << 20, dtype=torch.uint8)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    t = min(_t(lambda: b.copy_(a)) for _ in range(3 if quick else 10))
+    return {
+        "copy_GBps": 2 * a.numel() / t / 1e9,
+        "gemm_TFLOPs": gemm_rate(dtype, reps=3 if quick else 20) / 1e3,
+        "how": "CPU: 64 MiB copy, best of repetitions; GEMM 768x128 @ 128x2048, best",
+    }
+
+
+def goal_row(shape, args, device, flush=None, rates=None, flash_attn=None, flashinfer=None, gpu_path=None) -> dict:
+    """Every method on one goal shape, same inputs, one process: correctness
+    against float64, CUDA-graph replays timed with a cold L2 (median of
+    args.reps), the floor and the goals (judge_goals).  `gpu_path` (default:
+    device is CUDA) selects graphs and CUDA timers; tests run it on the CPU
+    with those replaced."""
+    is_cuda = device.type == "cuda" if gpu_path is None else gpu_path
+    ctx, K, Hq, Hkv = shape
+    L, D, bs, dtype = args.suffix, args.head_size, args.block_size, GOAL_DTYPE
+    x = make_inputs(ctx, K, L, Hq, Hkv, D, bs, dtype, device=device)
+    _, plens, _ = x["lists"]
+    T = K * L
+    row = dict(
+        shape=shape_name(ctx, K, Hq, Hkv),
+        ctx=ctx,
+        K=K,
+        Hq=Hq,
+        Hkv=Hkv,
+        D=D,
+        L=L,
+        block_size=bs,
+        dtype=str(dtype).replace("torch.", ""),
+        prefix_lens=plens,
+        table_tokens=x["md"].block_table.shape[1] * bs,
+        max_prefix_len_set=HAS_MAX_PREFIX_LEN,
+        us={},
+        max_abs_err={},
+        rel_err={},
+        graphed={},
+        skipped={},
+        notes=[],
+        op_ok=True,
+    )
+    ref = reference_f64(x)
+    fns = {}  # name -> zero-argument callable returning the result (any layout; `layouts` maps it to [T, Hq, D])
+    layouts = {}
+    graphable = {}
+
+    out_op = torch.full_like(x["q"], float("nan"))
+    fns["op"] = lambda: ops.prefix_verify_attention(*op_inputs(x), out=out_op)
+    if getattr(args, "block_table_width", None):
+        wide = widen_block_table(x["md"], args.block_table_width, bs)
+        if wide is None:
+            row["wide_why"] = f"the table ({row['table_tokens']} tokens) is already {args.block_table_width} wide"
+        else:
+            row["wide_tokens"] = wide.block_table.shape[1] * bs
+            y = dict(x, md=wide)
+            out_wide = torch.full_like(x["q"], float("nan"))
+            fns["op_wide"] = lambda: ops.prefix_verify_attention(*op_inputs(y), out=out_wide)
+    if getattr(args, "flex", "compile") != "off":
+        try:
+            flex, flex_g, info = make_flex(x, args.flex)
+            row["flex"] = info
+            fns["flex"], fns["flex_gather"] = flex, flex_g
+            layouts["flex"] = layouts["flex_gather"] = lambda o: o[0].transpose(0, 1)
+        except Exception as e:  # noqa: BLE001 - reported, not fatal
+            row["skipped"]["flex"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    else:
+        row["skipped"]["flex"] = "--flex off"
+    for form in GOAL_SDPA_FORMS:
+        try:
+            sd = make_per_copy_sdpa(x, form)
+            o = torch.full_like(x["q"], float("nan"))
+            fns[f"sdpa_{form}"] = (lambda sd_, o_: lambda: sd_(x, o_))(sd, o)
+        except Exception as e:  # noqa: BLE001
+            row["skipped"][f"sdpa_{form}"] = f"{type(e).__name__}: {str(e)[:200]}"
+    if flash_attn is None:
+        row["skipped"]["flash"] = "flash-attn not installed"
+    else:
+        try:
+            fa = make_per_copy_flash(x, flash_attn)
+            o = torch.full_like(x["q"], float("nan"))
+            fns["flash"] = lambda: fa(x, o)
+        except Exception as e:  # noqa: BLE001
+            row["skipped"]["flash"] = f"{type(e).__name__}: {str(e)[:200]}"
+    if flashinfer is None:
+        row["skipped"]["flashinfer"] = "flashinfer not installed (or --no-flashinfer)"
+    else:
+        try:
+            fns["flashinfer"], info = make_flashinfer(x, flashinfer)
+            row["flashinfer"] = info
+            graphable["flashinfer"] = info["graphable"]
+        except Exception as e:  # noqa: BLE001
+            row["skipped"]["flashinfer"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+
+    # CUDA graphs: each method captured once (a method that cannot be is timed eagerly, and says so)
+    timed = {}
+    if is_cuda:
+        timed["op_eager"] = fns["op"]  # the face's Python work included: what KernelVerifier pays without a graph
+        for name, fn in fns.items():
+            if not graphable.get(name, True):
+                timed[name] = fn
+                row["graphed"][name] = "no: not graph-safe in this form"
+                continue
+            try:
+                timed[name] = capture(fn)
+                row["graphed"][name] = True
+            except Exception as e:  # noqa: BLE001
+                timed[name] = fn
+                row["graphed"][name] = f"no: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                row["notes"].append(f"{name}: CUDA graph capture failed; timed eagerly")
+    else:
+        timed = dict(fns)
+    # correctness against float64, on what is timed
+    for name in list(timed):
+        try:
+            res = timed[name]()
+            if res.is_cuda:
+                torch.cuda.synchronize()
+            got = layouts.get(name.replace("_eager", ""), lambda o: o)(res)[:T]
+            row["max_abs_err"][name] = abs_err(got, ref)
+            row["rel_err"][name] = rel_err(got, ref)
+        except Exception as e:  # noqa: BLE001
+            row["notes"].append(f"{name} failed: {type(e).__name__}: {str(e)[:160]}")
+            del timed[name]
+            continue
+        bad = not row["rel_err"][name] <= (
+            OP_TOL["cuda" if is_cuda else "cpu"][dtype] if name.startswith("op") else BASELINE_REL_TOL
+        )
+        if bad:
+            row["notes"].append(f"{name} disagrees with float64: rel err {row['rel_err'][name]:.2e}")
+            if name.startswith("op"):
+                row["op_ok"] = False
+            else:
+                del timed[name]
+    reps = args.reps
+    names = list(timed)
+    wrapped = [(lambda f: lambda _x, _o: f())(timed[n]) for n in names]
+    if is_cuda:
+        ts = time_interleaved_cuda(wrapped, x, out_op, flush, "median", min_time=0.0, min_reps=reps, max_reps=reps)
+    else:
+        ts = time_interleaved(wrapped, x, out_op, "median", min_time=0.0, min_reps=reps, max_reps=reps)
+    row["us"] = {n: t * 1e6 for n, t in zip(names, ts)}
+    forms = {n: row["us"][n] for n in names if n.startswith("sdpa_")}
+    if forms:
+        best = min(forms, key=forms.get)
+        row["sdpa_form"] = best[len("sdpa_") :]
+        row["us"]["sdpa"] = forms[best]
+        row["max_abs_err"]["sdpa"] = row["max_abs_err"][best]
+    row["reps"] = reps
+    row["bytes_min"], _ = bytes_moved(x)
+    row["flops"] = verify_flops(plens, L, Hq, D)
+    rates = rates or {}
+    row["floor_us"], row["floor_bound"] = floor_us(
+        row["bytes_min"], row["flops"], rates.get("copy_GBps"), rates.get("gemm_TFLOPs")
+    )
+    op = row["us"].get("op")
+    if op:
+        if row["floor_us"]:
+            row["op_over_floor"] = op / row["floor_us"]
+        row["op_TFLOPs"] = row["flops"] / (op * 1e-6) / 1e12
+        row["speedup"] = {
+            n: row["us"][n] / op for n in ("flex", "flex_gather", "sdpa", "flash", "flashinfer") if row["us"].get(n)
+        }
+    row["goals"] = judge_goals(row)
+    return row
+
+
+GOAL_COLS = ("op", "op_wide", "op_eager", "flex", "flex_gather", "sdpa", "flash", "flashinfer")
+
+
+def goal_header():
+    return (
+        f"{'shape':>14} | " + " ".join(f"{c:>9.9}" for c in GOAL_COLS) + f" | {'floor':>6} {'x floor':>7} "
+        f"{'x flex':>6} {'x sdpa':>6} | {'err op':>8} {'err flex':>8} | "
+        + " ".join(f"{g.split('_')[0]:>4}" for g in GOALS)
+    )
+
+
+def print_goal_row(row):
+    us, g, e = row["us"], row["goals"], row["max_abs_err"]
+
+    def f(v, spec, w):
+        return format(v, spec).rjust(w) if v is not None else "n/a".rjust(w)
+
+    sp = row.get("speedup", {})
+    print(
+        f"{row['shape']:>14} | "
+        + " ".join(f(us.get(c), ".1f", 9) for c in GOAL_COLS)
+        + f" | {f(row.get('floor_us'), '.1f', 6)} {f(row.get('op_over_floor'), '.1f', 7)} "
+        f"{f(sp.get('flex'), '.2f', 6)} {f(sp.get('sdpa'), '.2f', 6)} | {f(e.get('op'), '.1e', 8)} "
+        f"{f(e.get('flex'), '.1e', 8)} | "
+        + " ".join(f"{g[k]['status']:>4}" for k in GOALS)
+        + ("" if row["op_ok"] else "   <-- OP WRONG: " + "; ".join(row["notes"])),
+        flush=True,
+    )
+
+
+def run_goals(args) -> int:
+    """--goals: the goal table of issue 35 (GOAL_SHAPES unless --goal-shapes),
+    printed and (--json) written; exit 1 only when the op is wrong."""
+    shapes = args.goal_shapes or list(GOAL_SHAPES)
+    device = torch.device(args.device)
+    flush = flash_attn = flashinfer = None
+    meta = {
+        "schema": "parse-vllm/kernel-goals/1",
+        "device": args.device,
+        "torch": torch.__version__,
+        "dtype": str(GOAL_DTYPE).replace("torch.", ""),
+        "L": args.suffix,
+        "D": args.head_size,
+        "block_size": args.block_size,
+        "shapes": [shape_name(*s) for s in shapes],
+        "reps": args.reps,
+        "flex_mode": args.flex,
+        "block_table_width": args.block_table_width,
+        "max_prefix_len_field": HAS_MAX_PREFIX_LEN,
+        "goals": GOALS,
+        "floor": "max(bytes_min / copy_GBps, flops / gemm_TFLOPs); flops = 4*D*Hq*sum_k(L*P_k + L(L+1)/2)",
+    }
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit(f"--device cuda: no CUDA GPU visible to torch {torch.__version__}")
+        if not ops.has_cuda_op():
+            sys.exit("--device cuda: parse_vllm._C has no CUDA kernel; rebuild with PARSE_VLLM_BUILD_CUDA=1")
+        device = torch.device("cuda", torch.cuda.current_device())
+        props = torch.cuda.get_device_properties(device)
+        l2 = getattr(props, "L2_cache_size", 0) or 0
+        flush = torch.empty(max(256 << 20, 4 * l2), dtype=torch.uint8, device=device)
+        for mod, key in (("flash_attn", "flash_attn"), ("flashinfer", "flashinfer")):
+            if mod == "flashinfer" and args.no_flashinfer:
+                meta[key] = "not used: --no-flashinfer"
+                continue
+            try:
+                m = importlib.import_module(mod)
+            except Exception as e:  # noqa: BLE001 - not installed, or built for another torch
+                meta[key] = f"not usable: {type(e).__name__}: {str(e)[:120]}"
+            else:
+                meta[key] = getattr(m, "__version__", "?")
+                flash_attn, flashinfer = (m, flashinfer) if mod == "flash_attn" else (flash_attn, m)
+        meta.update(
+            device_name=torch.cuda.get_device_name(device),
+            capability=list(torch.cuda.get_device_capability(device)),
+            sms=props.multi_processor_count,
+            cuda=torch.version.cuda,
+            flush_bytes=flush.numel(),
+            timing=f"CUDA-graph replay per method (eager where capture failed), L2 flushed (a {flush.numel() >> 20} "
+            f"MiB buffer zeroed, device synchronised) before each replay, CUDA events; median of {args.reps} "
+            "round-robin replays",
+        )
+    else:
+        meta["timing"] = f"CPU smoke (not a measurement): eager calls, median of {args.reps}"
+        meta["flash_attn"] = meta["flashinfer"] = "not used on the CPU"
+    t0 = time.perf_counter()
+    rates = measure_rates(device, GOAL_DTYPE, quick=args.quick)
+    meta.update(rates=rates, rates_s=round(time.perf_counter() - t0, 1))
+    print(
+        f"# goal table (issue 35): {meta.get('device_name', 'CPU')}, torch {torch.__version__}, "
+        f"{meta['dtype']}, D={args.head_size} L={args.suffix} block {args.block_size}, one request; "
+        f"flash-attn: {meta['flash_attn']}; flashinfer: {meta['flashinfer']}"
+    )
+    print(
+        f"# floor = max(bytes_min / {rates['copy_GBps']:.0f} GB/s copy, FLOPs / {rates['gemm_TFLOPs']:.1f} TFLOP/s "
+        f"GEMM) (both measured now); {meta['timing']}"
+    )
+    print(
+        "# us per call; op = the op's graph replay; op_wide = the same with the block table padded to "
+        f"{args.block_table_width} tokens; flex = ONE torch.compile'd flex_attention call over the gathered KV "
+        "(flex_gather: the gather from the paged cache included); sdpa = K per-copy SDPA calls (faster form); "
+        "flash = K per-copy flash_attn_func calls; flashinfer = one paged batch-prefill call; err = max |O - O_f64|"
+    )
+    hdr = goal_header()
+    print(hdr)
+    print("-" * len(hdr))
+    rows = []
+
+    def dump(complete):
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(
+                    {"meta": meta, "rows": rows, "summary": goal_summary(rows), "complete": complete},
+                    f,
+                    indent=1,
+                    default=str,
+                )
+
+    for shape in shapes:
+        t1 = time.perf_counter()
+        try:
+            row = goal_row(shape, args, device, flush, rates, flash_attn, flashinfer)
+        except Exception as e:  # noqa: BLE001 - one shape's failure (e.g. out of memory) is that row's
+            row = {
+                "shape": shape_name(*shape),
+                "ctx": shape[0],
+                "K": shape[1],
+                "Hq": shape[2],
+                "Hkv": shape[3],
+                "error": f"{type(e).__name__}: {str(e)[:300]}",
+                "op_ok": False,
+                "us": {},
+                "max_abs_err": {},
+                "notes": [f"the shape failed: {type(e).__name__}: {str(e)[:300]}"],
+            }
+            row["goals"] = judge_goals(row)
+            print(f"{row['shape']:>14} | FAILED: {row['error']}", flush=True)
+        else:
+            print_goal_row(row)
+        row["seconds"] = round(time.perf_counter() - t1, 1)
+        rows.append(row)
+        dump(False)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    dump(True)
+    summ = goal_summary(rows)
+    print(
+        f"\ngoals over {len(rows)} shapes: {summ['total']['PASS']} PASS, {summ['total']['FAIL']} FAIL, "
+        f"{summ['total']['N/A']} N/A" + ("" if args.device == "cuda" else " (CPU smoke: judged, but not a measurement)")
+    )
+    for g, text in GOALS.items():
+        c = summ["by_goal"][g]
+        print(f"  {c['PASS']} PASS {c['FAIL']} FAIL {c['N/A']} N/A  {text}")
+    skipped = sorted({f"{k}: {v}" for r in rows for k, v in (r.get("skipped") or {}).items()})
+    if skipped:
+        print("not run: " + "; ".join(skipped[:8]))
+    bad = [r["shape"] for r in rows if not r.get("op_ok", True)]
+    if bad:
+        print("the op is wrong (or its shape failed) at: " + ", ".join(bad), file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -705,10 +1497,48 @@ def main(argv=None):
         help="the GPU's peak memory bandwidth in GB/s (default: GPU_PEAK_BW_GBPS, else by device name)",
     )
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    ap.add_argument(
+        "--block-table-width",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="pad the op's block table with columns nobody reads to this many tokens (an engine's max_model_len); "
+        "--goals times the op with both tables (goal v)",
+    )
+    g = ap.add_argument_group("the goal table of issue 35 (--goals)")
+    g.add_argument(
+        "--goals",
+        action="store_true",
+        help="run the goal table: every method side by side per shape, CUDA graphs, L2 flushed, PASS/FAIL per goal",
+    )
+    g.add_argument(
+        "--goal-shapes",
+        type=parse_shape,
+        nargs="+",
+        default=None,
+        metavar="CTX/K/HQ:HKV",
+        help="shapes instead of the issue's eight (" + " ".join(shape_name(*s) for s in GOAL_SHAPES) + ")",
+    )
+    g.add_argument("--reps", type=int, default=None, help="timed replays per method (default 50; --quick 10; CPU 3)")
+    g.add_argument(
+        "--flex",
+        default="compile",
+        choices=["compile", "eager", "off"],
+        help="the FlexAttention baseline: torch.compile'd (default), eager (unfused, a smoke only) or off",
+    )
+    g.add_argument("--no-flashinfer", action="store_true", help="leave FlashInfer out even when it imports")
     ap.add_argument("--_mem", type=int, nargs=2, help=argparse.SUPPRESS)  # child: ctx K
     ap.add_argument("--_forms", nargs="+", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     dtypes = [getattr(torch, d) for d in args.dtype]
+    if args.goals:
+        if not ops.has_compiled_op():
+            sys.exit(f"compiled op missing: {ops.compiled_op_error()}; run `pip install --no-build-isolation -e .`")
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        if args.reps is None:
+            args.reps = 3 if args.device == "cpu" else (10 if args.quick else 50)
+        return run_goals(args)
     if args._mem:
         if args.threads:
             torch.set_num_threads(args.threads)
