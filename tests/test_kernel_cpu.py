@@ -13,7 +13,11 @@ normwise: max|out - ref| / max|ref|, with ref computed in fp32 from the same
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -356,14 +360,20 @@ def test_suffix_kv_never_written_and_inputs_untouched():
 
 
 # --------------------------------------------------------------------------- bad inputs
+#
+# Every malformed call raises, with its whole message, numbers included.  On a build whose
+# `_C.so` carried its own static libstdc++ (issue 35) these messages were cut at the first
+# number, or the process died (SIGSEGV) formatting it: a pattern such as r"\[T=" passed on
+# the cut message.  The calls run in a child process (run_bad_inputs), one for all of
+# them: a case that kills it fails as that case, and the cases after it run in a new
+# child.  tests/test_build_link.py runs them against a library built with a toolchain that
+# links libstdc++ statically.
 
 
 def _good():
+    # T = 15 suffix tokens in C = 4 copies of R = 2 requests, Hq 4, Hkv 2, D 64; a block
+    # table of 4 blocks per row over 11 cache blocks of 16 tokens
     return make_case(nested(0, 40, 3, 4, 10) + [(1, 20, 3)], seed=40)
-
-
-def _call(case, out=None):
-    return ops.prefix_verify_attention(**case, out=out)
 
 
 def _md(**change):
@@ -382,77 +392,345 @@ def _set(field, index, value):
     return lambda c: getattr(c["md"], field).__setitem__(index, value)
 
 
-@pytest.mark.parametrize(
-    "mutate,match",
-    [
-        (lambda c: c.update(q=c["q"].to(torch.bfloat16)), "dtype"),
-        (lambda c: c.update(key_cache=c["key_cache"].double(), value_cache=c["value_cache"].double()), "dtype"),
-        (
+def _face(mutate=None, out=None, case=_good):
+    """A call through the face with `case()` changed by `mutate`; `out`: a function of the case."""
+
+    def call():
+        c = case()
+        if mutate is not None:
+            mutate(c)
+        ops.prefix_verify_attention(**c, out=None if out is None else out(c))
+
+    return call
+
+
+def _op(mutate):
+    """A direct call of the compiled op (not through the face): it checks values itself
+    (the index tensors are on the CPU)."""
+
+    def call():
+        c = _good()
+        mutate(c)
+        torch.ops.parse_vllm.prefix_verify_attention(*ops.op_arguments(**c, out=torch.empty_like(c["q"])))
+
+    return call
+
+
+_P = "prefix_verify_attention: "
+_HND = (
+    " (HND caches: pass cache.transpose(1, 2); FlashInfer's [num_blocks, 2, block_size, Hkv, D]: "
+    "pass kv[:, 0] and kv[:, 1])"
+)
+
+# name -> (the call, the exception it raises, its whole message: through the face the message
+# is the op's first line, raised as ValueError; a direct call of the op raises RuntimeError)
+BAD_INPUTS = {
+    "q_bfloat16": (
+        _face(lambda c: c.update(q=c["q"].to(torch.bfloat16))),
+        ValueError,
+        _P + "k_new has dtype Float, q has BFloat16 (all must match)",
+    ),
+    "caches_float64": (
+        _face(lambda c: c.update(key_cache=c["key_cache"].double(), value_cache=c["value_cache"].double())),
+        ValueError,
+        _P + "key_cache has dtype Double, q has Float (all must match)",
+    ),
+    "all_float64": (
+        _face(
             lambda c: c.update(
                 q=c["q"].double(),
                 k_new=c["k_new"].double(),
                 v_new=c["v_new"].double(),
                 key_cache=c["key_cache"].double(),
                 value_cache=c["value_cache"].double(),
-            ),
-            "dtype",
+            )
         ),
-        (_md(block_table=lambda t: t.long()), "int32"),
-        (_md(cu_copy_lens=lambda t: t.long()), "int32"),
-        (lambda c: c.update(q=c["q"][:-1]), r"\[T="),
-        (lambda c: c.update(q=c["q"][:, :3]), "multiple"),
-        (lambda c: c.update(q=c["q"].reshape(-1)), r"\[T, Hq, D\]"),
-        (lambda c: c.update(k_new=c["k_new"][:, :, :32]), "k_new"),
-        (lambda c: c.update(v_new=c["v_new"][:, :1]), "differ"),
-        (lambda c: c.update(key_cache=c["key_cache"][..., :32]), "key_cache"),
-        (lambda c: c.update(value_cache=c["value_cache"][:3]), "differ"),
-        (_md(block_table=lambda t: t[0]), "block_table"),
-        (_md(copy_prefix_len=lambda t: t[:-1]), "copy_prefix_len"),
-        (_md(cu_copy_lens=lambda t: t[:-1]), "C\\+1"),
-        (_set("cu_copy_lens", -1, 99), "must equal the number of suffix tokens"),
-        (_set("cu_copy_lens", 0, 1), r"cu_copy_lens\[0\]"),
-        (_set("cu_copy_lens", 2, 1), "non-decreasing"),
-        (_set("copy_req", 0, 5), "not a block-table row"),
-        (_set("copy_prefix_len", 1, 10_000), "longer than the block table holds"),
-        (_set("copy_prefix_len", 1, -1), "negative"),
-        (_set("block_table", (0, 0), 10_000), "outside the cache"),
-        (_md(scale=lambda _: 0.0), "scale"),
-        (_md(softcap=lambda _: -1.0), "softcap"),
-        (_md(sliding_window=lambda _: -3), "sliding_window"),
-        (lambda c: c.update(key_cache=c["key_cache"].transpose(1, 2)), "key_cache"),
-        (lambda c: c.update(q=c["q"].transpose(0, 2).contiguous().transpose(0, 2)), "contiguous head dim"),
-    ],
-)
-def test_bad_inputs_raise_value_error(mutate, match):
-    case = _good()
-    mutate(case)
-    with pytest.raises(ValueError, match=match):
-        _call(case)
+        ValueError,
+        _P + "q has dtype Double; supported: float32, float16, bfloat16",
+    ),
+    "block_table_int64": (
+        _face(_md(block_table=lambda t: t.long())),
+        ValueError,
+        _P + "block_table must be int32, got Long",
+    ),
+    "cu_copy_lens_int64": (
+        _face(_md(cu_copy_lens=lambda t: t.long())),
+        ValueError,
+        _P + "cu_copy_lens must be int32, got Long",
+    ),
+    "q_one_row_short": (
+        _face(lambda c: c.update(q=c["q"][:-1])),
+        ValueError,
+        _P + "k_new must be [T=14, Hkv, D=64], got shape [15, 2, 64]",
+    ),
+    "q_heads_not_a_multiple": (
+        _face(lambda c: c.update(q=c["q"][:, :3])),
+        ValueError,
+        _P + "Hq=3 query heads is not a multiple of Hkv=2 kv heads",
+    ),
+    "q_flat": (
+        _face(lambda c: c.update(q=c["q"].reshape(-1))),
+        ValueError,
+        _P + "q must be [T, Hq, D], got shape [15]",  # the face passes rows [0, T) of q
+    ),
+    "k_new_head_size": (
+        _face(lambda c: c.update(k_new=c["k_new"][:, :, :32])),
+        ValueError,
+        _P + "k_new must be [T=15, Hkv, D=64], got shape [15, 2, 32]",
+    ),
+    "v_new_heads": (
+        _face(lambda c: c.update(v_new=c["v_new"][:, :1])),
+        ValueError,
+        _P + "k_new [15, 2, 64] and v_new [15, 1, 64] differ",
+    ),
+    "key_cache_head_size": (
+        _face(lambda c: c.update(key_cache=c["key_cache"][..., :32])),
+        ValueError,
+        _P + "key_cache must be a [num_blocks, block_size, Hkv=2, D=64] view, got shape [11, 16, 2, 32]" + _HND,
+    ),
+    "key_cache_hnd_not_transposed": (
+        _face(lambda c: c.update(key_cache=c["key_cache"].transpose(1, 2))),
+        ValueError,
+        _P + "key_cache must be a [num_blocks, block_size, Hkv=2, D=64] view, got shape [11, 2, 16, 64]" + _HND,
+    ),
+    "value_cache_blocks": (
+        _face(lambda c: c.update(value_cache=c["value_cache"][:3])),
+        ValueError,
+        _P + "key_cache [11, 16, 2, 64] and value_cache [3, 16, 2, 64] differ",
+    ),
+    "block_table_1d": (
+        _face(_md(block_table=lambda t: t[0])),
+        ValueError,
+        _P + "block_table must be [R, max_blocks], got shape [4]",
+    ),
+    "copy_prefix_len_short": (
+        _face(_md(copy_prefix_len=lambda t: t[:-1])),
+        ValueError,
+        _P + "copy_prefix_len has 3 entries, copy_req has 4",
+    ),
+    "cu_copy_lens_short": (
+        _face(_md(cu_copy_lens=lambda t: t[:-1])),
+        ValueError,
+        _P + "cu_copy_lens must have C+1=5 entries, got 4",
+    ),
+    "cu_copy_lens_last_not_T": (
+        _face(_set("cu_copy_lens", -1, 99)),
+        ValueError,
+        _P + "cu_copy_lens[-1]=99 must equal the number of suffix tokens T=15",
+    ),
+    "cu_copy_lens_first_not_0": (
+        _face(_set("cu_copy_lens", 0, 1)),
+        ValueError,
+        _P + "cu_copy_lens[0] must be 0, got 1",
+    ),
+    "cu_copy_lens_decreasing": (
+        _face(_set("cu_copy_lens", 2, 1)),
+        ValueError,
+        _P + "cu_copy_lens must be non-decreasing (cu[1]=4, cu[2]=1)",
+    ),
+    "copy_req_not_a_row": (
+        _face(_set("copy_req", 0, 5)),
+        ValueError,
+        _P + "copy_req[0]=5 is not a block-table row (R=2)",
+    ),
+    "copy_prefix_len_past_the_table": (
+        _face(_set("copy_prefix_len", 1, 10_000)),
+        ValueError,
+        _P + "copy_prefix_len[1]=10000 is longer than the block table holds (4 blocks x 16 tokens = 64)",
+    ),
+    "copy_prefix_len_negative": (
+        _face(_set("copy_prefix_len", 1, -1)),
+        ValueError,
+        _P + "copy_prefix_len[1]=-1 is negative",
+    ),
+    "block_table_outside_the_cache": (
+        _face(_set("block_table", (0, 0), 10_000)),
+        ValueError,
+        _P + "block_table row 0 names blocks outside the cache (0..10): block_table[0, 0]=10000",
+    ),
+    "scale_0": (
+        _face(_md(scale=lambda _: 0.0)),
+        ValueError,
+        _P + "scale must be a finite float > 0, got 0",
+    ),
+    "softcap_negative": (
+        _face(_md(softcap=lambda _: -1.0)),
+        ValueError,
+        _P + "softcap must be >= 0 (0 = off), got -1",
+    ),
+    "sliding_window_negative": (
+        _face(_md(sliding_window=lambda _: -3)),
+        ValueError,
+        _P + "sliding_window must be >= 0 (0 = off), got -3",
+    ),
+    "max_prefix_len_negative": (
+        _face(_md(max_prefix_len=lambda _: -1)),
+        ValueError,
+        _P + "max_prefix_len must be >= 0 (0 = bounded by the block table), got -1",
+    ),
+    "copy_prefix_len_past_max_prefix_len": (
+        _face(_md(max_prefix_len=lambda _: 30)),
+        ValueError,
+        _P + "copy_prefix_len[2]=40 exceeds max_prefix_len=30",
+    ),
+    "q_head_dim_strided": (
+        _face(lambda c: c.update(q=c["q"].transpose(0, 2).contiguous().transpose(0, 2))),
+        ValueError,
+        _P + "q must have a contiguous head dim (last stride 1), got strides [1, 15, 60]",
+    ),
+    "head_size_48": (
+        _face(case=lambda: make_case([(0, 10, 2)], D=48, seed=41)),
+        ValueError,
+        _P + "head size D=48 not supported (supported: 32, 64, 80, 96, 128, 256)",
+    ),
+    "out_shape": (
+        _face(out=lambda c: torch.empty(3, 4, 64)),
+        ValueError,
+        _P + "out must have q's shape [15, 4, 64], got [3, 4, 64]",
+    ),
+    "out_dtype": (
+        _face(out=lambda c: torch.empty_like(c["q"], dtype=torch.bfloat16)),
+        ValueError,
+        _P + "out has dtype BFloat16, q has Float (all must match)",
+    ),
+    "op_copy_prefix_len_past_the_table": (
+        _op(_set("copy_prefix_len", 1, 10_000)),
+        RuntimeError,
+        _P + "copy_prefix_len[1]=10000 is longer than the block table holds (4 blocks x 16 tokens = 64)",
+    ),
+    "op_cu_copy_lens_last_not_T": (
+        _op(_set("cu_copy_lens", -1, 3)),
+        RuntimeError,
+        _P + "cu_copy_lens[-1]=3 must equal the number of suffix tokens T=15",
+    ),
+}
+
+_RESULT = "BAD-INPUT-RESULT "  # the child's lines that the parent reads
 
 
-def test_bad_head_size_and_out():
-    case = make_case([(0, 10, 2)], D=48, seed=41)
-    with pytest.raises(ValueError, match="head size"):
-        _call(case)
-    case = _good()
-    with pytest.raises(ValueError, match="out must have"):
-        _call(case, out=torch.empty(3, 4, 64))
-    with pytest.raises(ValueError, match="out has dtype"):
-        _call(case, out=torch.empty_like(case["q"], dtype=torch.bfloat16))
+def _crash():
+    import ctypes
+
+    ctypes.string_at(0)  # SIGSEGV
 
 
-def test_compiled_op_checks_values_itself():
-    """Called directly (not through the face), the compiled op still refuses
-    bad values (its one check reads them: the index tensors are on the CPU)."""
-    case = _good()
-    case["md"].copy_prefix_len[1] = 10_000
-    out = torch.empty_like(case["q"])
-    with pytest.raises(RuntimeError, match="longer than the block table holds"):
-        torch.ops.parse_vllm.prefix_verify_attention(*ops.op_arguments(**case, out=out))
-    case = _good()
-    case["md"].cu_copy_lens[-1] = 3
-    with pytest.raises(RuntimeError, match="cu_copy_lens"):
-        torch.ops.parse_vllm.prefix_verify_attention(*ops.op_arguments(**case, out=out))
+_RUNNER_SELF_TEST = {"_crash": (_crash, ValueError, "")}  # test_a_crashing_case_fails_alone
+
+
+def _bad_inputs_child(names):
+    """In the child: each case's outcome as one JSON line, a line naming the case before it runs."""
+    import parse_vllm._C as C
+
+    print(_RESULT + json.dumps({"library": C.__file__, "loaded": ops.has_compiled_op()}), flush=True)
+    for name in names:
+        print(_RESULT + json.dumps({"case": name}), flush=True)
+        call, _, _ = {**BAD_INPUTS, **_RUNNER_SELF_TEST}[name]
+        try:
+            call()
+            res = {"case": name, "raised": None}
+        except Exception as e:  # noqa: BLE001 - the parent compares type and text
+            res = {"case": name, "raised": type(e).__name__, "message": str(e)}
+        print(_RESULT + json.dumps(res), flush=True)
+
+
+# The child: `so` (when given) loaded as parse_vllm._C before parse_vllm.ops imports the installed one.
+_CHILD = """
+import importlib.util, sys
+tests, so, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+if so:
+    import torch  # the library needs torch's (libc10.so, ...)
+    spec = importlib.util.spec_from_file_location("parse_vllm._C", so)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["parse_vllm._C"] = mod
+    spec.loader.exec_module(mod)
+sys.path.insert(0, tests)
+import test_kernel_cpu
+test_kernel_cpu._bad_inputs_child(names)
+"""
+
+
+def run_bad_inputs(names=None, so=None, timeout=300):
+    """Run BAD_INPUTS' calls in child processes: name -> {"raised", "message"} or {"died": why}.
+
+    One child runs every case; when one dies (a crash inside the op), that case is
+    reported as such and the cases after it run in a new child.  `so`: a built library
+    to load as parse_vllm._C instead of the installed one (its path is checked)."""
+    todo = list(BAD_INPUTS if names is None else names)
+    results = {}
+    env = {**os.environ, "TORCH_SHOW_CPP_STACKTRACES": "0"}
+    while todo:
+        p = subprocess.run(
+            [sys.executable, "-c", _CHILD, os.path.dirname(os.path.abspath(__file__)), so or "", *todo],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+        running, library = None, None
+        for line in p.stdout.splitlines():
+            if not line.startswith(_RESULT):
+                continue
+            d = json.loads(line[len(_RESULT) :])
+            if "library" in d:
+                library = d
+            elif "raised" in d:
+                results[d["case"]] = d
+                running = None
+            else:
+                running = d["case"]
+        tail = (p.stderr or "").strip()[-3000:]
+        how = f"signal {-p.returncode}" if p.returncode < 0 else f"exit status {p.returncode}"
+        if library is None or (so and os.path.realpath(library["library"]) != os.path.realpath(so)):
+            why = f"the child did not load the library to test ({how}; {library}): {tail}"
+            results.update({n: {"died": why} for n in todo})
+            break
+        if running is not None:  # it died inside this case
+            results[running] = {"died": f"the child process died in this case ({how}): {tail}"}
+        elif p.returncode != 0 or any(n not in results for n in todo):
+            results.update(
+                {n: {"died": f"the child ended before this case ({how}): {tail}"} for n in todo if n not in results}
+            )
+        todo = [n for n in todo if n not in results]
+    return results
+
+
+def bad_input_failures(results):
+    """name -> what is wrong, for every case whose call did not raise its whole message."""
+    wrong = {}
+    for name, (_, exc, message) in BAD_INPUTS.items():
+        r = results.get(name)
+        if r is None:
+            continue
+        if "died" in r:
+            wrong[name] = r["died"]
+        elif r["raised"] != exc.__name__:
+            wrong[name] = f"raised {r['raised']} ({r.get('message')!r}), expected {exc.__name__}"
+        elif (r["message"] if exc is ValueError else (r["message"].splitlines() or [""])[0]) != message:
+            # the face raises the op's first line; a direct call's error may carry a C++ backtrace after it
+            wrong[name] = f"message {r['message']!r}, expected {message!r}"
+    return wrong
+
+
+@pytest.fixture(scope="module")
+def bad_input_results():
+    return run_bad_inputs()
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_inputs_raise_with_their_whole_message(name, bad_input_results):
+    assert name in bad_input_results, f"{name}: no result"
+    wrong = bad_input_failures({name: bad_input_results[name]})
+    if wrong:
+        pytest.fail(f"{name}: {wrong[name]}", pytrace=False)
+
+
+def test_a_crashing_case_fails_alone():
+    """The runner's own check: a case that kills its child is reported as that case's
+    failure, and the cases after it still run."""
+    results = run_bad_inputs(["q_bfloat16", "_crash", "out_dtype"])
+    assert set(results) == {"q_bfloat16", "_crash", "out_dtype"}
+    assert "died in this case (signal 11" in results["_crash"]["died"], results["_crash"]
+    assert results["q_bfloat16"]["raised"] == results["out_dtype"]["raised"] == "ValueError", results
 
 
 def test_op_metadata():
