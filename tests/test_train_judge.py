@@ -117,6 +117,110 @@ def _passes(text: str, k: int) -> bool:
     return f"+ {k + 1}" in text
 
 
+def _pair_auc(scores, labels, weight=None) -> float:
+    """ROC AUC by counting pairs (the weighted Mann-Whitney statistic): over every passing
+    example i and failing one j, w_i w_j for s_i > s_j, half of it for a tie, over
+    Σ w_pass · Σ w_fail. Independent of the code under test (scikit-learn)."""
+    s, y = np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=bool)
+    w = np.ones(len(s)) if weight is None else np.asarray(weight, dtype=np.float64)
+    num = 0.0
+    for i in np.flatnonzero(y):
+        for j in np.flatnonzero(~y):
+            num += w[i] * w[j] * (1.0 if s[i] > s[j] else 0.5 if s[i] == s[j] else 0.0)
+    return num / (w[y].sum() * w[~y].sum())
+
+
+def _weights_by_hand(index: list[dict]) -> np.ndarray:
+    """Whole answers weigh 1; prefixes their sampling weight over the prefixes' mean weight."""
+    w = np.array([float(r.get("weight", 1.0)) if r["kind"] == "prefix" else 1.0 for r in index])
+    prefix = np.array([r["kind"] == "prefix" for r in index])
+    if prefix.any():
+        w[prefix] /= w[prefix].mean()
+    return w
+
+
+# -- the probe's figures on made-up data (no engine) ----------------------------------------
+
+
+def test_auc_and_brier_against_hand_computed_values():
+    from parse_vllm.tools.judge import probe
+
+    s, y = np.array([0.1, 0.4, 0.35, 0.8]), np.array([False, False, True, True])
+    # pairs (pass, fail): 0.35 > 0.1, 0.35 < 0.4, 0.8 > 0.1, 0.8 > 0.4: 3 of 4
+    assert probe.auc(s, y) == 0.75 == _pair_auc(s, y)
+    # weights 1, 2, 1, 3: (1·1 + 3·1 + 3·2) / ((1 + 3)(1 + 2)) = 10 / 12
+    w = np.array([1.0, 2.0, 1.0, 3.0])
+    assert probe.auc(s, y, w) == pytest.approx(10 / 12, abs=1e-12) and _pair_auc(s, y, w) == pytest.approx(10 / 12)
+    assert probe.auc(np.array([0.5, 0.5]), np.array([True, False])) == 0.5  # a tie counts half
+    assert probe.auc(np.array([0.1, 0.9]), np.array([True, False])) == 0.0
+    assert probe.auc(np.array([0.1, 0.9]), np.array([True, True])) is None  # one class: no AUC
+    # P = sigmoid(0, ln 3, -ln 3) = 0.5, 0.75, 0.25 against pass, pass, fail:
+    # (0.25 + 0.0625 + 0.0625) / 3 = 0.125; weighted 2, 1, 1: (0.5 + 0.0625 + 0.0625) / 4 = 0.15625
+    p, lab = probe.sigmoid(np.array([0.0, np.log(3), -np.log(3)])), np.array([True, True, False])
+    assert p == pytest.approx([0.5, 0.75, 0.25], abs=1e-12)
+    assert probe.brier(p, lab, np.ones(3)) == pytest.approx(0.125, abs=1e-12)
+    assert probe.brier(p, lab, np.array([2.0, 1.0, 1.0])) == pytest.approx(0.15625, abs=1e-12)
+
+
+def _made_up(seed: int, tasks: int, per_task: int, dim: int, task_column: bool = False):
+    """Examples with random features and labels drawn at random, independent of them: a
+    whole answer and per_task - 1 prefixes per task. With task_column, feature 0 is the
+    task's number (for a spy on the folds)."""
+    from parse_vllm.tools.judge import probe
+
+    rng = np.random.default_rng(seed)
+    n = tasks * per_task
+    hidden = rng.normal(size=(n, dim))
+    if task_column:
+        hidden[:, 0] = np.repeat(np.arange(tasks), per_task)
+    return probe.Examples(
+        hidden=hidden.astype(np.float32),
+        zero_shot=rng.normal(size=n),
+        label=rng.random(n) < 0.5,
+        whole=np.tile([True] + [False] * (per_task - 1), tasks),
+        task=np.repeat([f"t{i}" for i in range(tasks)], per_task),
+        answer=np.zeros(n, dtype=int),
+        length=np.zeros(n, dtype=int),
+        how=["made up"] * n,
+        weight=np.ones(n),
+    )
+
+
+def test_random_labels_give_an_out_of_fold_auc_near_one_half():
+    """Labels independent of the features: the nested out-of-fold AUC must lie near 0.5 (600
+    examples: its spread is about ±0.04), while the same model scored on its own training
+    rows finds a pattern (AUC > 0.6): scoring a task with a model that saw it would show."""
+    from parse_vllm.tools.judge import probe
+
+    ex = _made_up(seed=0, tasks=150, per_task=4, dim=48)
+    X = ex.features(("hidden",))
+    z, _ = probe.nested_oof(X, ex)
+    assert abs(_pair_auc(z, ex.label) - 0.5) < 0.08
+    in_sample = probe.fit(1.0, X, ex.label, ex.weight).decision_function(X)
+    assert _pair_auc(in_sample, ex.label) > 0.6
+
+
+def test_no_task_is_scored_by_a_model_that_saw_it(monkeypatch):
+    """Every fit of the whole training (feature choice, nested CV, C, the training-label
+    comparison, the data-size curve): the tasks it trained on and the tasks it scored never
+    overlap (feature 0 carries the task's number to a spy on probe.fit_score)."""
+    from parse_vllm.tools.judge import probe
+
+    calls = []
+    real = probe.fit_score
+
+    def spy(C, X_train, y_train, w_train, X_test):
+        calls.append((set(X_train[:, 0].tolist()), set(X_test[:, 0].tolist())))
+        return real(C, X_train, y_train, w_train, X_test)
+
+    monkeypatch.setattr(probe, "fit_score", spy)
+    ex = _made_up(seed=1, tasks=20, per_task=3, dim=4, task_column=True)
+    probe.train(ex, "made-up", log=lambda *a: None)
+    assert len(calls) > 100
+    for trained_on, scored in calls:
+        assert trained_on and scored and not trained_on & scored
+
+
 @pytest.fixture(scope="module")
 def tok(tiny_models):
     from transformers import AutoTokenizer
@@ -171,11 +275,22 @@ def test_training_writes_the_report_and_a_head_for_the_target(trained, tiny_mode
 
     out = trained["out"]
     s = json.loads((out / "summary.json").read_text())
+    # the zero-shot figures, recomputed here from the data files without the code under test
+    # (pairs counted, weights scaled by hand); the head's are out-of-fold (tested below on
+    # made-up data: hand-computed cases, random labels, no task in its own fold)
+    index = [json.loads(x) for x in (trained["data"] / "index.jsonl").read_text().splitlines()]
+    z = np.load(trained["data"] / "zero_shot.npy").astype(np.float64)
+    y = np.array([bool(r["label"]) for r in index])
+    w = _weights_by_hand(index)
     for kind in ("whole", "prefix"):
+        m = np.array([r["kind"] == kind for r in index])
+        assert s[f"auc_zero_shot_{kind}_tune"] == pytest.approx(_pair_auc(z[m], y[m], w[m]), abs=1e-12)
+        brier = float(np.sum(w[m] * (1 / (1 + np.exp(-z[m])) - y[m]) ** 2) / np.sum(w[m]))
+        assert s[f"brier_zero_shot_{kind}_tune"] == pytest.approx(brier, abs=1e-12)
+        assert (s[f"n_{kind}_pass_tune"], s[f"n_{kind}_fail_tune"]) == (int(y[m].sum()), int((~y[m]).sum()))
         for name in ("zero_shot", "head"):
-            key = f"auc_{name}_{kind}_tune"
-            assert 0.0 <= s[key] <= 1.0 and len(s[key + "_ci"]) == 2
-            assert 0.0 <= s[f"brier_{name}_{kind}_tune"] <= 1.0
+            lo, hi = s[f"auc_{name}_{kind}_tune_ci"]
+            assert lo <= s[f"auc_{name}_{kind}_tune"] <= hi
     labels = [json.loads(x) for x in (trained["data"] / "labels.jsonl").read_text().splitlines()]
     assert s["n_train"] == sum(r["label"] is not None for r in labels)
     assert s["n_whole_pass_tune"] + s["n_whole_fail_tune"] == sum(r["kind"] == "whole" for r in labels)
@@ -388,10 +503,18 @@ def test_evaluate_scores_a_held_out_set_with_the_head_without_training(trained, 
     assert np.array_equal(JudgeHead.load(head_path).weight, before.weight)  # no training
     s = json.loads((out / "summary.json").read_text())
     ex = probe.Examples.load(out / "data" / "held")
-    z = probe.head_logits(JudgeHead.load(head_path), ex)
-    assert s["auc_head_whole_held"] == pytest.approx(probe.auc(z[ex.whole], ex.label[ex.whole]))
+    # the head's log-odds by hand (w · (x - mean) / scale + b) and the AUCs by counting pairs
+    head = JudgeHead.load(head_path)
+    x = np.asarray(ex.hidden, dtype=np.float64)
+    if "zero_shot_logit" in head.features:
+        x = np.concatenate([x, ex.zero_shot[:, None]], axis=1)
+    z = ((x - head.mean) / head.scale) @ head.weight + head.bias
+    index = [json.loads(x) for x in (out / "data" / "held" / "index.jsonl").read_text().splitlines()]
+    w = _weights_by_hand(index)
+    assert np.allclose(w, ex.weight)
+    assert s["auc_head_whole_held"] == pytest.approx(_pair_auc(z[ex.whole], ex.label[ex.whole]), abs=1e-9)
     p = ~ex.whole
-    assert s["auc_zero_shot_prefix_held"] == pytest.approx(probe.auc(ex.zero_shot[p], ex.label[p], ex.weight[p]))
+    assert s["auc_zero_shot_prefix_held"] == pytest.approx(_pair_auc(ex.zero_shot[p], ex.label[p], w[p]), abs=1e-12)
     assert not np.allclose(ex.weight[p], 1.0)  # prefixes carry their sampling weights
     assert (
         s["held_n"] == len(ex)
