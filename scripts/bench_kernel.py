@@ -107,10 +107,6 @@ from parse_vllm.ops.reference import (  # noqa: E402
     prefix_verify_attention_ref,
 )
 
-# the op's metadata gained max_prefix_len (the real bound of the prefixes, so
-# that nothing is sized from the block table's width); set where it exists
-HAS_MAX_PREFIX_LEN = "max_prefix_len" in {f.name for f in dataclasses.fields(PrefixVerifyMetadata)}
-
 CPU_CONTEXTS = [512, 2048, 8192]
 CUDA_CONTEXTS = [512, 2048, 8192, 32768]
 # The op must agree with the fp32 reference to this relative (normwise) error;
@@ -202,12 +198,6 @@ def copy_bandwidth(device, nbytes=1 << 30, reps=10) -> float:
 # --------------------------------------------------------------------------- inputs
 
 
-def metadata_extra(max_prefix_len: int) -> dict:
-    """PrefixVerifyMetadata's `max_prefix_len` (the longest copy_prefix_len, a
-    host int the caller knows) where this checkout's metadata has the field."""
-    return {"max_prefix_len": int(max_prefix_len)} if HAS_MAX_PREFIX_LEN else {}
-
-
 def widen_block_table(md, width_tokens, block_size):
     """md with its block table padded by columns nobody reads (block 0) to
     `width_tokens` tokens, like a table sized for an engine's max_model_len;
@@ -249,7 +239,7 @@ def make_inputs(n_ctx, K, L, Hq, Hkv, D, bs, dtype, seed=0, device="cpu", bt_wid
         cu_copy_lens=torch.arange(0, T + 1, L, dtype=torch.int32, device=device),
         num_actual_tokens=T,
         scale=D**-0.5,
-        **metadata_extra(max(prefix)),
+        max_prefix_len=max(prefix),  # the real bound, as the verifier passes it: nothing sized from the table
     )
     if bt_width:
         x["md"] = widen_block_table(x["md"], bt_width, bs) or x["md"]
@@ -1169,7 +1159,7 @@ def goal_row(shape, args, device, flush=None, rates=None, flash_attn=None, flash
         dtype=str(dtype).replace("torch.", ""),
         prefix_lens=plens,
         table_tokens=x["md"].block_table.shape[1] * bs,
-        max_prefix_len_set=HAS_MAX_PREFIX_LEN,
+        max_prefix_len=x["md"].max_prefix_len,
         us={},
         max_abs_err={},
         rel_err={},
@@ -1351,7 +1341,7 @@ def run_goals(args) -> int:
         "reps": args.reps,
         "flex_mode": args.flex,
         "block_table_width": args.block_table_width,
-        "max_prefix_len_field": HAS_MAX_PREFIX_LEN,
+        "max_prefix_len": "the longest prefix, in the op's metadata (both tables)",
         "goals": GOALS,
         "floor": "max(bytes_min / copy_GBps, flops / gemm_TFLOPs); flops = 4*D*Hq*sum_k(L*P_k + L(L+1)/2)",
     }

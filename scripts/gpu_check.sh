@@ -674,7 +674,7 @@ def goal_table_summary(g):
     return {"file": "data/goals.json", "complete": g.get("complete"), "summary": g.get("summary"),
             "device_name": m.get("device_name"), "rates": m.get("rates"), "timing": m.get("timing"),
             "reps": m.get("reps"), "block_table_width": m.get("block_table_width"),
-            "max_prefix_len_field": m.get("max_prefix_len_field"), "flash_attn": m.get("flash_attn"),
+            "max_prefix_len": m.get("max_prefix_len"), "flash_attn": m.get("flash_attn"),
             "flashinfer": m.get("flashinfer"), "goals": m.get("goals"),
             "rows": [dict({k: r.get(k) for k in keep if k in r},
                           goals={k: v["status"] for k, v in (r.get("goals") or {}).items()},
@@ -697,8 +697,8 @@ def goals_md(g):
     else:
         md += ["CPU smoke pass of the goal table (no GPU; the PASS/FAIL below judge CPU times: not a measurement).", ""]
     md += ["µs per call.  op = the op's CUDA-graph replay; op wide = the same with the block table padded to "
-           f"{m.get('block_table_width')} tokens (metadata max_prefix_len "
-           f"{'set' if m.get('max_prefix_len_field') else 'not in this checkout'}); Flex = ONE torch.compile'd "
+           f"{m.get('block_table_width')} tokens (max_prefix_len: {m.get('max_prefix_len') or 'not set'}); "
+           "Flex = ONE torch.compile'd "
            "flex_attention call with PARSE's block mask over a gathered contiguous KV (Flex+gather: the gather from "
            "the paged cache included); SDPA/copy = K per-copy SDPA calls; flash/copy = K flash_attn_func calls; "
            "FlashInfer = one paged batch-prefill call; err = max |O - O_f64|.", "",

@@ -372,7 +372,7 @@ def test_report_judges_the_goals_in_gpu_mode(cpu_run, tmp_path):
         "goals": bk.GOALS,
         "block_table_width": 131072,
         "rates": {"copy_GBps": 3000.0, "gemm_TFLOPs": 700.0, "how": "measured"},
-        "max_prefix_len_field": True,
+        "max_prefix_len": "the longest prefix",
     }
     (data / "goals.json").write_text(
         json.dumps({"meta": meta, "rows": grows, "summary": bk.goal_summary(grows), "complete": True})
@@ -706,7 +706,7 @@ def test_goal_row_gpu_path_on_cpu(monkeypatch, capsys, shape):
     assert all(e < 2e-2 for e in row["max_abs_err"].values()), row["max_abs_err"]
     assert row["max_abs_err"]["op"] <= 2 * row["max_abs_err"]["flex"]
     assert row["wide_tokens"] == 1024 and row["table_tokens"] == -(-shape[0] // 16) * 16
-    assert row["max_prefix_len_set"] == bk.HAS_MAX_PREFIX_LEN
+    assert row["max_prefix_len"] == row["prefix_lens"][-1] == shape[0]
     x = bk.make_inputs(shape[0], shape[1], 5, shape[2], shape[3], 32, 16, torch.bfloat16)
     assert row["flops"] == bk.attention_flops(x) and row["bytes_min"] == bk.bytes_moved(x)[0]
     assert row["floor_us"] == pytest.approx(max(row["bytes_min"] / 100e9, row["flops"] / 1e12) * 1e6)
@@ -735,8 +735,7 @@ def test_a_wide_block_table_changes_nothing_but_its_width():
     assert x["md"].block_table.shape[1] == 19 and y["md"].block_table.shape[1] == 2048
     assert torch.equal(y["md"].block_table[:, :19], x["md"].block_table)
     assert bk.bytes_moved(x) == bk.bytes_moved(y)  # only the read entries count
-    if bk.HAS_MAX_PREFIX_LEN:
-        assert x["md"].max_prefix_len == y["md"].max_prefix_len == 300
+    assert x["md"].max_prefix_len == y["md"].max_prefix_len == 300
     assert bk.widen_block_table(x["md"], 300, 16) is None
     out_x = bk.run_op(x, torch.full_like(x["q"], float("nan")))
     out_y = bk.run_op(y, torch.full_like(y["q"], float("nan")))
