@@ -1184,6 +1184,17 @@ def goal_row(shape, args, device, flush=None, rates=None, flash_attn=None, flash
             y = dict(x, md=wide)
             out_wide = torch.full_like(x["q"], float("nan"))
             fns["op_wide"] = lambda: ops.prefix_verify_attention(*op_inputs(y), out=out_wide)
+    if is_cuda:  # the CUDA-core kernel on the same call (bf16 goes to the tensor-core kernel otherwise)
+        out_cc = torch.full_like(x["q"], float("nan"))
+
+        def cuda_core():
+            os.environ["PARSE_VLLM_CUDA_KERNEL"] = "cuda-core"  # read by the op at each launch
+            try:
+                return ops.prefix_verify_attention(*op_inputs(x), out=out_cc)
+            finally:
+                os.environ.pop("PARSE_VLLM_CUDA_KERNEL", None)
+
+        fns["op_cuda_core"] = cuda_core
     if getattr(args, "flex", "compile") != "off":
         try:
             flex, flex_g, info = make_flex(x, args.flex)
@@ -1293,7 +1304,7 @@ def goal_row(shape, args, device, flush=None, rates=None, flash_attn=None, flash
     return row
 
 
-GOAL_COLS = ("op", "op_wide", "op_eager", "flex", "flex_gather", "sdpa", "flash", "flashinfer")
+GOAL_COLS = ("op", "op_wide", "op_eager", "op_cuda_core", "flex", "flex_gather", "sdpa", "flash", "flashinfer")
 
 
 def goal_header():
@@ -1321,6 +1332,41 @@ def print_goal_row(row):
         + ("" if row["op_ok"] else "   <-- OP WRONG: " + "; ".join(row["notes"])),
         flush=True,
     )
+
+
+def kernel_measurement(meta: dict, rows: list) -> dict | None:
+    """The goal table as one entry of parse_vllm/verify/kernel_measurements.json (the record
+    the verifier factory reads: `auto` takes the kernel only where an entry of the op's
+    cuda_kernel_version shows it faster than the per-copy baselines at every goal shape).
+    None where the op reports no version or no row has both the op and a per-copy time."""
+    version_of = getattr(torch.ops.parse_vllm, "cuda_kernel_version", None)
+    version = version_of(GOAL_DTYPE) if version_of is not None else None
+    out = []
+    for r in rows:
+        us = r.get("us") or {}
+        per_copy = {k: round(us[k], 1) for k in ("sdpa", "flash") if us.get(k)}
+        if not us.get("op") or not per_copy or not r.get("op_ok", False):
+            continue
+        e = {k: r[k] for k in ("ctx", "K", "Hq", "Hkv", "D", "L")}
+        e.update(op_us=round(us["op"], 1), per_copy_us=per_copy)
+        if us.get("flex"):
+            e["flex_us"] = round(us["flex"], 1)
+        out.append(e)
+    if not version or not out:
+        return None
+    cap = meta.get("capability") or [0, 0]
+    return {
+        "kernel_version": version,
+        "kernel": f"the CUDA kernel serving {meta['dtype']} calls (cuda_kernel_version {version})",
+        "device": meta.get("device_name", "?"),
+        "capability": f"{cap[0]}.{cap[1]}",
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "torch": torch.__version__,
+        "dtype": meta["dtype"],
+        "source": "scripts/bench_kernel.py --goals (scripts/gpu_check.sh, step goals): data/goals.json",
+        "timing": meta.get("timing", ""),
+        "rows": out,
+    }
 
 
 def run_goals(args) -> int:
@@ -1437,6 +1483,8 @@ def run_goals(args) -> int:
         dump(False)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    if args.device == "cuda":
+        meta["kernel_measurement"] = kernel_measurement(meta, rows)
     dump(True)
     summ = goal_summary(rows)
     print(

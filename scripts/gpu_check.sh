@@ -18,19 +18,24 @@
 #                   libstdc++.so.6 and defines no std::locale symbols); skipped
 #                   when that test file is not in the checkout
 #   5 cuda tests    tests/test_kernel_cuda.py (kernel vs the PyTorch reference)
-#   6 goal table    scripts/bench_kernel.py --goals --device cuda
+#   6 sanitizer     compute-sanitizer memcheck and racecheck over
+#                   tests/test_kernel_cuda.py::test_one_small_case_of_each_kernel
+#                   (skipped without a GPU or without compute-sanitizer)
+#   7 goal table    scripts/bench_kernel.py --goals --device cuda
 #                   --block-table-width 131072 (issue 35's eight shapes: the op,
-#                   one FlexAttention call, K per-copy SDPA calls, flash-attn /
-#                   FlashInfer where installed, all CUDA-graph replays with a
-#                   cold L2; the floor; PASS/FAIL per goal per shape)
-#   7 benchmark     scripts/bench_kernel.py --device cuda (op vs K per-copy SDPA /
+#                   the CUDA-core kernel on the same call, one FlexAttention call,
+#                   K per-copy SDPA calls, flash-attn / FlashInfer where installed,
+#                   all CUDA-graph replays with a cold L2; the floor; PASS/FAIL per
+#                   goal per shape) -> OUTDIR/kernel_measurement.json, the entry to
+#                   add to parse_vllm/verify/kernel_measurements.json
+#   8 benchmark     scripts/bench_kernel.py --device cuda (op vs K per-copy SDPA /
 #                   flash-attn calls and the dense-mask reference; contexts
 #                   512/2k/8k/32k, K 4/8/16, bf16 and fp32)
-#   8 step costs    scripts/gpu_costs.py --device cuda (what a PARSE window costs on
+#   9 step costs    scripts/gpu_costs.py --device cuda (what a PARSE window costs on
 #                   this GPU: decode steps, forwards over W tokens, the verification
-#                   pass, the draft's step, in Qwen3 shapes with random weights;
-#                   bounded by its time budget) -> OUTDIR/gpu_costs.json
-#   9 cpu tests     tests/test_kernel_cpu.py (the CPU twin vs the reference; last,
+#                   pass, the draft's step, in Qwen3 shapes with random weights, at
+#                   batch 1, 8 and 32; bounded by its time budget) -> OUTDIR/gpu_costs.json
+#  10 cpu tests     tests/test_kernel_cpu.py (the CPU twin vs the reference; last,
 #                   so that a CPU-side failure cannot cost the GPU figures)
 # and writes OUTDIR/gpu_check.json and OUTDIR/gpu_check.md (rewritten after every
 # step, so a run cut short still leaves a report), logs in OUTDIR/logs/.
@@ -102,20 +107,21 @@ export GC_QUICK=${GPU_CHECK_QUICK:-0} GC_CPU_ONLY=${GPU_CHECK_CPU_ONLY:-0} GC_AR
 export GC_STARTED=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 HELPER=$DATA/gpu_check_helper.py
 
-STEPS=(env imports build link cuda_tests goals bench costs cpu_tests)
+STEPS=(env imports build link cuda_tests sanitizer goals bench costs cpu_tests)
 declare -A TITLE=(
     [env]="environment"
     [imports]="imports without vLLM"
     [build]="build the op in place"
     [link]="the op's link (tests/test_build_link.py)"
     [cuda_tests]="CUDA kernel tests (tests/test_kernel_cuda.py)"
+    [sanitizer]="compute-sanitizer memcheck + racecheck on one small case of each kernel"
     [goals]="goal table (scripts/bench_kernel.py --goals)"
     [cpu_tests]="CPU twin tests (tests/test_kernel_cpu.py)"
     [bench]="benchmark (scripts/bench_kernel.py)"
     [costs]="step costs (scripts/gpu_costs.py)"
 )
 # per-step time limits (s); a hung kernel must not eat the whole GPU window
-declare -A LIMIT=([env]=180 [imports]=180 [build]=900 [link]=180 [cuda_tests]=480 [goals]=420 [cpu_tests]=480
+declare -A LIMIT=([env]=180 [imports]=180 [build]=900 [link]=180 [cuda_tests]=480 [sanitizer]=240 [goals]=420 [cpu_tests]=480
                   [bench]=480 [costs]=240)
 
 with_limit() {  # with_limit SECONDS cmd...
@@ -182,6 +188,34 @@ step_cuda_tests() (
     "$PY" "$HELPER" junit cuda_tests $?
 )
 
+step_sanitizer() (
+    # tests/test_kernel_cuda.py::test_one_small_case_of_each_kernel under memcheck (out-of-bounds
+    # and misaligned accesses) and racecheck (shared-memory hazards: the cp.async ring, ldmatrix)
+    if [ "$(mode)" != cuda ]; then
+        why "no GPU: nothing to sanitize"
+        return 3
+    fi
+    nvcc_dir=$(cat "$DATA/nvcc_dir" 2>/dev/null)
+    cs=""
+    for c in "$nvcc_dir/compute-sanitizer" "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" \
+             "$(command -v compute-sanitizer 2>/dev/null)"; do
+        [ -n "$c" ] && [ -x "$c" ] && { cs=$c; break; }
+    done
+    if [ -z "$cs" ]; then
+        why "compute-sanitizer not found (beside nvcc, in \$CUDA_HOME/bin or on PATH)"
+        return 3
+    fi
+    rc=0
+    for tool in memcheck racecheck; do
+        echo "== $cs --tool $tool"
+        with_limit $((STEP_LIMIT / 2)) "$cs" --tool "$tool" --error-exitcode 9 \
+            "$PY" -m pytest -p no:cacheprovider -q -rfEs tests/test_kernel_cuda.py -k test_one_small_case_of_each_kernel \
+            --junitxml="$DATA/sanitizer.xml" || rc=$?
+    done
+    [ $rc = 9 ] && { why "compute-sanitizer reported errors (log)"; return 1; }
+    "$PY" "$HELPER" junit sanitizer $rc
+)
+
 step_cpu_tests() (
     sel=()
     [ "$GC_QUICK" = 1 ] && sel=(-k "test_random or test_reference or test_op_metadata")
@@ -199,7 +233,17 @@ step_goals() (
         args=(--device cpu --goal-shapes 256/4/4:2 --head-size 64 --suffix 8 --reps 2 --block-table-width 2048)
     fi
     with_limit "$STEP_LIMIT" "$PY" scripts/bench_kernel.py --goals "${args[@]}" --json "$DATA/goals.json"
-    "$PY" "$HELPER" goals $?
+    rc=$?
+    # the table as an entry of parse_vllm/verify/kernel_measurements.json (commit it there: the
+    # verifier factory's `auto` takes the kernel only where such an entry shows it faster)
+    "$PY" - "$DATA/goals.json" "$OUT/kernel_measurement.json" <<'PY' || true
+import json, sys
+m = json.load(open(sys.argv[1])).get("meta", {}).get("kernel_measurement")
+if m:
+    json.dump(m, open(sys.argv[2], "w"), indent=1)
+    print(f"kernel measurement for the record: {sys.argv[2]}")
+PY
+    "$PY" "$HELPER" goals $rc
 )
 
 step_bench() (

@@ -22,7 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-STEPS = ["env", "imports", "build", "link", "cuda_tests", "goals", "bench", "costs", "cpu_tests"]
+STEPS = ["env", "imports", "build", "link", "cuda_tests", "sanitizer", "goals", "bench", "costs", "cpu_tests"]
 # tests/test_build_link.py (the op's link check, step 4) may not be in the checkout yet: then the step skips
 HAS_LINK_TEST = (ROOT / "tests" / "test_build_link.py").is_file()
 
@@ -56,6 +56,7 @@ def test_cpu_mode_runs_every_step_and_skips_the_cuda_parts(cpu_run):
         "build": "skipped",
         "link": "ok" if HAS_LINK_TEST else "skipped",
         "cuda_tests": "skipped",
+        "sanitizer": "skipped",
         "goals": "skipped",
         "bench": "skipped",
         "costs": "skipped",
@@ -66,6 +67,7 @@ def test_cpu_mode_runs_every_step_and_skips_the_cuda_parts(cpu_run):
     if not HAS_LINK_TEST:
         assert detail["link"] == "tests/test_build_link.py is not in this checkout: the link check is skipped"
     assert "skipped: no CUDA GPU" in detail["cuda_tests"]
+    assert detail["sanitizer"] == "no GPU: nothing to sanitize"
     assert detail["goals"].startswith("no GPU: goal table not measured; CPU smoke pass of bench_kernel.py --goals")
     assert detail["bench"].startswith("no GPU: CUDA benchmark skipped")
     assert detail["costs"].startswith("no GPU: step costs not measured; CPU smoke pass of scripts/gpu_costs.py")
@@ -112,7 +114,7 @@ def test_a_failing_step_stops_the_script_with_a_clear_message(tmp_path):
         if HAS_LINK_TEST
         else ("cuda_tests", 5, "CUDA kernel tests (tests/test_kernel_cuda.py)")
     )
-    assert f'FAILED at step {n}/9 "{title}"' in r.stderr
+    assert f'FAILED at step {n}/{len(STEPS)} "{title}"' in r.stderr
     assert "pytest exited" in r.stderr and "last lines of" in r.stderr
     rep = json.loads((tmp_path / "gpu_check.json").read_text())
     assert rep["result"] == "failed" and rep["failed_step"] == step
@@ -127,7 +129,7 @@ def test_a_failing_step_stops_the_script_with_a_clear_message(tmp_path):
 def test_a_python_that_does_not_run_fails_the_first_step(tmp_path):
     r = run_check(tmp_path, PYTHON="/bin/false")
     assert r.returncode == 1
-    assert 'FAILED at step 1/9 "environment": PYTHON=/bin/false does not run' in r.stderr
+    assert f'FAILED at step 1/{len(STEPS)} "environment": PYTHON=/bin/false does not run' in r.stderr
     rep = json.loads((tmp_path / "gpu_check.json").read_text())  # written by the script's bash fallback
     assert rep["result"] == "failed" and rep["failed_step"] == "env"
     assert "FAILED" in (tmp_path / "gpu_check.md").read_text()
@@ -693,8 +695,21 @@ def test_goal_row_gpu_path_on_cpu(monkeypatch, capsys, shape):
         gpu_path=True,
     )
     assert row["op_ok"] and not row["notes"], row["notes"]
-    methods = {"op", "op_wide", "flex", "flex_gather", "sdpa_lower_right_gqa", "sdpa_mask_gqa", "flash", "flashinfer"}
+    methods = {"op", "op_wide", "op_cuda_core", "flex", "flex_gather", "sdpa_lower_right_gqa", "sdpa_mask_gqa",
+               "flash", "flashinfer"}
     assert set(row["us"]) == methods | {"op_eager", "sdpa"}
+    # the table as an entry of the verifier factory's record: accepted by its check, keyed by
+    # the version the op reports for bf16, one row per shape with the op and the per-copy times
+    from parse_vllm.verify import factory
+
+    meta = {"dtype": "bfloat16", "device_name": "NVIDIA H100 80GB HBM3", "capability": [9, 0], "timing": "t"}
+    entry = factory._check_entry(bk.kernel_measurement(meta, [row]))
+    assert entry["kernel_version"] == torch.ops.parse_vllm.cuda_kernel_version(torch.bfloat16) == "tc-1"
+    assert entry["capability"] == "9.0" and entry["device"] == meta["device_name"]
+    (r,) = entry["rows"]
+    assert r["op_us"] == round(row["us"]["op"], 1) and r["per_copy_us"] == {
+        "sdpa": round(row["us"]["sdpa"], 1), "flash": round(row["us"]["flash"], 1)}
+    assert bk.kernel_measurement(meta, [dict(row, op_ok=False)]) is None  # a wrong op measures nothing
     assert row["sdpa_form"] in bk.GOAL_SDPA_FORMS and row["us"]["sdpa"] == row["us"]["sdpa_" + row["sdpa_form"]]
     aligned = shape[0] == 256
     assert row["flashinfer"]["graphable"] is aligned and ("causal" in row["flashinfer"]["form"]) is aligned

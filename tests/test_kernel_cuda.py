@@ -293,3 +293,21 @@ def test_unaligned_rows_take_the_cuda_core_kernel():
     out = ops.prefix_verify_attention(c["q"], c["k_new"], c["v_new"], c["key_cache"], c["value_cache"], c["md"])
     ref = reference_f64(case, visibility(case))
     assert float((out.cpu().double() - torch.from_numpy(ref)).abs().max()) < 3e-2
+
+
+def test_one_small_case_of_each_kernel(monkeypatch):
+    """The case scripts/gpu_check.sh runs under compute-sanitizer (memcheck, racecheck): the
+    tensor-core kernel with one split and with several (the merge), and the CUDA-core kernel."""
+    import dataclasses
+
+    from test_kernel_tc_schedule import reference_f64, visibility
+
+    (case,) = _tc_cases(1, 4300, dtype=torch.bfloat16, D=64)
+    ref = reference_f64(case, visibility(case))
+    md = case["md"]
+    longest = int(md.copy_prefix_len.max())
+    for max_prefix_len in (longest, max(longest, 1) * 64):  # the second forces splits
+        c = dict(case, md=dataclasses.replace(md, max_prefix_len=max_prefix_len))
+        assert float((_run_on_gpu(c).double() - torch.from_numpy(ref)).abs().max()) < 3e-2
+    monkeypatch.setenv("PARSE_VLLM_CUDA_KERNEL", "cuda-core")
+    assert float((_run_on_gpu(case).double() - torch.from_numpy(ref)).abs().max()) < 3e-2
