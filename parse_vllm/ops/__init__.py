@@ -42,7 +42,7 @@ _REBUILD_HINT = (
 
 _REINSTALL_HINT = (
     "install vLLM first, then parse-vllm against vLLM's torch: "
-    "`pip install --no-build-isolation --no-deps --force-reinstall 'parse-vllm[gpu]'` (README, Install)"
+    "in a clone of parse-vllm, `pip install --no-build-isolation --no-deps --force-reinstall '.[gpu]'` (README, Install)"
 )
 
 _load_error: str | None = None
