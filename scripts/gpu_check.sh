@@ -797,6 +797,11 @@ def costs_summary(c):
             key = {"decode": ("decode_ms", "batch"), "window_forward": ("window_forward_ms", "window"),
                    "verify_forward": ("verify_forward_ms", "copies")}[case["case"]]
             d[key[0]][str(case[key[1]])] = case["model_ms"]
+        for case in m.get("batch_cases", []):  # window / verification forwards at batch > 1
+            key = {"window_forward": ("window_forward_ms", "window"),
+                   "verify_forward": ("verify_forward_ms", "copies")}.get(case["case"])
+            if key:
+                d[key[0]][f"{case[key[1]]} @bs{case['batch']}"] = case["model_ms"]
     att = [{k: a.get(k) for k in ("model", "copies", "suffix_tokens", "op_ms", "sdpa_per_copy_ms",
                                   "op_speedup_vs_sdpa_per_copy", "op_rel_err", "op")}
            for a in c.get("verify_attention", [])]
@@ -815,7 +820,7 @@ def cmd_costs(rc):
         why("costs", f"scripts/gpu_costs.py exited {rc}" + (" (timed out)" if rc in (124, 137) else "")
             + (f": {first}" if first else ""))
         return 1
-    n = sum(len(m["cases"]) for m in c["models"].values()) + len(c["verify_attention"])
+    n = sum(len(m["cases"]) + len(m.get("batch_cases", [])) for m in c["models"].values()) + len(c["verify_attention"])
     errs, left = c["errors"], c["not_measured"]
     if mode != "cuda":
         why("costs", f"no GPU: step costs not measured; CPU smoke pass of scripts/gpu_costs.py --tiny ran "
@@ -834,7 +839,8 @@ def costs_md(s):
           "its `extrapolation` and `settings` say how).  Full-model ms per step, extrapolated from a few layers; "
           "project this CPU's PARSE counters on it with `python -m parse_vllm.tools.benchmarks.projection "
           "gpu_costs.json` or `scripts/bench_report.py --gpu-costs gpu_costs.json`.", "",
-          "| model | decode (batch: ms) | forward over W tokens (W: ms) | verification forward (K copies: ms) |",
+          "| model | decode (batch: ms) | forward over W tokens (W: ms; W @bsB: at batch B) | "
+          "verification forward (K copies: ms; K @bsB: at batch B) |",
           "| --- | --- | --- | --- |"]
     for name, d in s["models"].items():
         cell = lambda k: ", ".join(f"{n}: {v:.3f}" for n, v in d[k].items()) or "-"

@@ -471,8 +471,11 @@ def test_costs_step_on_a_gpu_reports_what_gpu_costs_measured_left_out_and_failed
     rep = json.loads((tmp_path / "gpu_check.json").read_text())
     summary = rep["costs"]
     assert summary["device"]["name"] == "NVIDIA H100 80GB HBM3" and summary["not_measured"] == 1
-    want = {c["window"]: c["model_ms"] for c in costs["models"]["tiny-target"]["cases"] if "window" in c}
-    assert summary["models"]["tiny-target"]["window_forward_ms"] == {str(w): ms for w, ms in want.items()}
+    want = {str(c["window"]): c["model_ms"] for c in costs["models"]["tiny-target"]["cases"] if "window" in c}
+    want.update({f"{c['window']} @bs{c['batch']}": c["model_ms"]
+                 for c in costs["models"]["tiny-target"].get("batch_cases", []) if "window" in c})
+    assert any("@bs" in k for k in want)  # the batch-8 forwards reach the report
+    assert summary["models"]["tiny-target"]["window_forward_ms"] == want
     md = (tmp_path / "gpu_check.md").read_text().split("## Step costs of a PARSE window")[1]
     assert "random weights in the geometries' real shapes" in md
     assert "FAILED verify_forward tiny-target 16: OutOfMemoryError: boom" in md
