@@ -1,6 +1,7 @@
 """`parse-vllm eval` (parse_vllm/tools/eval/): the checkers, the prompt sets, the
 recommendation on made-up rows, and one whole run through the command line on the
-tiny random models (4 engines, float32 so texts compare token for token)."""
+tiny random models (3 configurations timed twice, interleaved, and the target's NLL pass;
+float32 so texts compare token for token). How it times: test_eval_timing.py."""
 
 from __future__ import annotations
 
@@ -284,6 +285,7 @@ def run(tiny_models, tmp_path_factory):
         "--out",
         str(out),
         "--save-outputs",
+        "--allow-few-tasks",  # 2 prompts at batch 1: a smoke run, its batch-1 rows claim nothing
     ]
     t0 = time.monotonic()
     assert cli.main(argv) == 0
@@ -328,11 +330,19 @@ def test_eval_rows_complete(run):
         assert r["speedup"] > 0 and r["nll_per_token"] > 0 and 0 <= r["rouge_l"] <= 1 and 0 <= r["repeat_3gram"] <= 1
         assert (r["accuracy"] is None) == (r["set"] == "mtbench"), r
         assert r["n_prompts"] == (2 if r["batch"] == 1 else 3)
+        # timed twice, interleaved; speed from time per task, with an interval over the tasks
+        assert r["repeats"] == 2 and len(r["task_s"]) == r["n_prompts"] and len(r["s_per_task_ci"]) == 2
+        assert r["few_tasks"] == (r["batch"] == 1)
         if r["config"] == "target":
             assert r["nll_vs_target"] == 1.0 and r["rouge_l"] == 1.0 and r["speedup"] == 1.0
             assert r["acceptance"] is None
+        elif r["batch"] == 1:  # 2 tasks: claims nothing
+            assert r["speedup_verdict"] == "too few tasks" and len(r["speedup_ci"]) == 2
+        else:
+            assert r["speedup_verdict"] in ("faster", "slower", "no difference") and len(r["speedup_ci"]) == 2
     assert {b["batch"] for b in summary["baselines"]} == {1, 2} and len(summary["baselines"]) == 6
     assert all(b["same_text"] == 1.0 for b in summary["baselines"])  # greedy repeats itself
+    assert len(summary["noise_floor"]["by_set_batch"]) == 6 and summary["harness"]["repeats"] == 2
     assert summary["recommended"] is None or summary["recommended"]["config"] != "target"
     assert summary["recommendation"]
     assert (out / "summary.md").read_text().startswith("# parse-vllm eval")
@@ -507,7 +517,7 @@ def test_eval_eagle3_rows_and_their_benchmark_section(tiny_models, tiny_head, tm
         "--engine", json.dumps({"dtype": "float32", "kv_cache_memory_bytes": 96 << 20}),
         "--prompts", "mtbench", "--num-prompts", "2", "--batch", "1", "--max-tokens", "16",
         "--window", "8", "--spec-k", "2", "--eagle3", str(tiny_head), "--eagle3-k", "2",
-        "--variants", "continue", "e3", "--taus", "0.5", "1.5", "--no-nll", "--out", str(out),
+        "--variants", "continue", "e3", "--taus", "0.5", "1.5", "--no-nll", "--out", str(out), "--allow-few-tasks",
     ]  # fmt: skip
     assert cli.main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())

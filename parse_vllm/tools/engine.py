@@ -9,29 +9,50 @@ import statistics
 import time
 from typing import Any
 
-__all__ = ["close", "run_batch", "spec_counters"]
+__all__ = ["close", "prefix_cache_counters", "reset_prefix_cache", "run_batch", "spec_counters"]
 
 
-def run_batch(llm, prompts: list[list[int]], params_list: list, batch: int) -> dict[str, Any]:
-    """Keep ``batch`` requests in flight; per-request latency and tokens."""
+def run_batch(llm, prompts: list[list[int]], params_list: list, batch: int, clock=time.perf_counter) -> dict[str, Any]:
+    """Keep ``batch`` requests in flight; per-request latency and tokens, and each request's
+    share of the wall time (``task_s``).
+
+    ``task_s[i]``: the wall time is cut at every engine step, and each stretch (the step and
+    the requests added before it) is divided evenly among the requests in flight during it --
+    those added and not finished before the step. So the shares add up to ``wall_s``, a task
+    that stays in flight longer (more tokens, slower acceptance) gets more of it, and at
+    batch 1 a task's share is its whole request (adding it, then its steps). ``latency_s[i]``:
+    from the request's arrival to its last token (at batch > 1 these overlap and add up to
+    more than the wall)."""
     engine = llm.llm_engine
     pending = list(range(len(prompts)))
     started: dict[str, float] = {}
     outputs: dict[int, list[int]] = {}
     latency: dict[int, float] = {}
-    t0 = time.perf_counter()
+    share = [0.0] * len(prompts)
+    live: dict[str, int] = {}  # request id -> task, added and not finished
+    t0 = last = clock()
     while pending or engine.has_unfinished_requests():
-        while pending and len(started) - len(latency) < batch:
+        while pending and len(live) < batch:
             i = pending.pop(0)
             rid = f"r{i}-{time.monotonic_ns()}"
             engine.add_request(rid, {"prompt_token_ids": prompts[i]}, params_list[i])
-            started[rid] = time.perf_counter()
-        for out in engine.step():
+            started[rid] = clock()
+            live[rid] = i
+        outs = engine.step()
+        now = clock()
+        if live:
+            part = (now - last) / len(live)
+            for i in live.values():
+                share[i] += part
+        last = now
+        for out in outs:
             if out.finished:
-                i = int(out.request_id.split("-")[0][1:])
+                i = live.pop(out.request_id, None)
+                if i is None:
+                    i = int(out.request_id.split("-")[0][1:])
                 outputs[i] = list(out.outputs[0].token_ids)
-                latency[i] = time.perf_counter() - started[out.request_id]
-    wall = time.perf_counter() - t0
+                latency[i] = now - started[out.request_id]
+    wall = last - t0
     tokens = sum(len(o) for o in outputs.values())
     lat = sorted(latency.values())
     return {
@@ -39,9 +60,33 @@ def run_batch(llm, prompts: list[list[int]], params_list: list, batch: int) -> d
         "tokens": tokens,
         "tok_s": tokens / wall,
         "outputs": [outputs[i] for i in range(len(prompts))],
+        "task_s": share,
+        "latency_s": [latency[i] for i in range(len(prompts))],
         "latency_p50_s": statistics.median(lat),
         "latency_p90_s": lat[min(len(lat) - 1, int(0.9 * len(lat)))],
     }
+
+
+def prefix_cache_counters(llm) -> dict[str, float]:
+    """vLLM's prefix-cache counters so far (its Prometheus metrics): ``queries`` and ``hits``,
+    in tokens. Needs ``disable_log_stats=False``; take the difference of two readings."""
+    want = {"vllm:prefix_cache_queries": "queries", "vllm:prefix_cache_hits": "hits"}
+    got = {v: 0.0 for v in want.values()}
+    for m in llm.get_metrics():
+        if m.name in want and hasattr(m, "value"):
+            got[want[m.name]] += float(m.value)
+    return got
+
+
+def reset_prefix_cache(llm, tries: int = 3) -> None:
+    """Empty vLLM's prefix cache (``LLM.reset_prefix_cache``), so the next requests find none
+    of the earlier ones' KV. Refused while blocks are held: a request's last engine step may
+    still have to run (an idle step frees them), hence a few tries; raises if it never works."""
+    for _ in range(tries):
+        if llm.reset_prefix_cache():
+            return
+        llm.llm_engine.step()
+    raise RuntimeError("the engine's prefix cache could not be reset: KV blocks are still held by requests")
 
 
 def spec_counters(llm) -> dict[str, float]:

@@ -5,9 +5,11 @@ tasks   -- prompt sets: MT-Bench's questions, a checkable task set made here fro
 checks  -- answer checkers (exact/contained answer, last number, list, code run with its
            asserts in an isolated subprocess);
 metrics -- repeated 3-grams, ROUGE-L, the target's negative log-likelihood per output token;
-run     -- the engines (target alone, token-level speculation, PARSE over a τ sweep, the
-           target again for re-timing and NLL) and the command line;
+run     -- the engines (target alone, token-level speculation, PARSE over a τ sweep, each
+           timed --repeats times interleaved; the target's NLL pass), resumption, the
+           command line;
+timing  -- the schedule, time per task, bootstrap intervals, the noise floor;
 report  -- JSON, Markdown, the speed-against-quality PNG and the recommendation.
 
-The pure parts (tasks, checks, metrics, report) do not import vLLM.
+The pure parts (tasks, checks, metrics, timing, report) do not import vLLM.
 """

@@ -1,16 +1,24 @@
 """Scores, the recommendation, and the report files of `parse-vllm eval` (no vLLM here).
 
-A row is one (prompt set, config, τ, guard, batch) run. :func:`score` adds, against the
-target-alone row of the same prompt set and batch: ``speedup`` (tokens/s over the target's),
-``accuracy`` (share of checkable items answered right; null where none is checkable),
-``accuracy_drop`` (target's − this), ``nll_vs_target`` (this row's NLL per token over the
-target's), ``rouge_l`` (against the target's text), ``repeat_3gram``.
+A row is one (prompt set, config, τ, guard, batch), timed ``repeats`` times (timing.py).
+:func:`score` adds, against the target-alone row of the same prompt set and batch:
+``speedup`` (the target's mean time per task over this row's, on the same tasks; > 1:
+faster), ``speedup_ci`` (its 95% bootstrap interval over tasks), ``speedup_verdict``
+(faster, slower, or no difference where the interval holds 1.0; too few tasks for batch-1
+rows on fewer than 12), ``speedup_tok_s`` (tokens/s over the target's: secondary, it
+rewards longer answers), ``accuracy`` (share of checkable items answered right; null where
+none is checkable), ``accuracy_drop`` (target's − this), ``nll_vs_target`` (this row's NLL
+per token over the target's), ``rouge_l`` (against the target's text), ``repeat_3gram``,
+and ``label``: the configuration as every table and plot names it -- a PARSE row that
+opened no window says so, "token-level": it measured token-level speculation through the
+PARSE engine, not PARSE.
 
 :func:`recommend`: per batch size, the fastest non-target setting (config, τ, guard) whose
 loss stays within the budget on every prompt set -- accuracy drop ≤ ``max_accuracy_drop``
-where answers are checked, ``nll_vs_target`` ≤ 1 + ``max_nll_increase`` -- and that is faster
-than the target (geometric mean of its speed-ups over the prompt sets > 1). The reported
-recommendation is batch 1's (the smallest batch run when batch 1 was not).
+where answers are checked, ``nll_vs_target`` ≤ 1 + ``max_nll_increase`` -- and that is
+faster than the target on every prompt set (its interval above 1.0; ordered by the
+geometric mean of its speed-ups). The reported recommendation is batch 1's (the smallest
+batch run when batch 1 was not).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import Any
 
 from parse_vllm.tools.benchmarks import common
 
-from . import metrics
+from . import metrics, timing
 
 NO_SETTING = "no setting is faster than the target within this budget"
 ROW_KEYS = (
@@ -35,10 +43,31 @@ ROW_KEYS = (
     "guard",
     "batch",
     "n_prompts",
+    "label",
+    "windows",
+    "windows_repeats",
+    "repeats",
     "tokens",
     "wall_s",
+    "s_per_task",
+    "s_per_task_ci",
+    "s_per_task_spread",
+    "s_per_task_repeats",
+    "task_s",
+    "task_tokens",
     "tok_s",
+    "tok_s_ci",
+    "tok_s_spread",
+    "tok_s_repeats",
     "speedup",
+    "speedup_ci",
+    "speedup_verdict",
+    "speedup_tok_s",
+    "few_tasks",
+    "order",
+    "engine",
+    "prefix_cache_hits",
+    "same_text_repeats",
     "accuracy",
     "accuracy_drop",
     "n_checkable",
@@ -72,13 +101,53 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+def is_parse(row: dict) -> bool:
+    return row["config"].startswith("parse")
+
+
+def windows_opened(row: dict) -> int | None:
+    """Windows a PARSE row opened (drafts judged semantically, or windows the adaptive policy
+    opened, whichever is more; None for other rows and rows without counters)."""
+    acc = row.get("acceptance")
+    if not is_parse(row) or acc is None:  # no counters: not known
+        return None
+    opened = acc.get("windows_opened") or {}
+    return max(int(acc.get("drafts") or 0), sum(int(v) for v in opened.values()))
+
+
+TOKEN_LEVEL_TAG = "no window opened: token-level"
+
+
+def display(row: dict) -> str:
+    """The configuration as tables and plots name it: :func:`label`, and for a PARSE row that
+    opened no window (``windows`` 0, or its counters say so) the tag that it measured
+    token-level speculation through the PARSE engine."""
+    windows = row.get("windows") if "windows" in row else windows_opened(row)
+    name = label(row)
+    return f"{name} ({TOKEN_LEVEL_TAG})" if is_parse(row) and windows == 0 else name
+
+
+def _speed(r: dict, ref: dict) -> None:
+    r["speedup_tok_s"] = r["tok_s"] / ref["tok_s"] if ref.get("tok_s") and r.get("tok_s") is not None else None
+    if r.get("task_s") is None or ref.get("task_s") is None:  # a run before per-task timing: tok/s
+        r["speedup"], r["speedup_ci"], r["speedup_verdict"] = r["speedup_tok_s"], None, None
+        return
+    r["speedup"] = timing.speed_ratio(ref["task_s"], r["task_s"])
+    r["speedup_ci"] = [1.0, 1.0] if r is ref else timing.speed_ratio_ci(ref["task_s"], r["task_s"])
+    r["speedup_verdict"] = None if r is ref else timing.verdict(r["speedup_ci"], bool(r.get("few_tasks")))
+
+
 def score(rows: list[dict]) -> None:
     """Fill in every row's figures against its target-alone row (in place). Rows carry
     ``outputs`` (token ids), ``correct`` (per item: True/False, None where not checkable),
-    ``nll_logprobs`` (per output: the target's log-probabilities of its tokens) and ``tok_s``."""
+    ``nll_logprobs`` (per output: the target's log-probabilities of its tokens), ``task_s``
+    (per-task seconds) and ``tok_s``."""
     for r in rows:
         ref = _target(rows, r["set"], r["batch"])
-        r["speedup"] = r["tok_s"] / ref["tok_s"] if ref["tok_s"] else None
+        _speed(r, ref)
+        reps = [w for w in r.get("windows_repeats") or [] if w is not None]
+        r["windows"] = max(reps) if reps else windows_opened(r)  # 0: none in any repeat
+        r["label"] = display(r)
         judged = [c for c in r.get("correct") or [] if c is not None]
         r["n_checkable"] = len(judged)
         r["accuracy"] = sum(judged) / len(judged) if judged else None
@@ -106,6 +175,20 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(statistics.mean(math.log(x) for x in xs)) if all(x > 0 for x in xs) else 0.0
 
 
+def faster(r: dict) -> bool:
+    """Faster than the target: its interval above 1.0 (a row timed before per-task timing,
+    without an interval: its ratio above 1.0)."""
+    if r.get("speedup_verdict") is None and r.get("speedup_ci") is None:
+        return r["speedup"] is not None and r["speedup"] > 1.0
+    return r.get("speedup_verdict") == timing.FASTER
+
+
+def _total_windows(rows: list[dict]) -> int | None:
+    """Windows opened over a setting's prompt sets (None where a row's are not known)."""
+    counts = [r.get("windows") for r in rows]
+    return None if any(c is None for c in counts) else sum(counts)
+
+
 def candidates(rows: list[dict], batch: int, max_accuracy_drop: float, max_nll_increase: float) -> list[dict]:
     """Every non-target setting run at ``batch`` on all prompt sets, with its figures and
     whether it stays within the budget; fastest first."""
@@ -126,9 +209,23 @@ def candidates(rows: list[dict], batch: int, max_accuracy_drop: float, max_nll_i
                 "guard": key[2],
                 "batch": batch,
                 "speedup": speed,
+                "faster": all(faster(per_set[s]) for s in sets),
                 "within_budget": all(_within(per_set[s], max_accuracy_drop, max_nll_increase) for s in sets),
+                "windows": _total_windows([per_set[s] for s in sets]),
                 "per_set": {
-                    s: {k: per_set[s][k] for k in ("speedup", "accuracy", "accuracy_drop", "nll_vs_target", "rouge_l")}
+                    s: {
+                        k: per_set[s].get(k)
+                        for k in (
+                            "speedup",
+                            "speedup_ci",
+                            "speedup_verdict",
+                            "few_tasks",
+                            "accuracy",
+                            "accuracy_drop",
+                            "nll_vs_target",
+                            "rouge_l",
+                        )
+                    }
                     for s in sets
                 },
             }
@@ -141,14 +238,16 @@ def recommend(rows: list[dict], max_accuracy_drop: float, max_nll_increase: floa
     by_batch: dict[str, dict | None] = {}
     sentences: dict[str, str] = {}
     for b in sorted({r["batch"] for r in rows}):
-        cands = [
-            c
-            for c in candidates(rows, b, max_accuracy_drop, max_nll_increase)
-            if c["within_budget"] and c["speedup"] > 1.0
-        ]
+        within = [c for c in candidates(rows, b, max_accuracy_drop, max_nll_increase) if c["within_budget"]]
+        cands = [c for c in within if c["faster"]]
         best = cands[0] if cands else None
         by_batch[str(b)] = best
-        sentences[str(b)] = describe(best, max_accuracy_drop, max_nll_increase) if best else NO_SETTING
+        if best:
+            sentences[str(b)] = describe(best, max_accuracy_drop, max_nll_increase)
+        elif within and within[0]["speedup"] > 1.0:  # faster on its face, not resolved by the timing
+            sentences[str(b)] = f"{NO_SETTING} (the fastest within it, {unresolved(within[0])})"
+        else:
+            sentences[str(b)] = NO_SETTING
     first = "1" if "1" in by_batch else (min(by_batch, key=int) if by_batch else None)
     return {
         "recommended": by_batch.get(first) if first else None,
@@ -169,21 +268,35 @@ def label(entry: dict) -> str:
     return s
 
 
+def _entry_name(entry: dict) -> str:
+    name = label(entry)
+    return f"{name} ({TOKEN_LEVEL_TAG})" if entry.get("windows") == 0 else name
+
+
+def unresolved(entry: dict) -> str:
+    """A candidate faster on its face whose intervals do not show it."""
+    bits = [
+        f"{name}: {timing.describe_ratio(f['speedup'], f.get('speedup_ci'), bool(f.get('few_tasks')))}"
+        for name, f in entry["per_set"].items()
+    ]
+    return f"{_entry_name(entry)} at batch {entry['batch']}: {'; '.join(bits)}"
+
+
 def describe(entry: dict, max_accuracy_drop: float, max_nll_increase: float) -> str:
     parts = []
     for name, f in entry["per_set"].items():
+        speed = timing.describe_ratio(f["speedup"], f.get("speedup_ci"))
         bit = (
-            f"{name}: {f['speedup']:.2f}x, NLL ×{f['nll_vs_target']:.3f}"
-            if f["nll_vs_target"] is not None
-            else f"{name}: {f['speedup']:.2f}x"
+            f"{name}: {speed}, NLL ×{f['nll_vs_target']:.3f}" if f["nll_vs_target"] is not None else f"{name}: {speed}"
         )
         if f["accuracy_drop"] is not None:
             bit += f", accuracy {f['accuracy']:.2f} ({-f['accuracy_drop']:+.2f})"
         parts.append(bit)
     return (
-        f"{label(entry)} at batch {entry['batch']}: {entry['speedup']:.2f}x the target alone "
-        f"(geometric mean over the prompt sets; {'; '.join(parts)}), the fastest setting whose accuracy "
-        f"drop stays within {max_accuracy_drop:g} and NLL increase within {max_nll_increase:.0%}"
+        f"{_entry_name(entry)} at batch {entry['batch']}: {entry['speedup']:.2f}x the target alone's speed "
+        f"(time per task; geometric mean over the prompt sets; {'; '.join(parts)}), the fastest setting faster "
+        f"than the target on every prompt set whose accuracy drop stays within {max_accuracy_drop:g} and NLL "
+        f"increase within {max_nll_increase:.0%}"
     )
 
 
@@ -191,18 +304,23 @@ def describe(entry: dict, max_accuracy_drop: float, max_nll_increase: float) -> 
 
 COLS = [
     ("set", "prompts", ""),
-    ("config", "config", ""),
+    ("label", "config", ""),
     ("tau", "τ", ""),
     ("guard", "guard", ""),
     ("batch", "bs", ""),
+    ("n_prompts", "tasks", ""),
+    ("s_per_task_text", "s/task [95% CI]", ""),
+    ("spread_text", "spread of repeats", ""),
+    ("speed_text", "speed vs target alone (time per task) [95% CI]", ""),
     ("tok_s", "tok/s", ".1f"),
-    ("speedup", "speedup", ".2f"),
+    ("speedup_tok_s", "tok/s ratio", ".2f"),
     ("accuracy", "accuracy", ".2f"),
     ("nll_per_token", "NLL/token", ".3f"),
     ("nll_vs_target", "NLL ratio", ".3f"),
     ("repeat_3gram", "rep. 3-grams", ".3f"),
     ("rouge_l", "ROUGE-L", ".3f"),
     ("exact", "same text", ".2f"),
+    ("windows", "windows", ""),
     ("sem_accepted", "accepted semantic", ""),
     ("tok_accepted", "accepted token-level", ""),
     ("acceptance_rate", "draft tokens accepted", ".2f"),
@@ -213,15 +331,62 @@ def _table_rows(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         acc = r.get("acceptance") or {}
+        s_ci = r.get("s_per_task_ci")
+        s_text = None
+        if r.get("s_per_task") is not None:
+            s_text = f"{r['s_per_task']:.2f}" + (f" [{s_ci[0]:.2f}, {s_ci[1]:.2f}]" if s_ci else "")
+        spread = r.get("s_per_task_spread")
+        speed = None
+        if r["config"] != "target" and r.get("speedup") is not None:
+            speed = timing.describe_ratio(r["speedup"], r.get("speedup_ci"), bool(r.get("few_tasks")))
+            if r.get("speedup_ci") is None:
+                speed += " (tok/s: a run without per-task times)"
         out.append(
             dict(
                 r,
+                label=display(r),
+                s_per_task_text=s_text,
+                spread_text=None if spread is None else f"{spread:.1%} ({r.get('repeats')} repeats)",
+                speed_text=speed,
                 sem_accepted=acc.get("tokens_accepted_semantic"),
                 tok_accepted=acc.get("tokens_accepted_token_level"),
                 acceptance_rate=acc.get("acceptance_rate"),
             )
         )
     return out
+
+
+def noise_floor_summary(baselines: list[dict]) -> dict:
+    """The run's noise floor: the target alone measured twice per prompt set and batch (the
+    baselines' self-ratio and spread), and the largest spread of them."""
+    entries = [
+        {k: b.get(k) for k in ("set", "batch", "s_per_task_repeats", "spread", "self_ratio", "self_ratio_ci")}
+        for b in baselines
+        if b.get("s_per_task_repeats") is not None
+    ]
+    spreads = [e["spread"] for e in entries if e["spread"] is not None]
+    return {
+        "config": "target",
+        "what": "the target alone, timed in every repeat: repeat 2's time per task over repeat 1's (self_ratio, "
+        "with its interval over tasks), and the spread of its repeats' mean time per task",
+        "by_set_batch": entries,
+        "max_spread": max(spreads) if spreads else None,
+    }
+
+
+def noise_floor_line(nf: dict) -> str:
+    if not nf or not nf.get("by_set_batch"):
+        return "noise floor: not measured (a run without repeats)"
+    bits = [
+        f"{e['set']} bs {e['batch']}: repeat 2 / repeat 1 {timing.describe_ratio(e['self_ratio'], e['self_ratio_ci'])}, "
+        f"spread {e['spread']:.1%}"
+        for e in nf["by_set_batch"]
+        if e["spread"] is not None
+    ]
+    return (
+        f"noise floor (the target alone measured twice): repeats differ by up to {nf['max_spread']:.1%}; "
+        + "; ".join(bits)
+    )
 
 
 def _fmt(v, spec: str) -> str:
@@ -248,6 +413,7 @@ def markdown(summary: dict) -> str:
     ]
     for b, sentence in rec.items():
         lines.append(f"- batch {b}: {sentence}")
+    lines += ["", f"Speed is wall time per task on the same tasks; {noise_floor_line(summary.get('noise_floor'))}."]
     lines += ["", "## Results", ""]
     for name in summary["sets"]:
         rows = [r for r in summary["rows"] if r["set"] == name]
@@ -258,17 +424,47 @@ def markdown(summary: dict) -> str:
             common.table(_table_rows(rows), ([("run", "run", "")] if any("run" in r for r in rows) else []) + COLS[1:]),
             "",
         ]
-    lines += ["Target-alone timing, first and last engine of the run (its rows use the mean):", ""]
-    for b in summary["baselines"]:
-        flag = (
-            f" **over {common.DRIFT_LIMIT:.0%}: the machine was not quiet, ratios suspect**"
-            if b["drift_flagged"]
-            else ""
-        )
-        lines.append(
-            f"- {b['set']} bs {b['batch']}: {b['tok_s_first']:.1f} tok/s first, {b['tok_s_last']:.1f} last "
-            f"(drift {b['drift']:+.1%}; same text {b['same_text']:.2f}){flag}"
-        )
+    nf = summary.get("noise_floor")
+    if nf and nf.get("by_set_batch"):
+        lines += [
+            "## Noise floor",
+            "",
+            "The target alone, timed in every repeat like every other configuration: what the same "
+            "computation measured twice differs by. Ratios within it are not resolved by this run.",
+            "",
+        ]
+        for e in nf["by_set_batch"]:
+            reps = ", ".join(f"{x:.3f}" for x in e["s_per_task_repeats"])
+            lines.append(
+                f"- {e['set']} bs {e['batch']}: {reps} s per task (spread {_fmt(e['spread'], '.1%')}); repeat 2 "
+                f"over repeat 1: {timing.describe_ratio(e['self_ratio'], e['self_ratio_ci'])}"
+            )
+    else:
+        lines += ["Target-alone timing, first and last engine of the run (its rows use the mean):", ""]
+        for b in summary["baselines"]:
+            flag = (
+                f" **over {common.DRIFT_LIMIT:.0%}: the machine was not quiet, ratios suspect**"
+                if b["drift_flagged"]
+                else ""
+            )
+            lines.append(
+                f"- {b['set']} bs {b['batch']}: {b['tok_s_first']:.1f} tok/s first, {b['tok_s_last']:.1f} last "
+                f"(drift {b['drift']:+.1%}; same text {b['same_text']:.2f}){flag}"
+            )
+    h = summary.get("harness")
+    if h:
+        lines += [
+            "",
+            "## How this was timed",
+            "",
+            f"- Repeats: {h['repeats']}, {h['order']}.",
+            f"- Every timed job from the same state: {h['state']}.",
+            f"- Time per task: {h['per_task_time']}.",
+            f"- Speed ratio: {h['speed_ratio']}; interval: {h['ci']}.",
+            f"- Batch-1 rows on fewer than {h['min_bs1_tasks']} tasks claim nothing (too few tasks).",
+            f'- A PARSE row that opened no window is labelled "{TOKEN_LEVEL_TAG}": it measured token-level '
+            "speculation through the PARSE engine.",
+        ]
     lines += ["", "![speed against quality](eval.png)", ""]
     j = summary.get("judge")
     if j:
@@ -336,10 +532,22 @@ def plot(summary: dict, path: Path) -> None:
                 rs = [r for r in rows if r["batch"] == b and r[xkey] is not None and r["speedup"] is not None]
                 color = f"C{bi}"
                 for r in rs:
-                    mk = "s" if r["config"] == "target" else "D" if r["config"].startswith("token") else "o"
+                    token_level = r["config"].startswith("token") or (is_parse(r) and r.get("windows") == 0)
+                    mk = "s" if r["config"] == "target" else "D" if token_level else "o"
                     ax.scatter(r[xkey], r["speedup"], marker=mk, color=color, s=36, zorder=3)
+                    ci = r.get("speedup_ci")
+                    if ci and r["config"] != "target":
+                        ax.errorbar(
+                            r[xkey],
+                            r["speedup"],
+                            yerr=[[r["speedup"] - ci[0]], [ci[1] - r["speedup"]]],
+                            color=color,
+                            lw=0.8,
+                            alpha=0.6,
+                            zorder=2,
+                        )
                     ax.annotate(
-                        label(r).replace("parse ", ""),
+                        display(r).replace("parse ", "").replace(TOKEN_LEVEL_TAG, "no window: token-level"),
                         (r[xkey], r["speedup"]),
                         fontsize=6,
                         xytext=(3, 3),
@@ -374,10 +582,14 @@ def plot(summary: dict, path: Path) -> None:
                     lw=0.8,
                     label="NLL budget",
                 )
-            ax.set(xlabel=xlabel, ylabel="speedup over target alone", title=f"{name}: speed vs {xlabel.split(' (')[0]}")
+            ax.set(
+                xlabel=xlabel,
+                ylabel="speed vs target alone (time per task; 95% CI)",
+                title=f"{name}: speed vs {xlabel.split(' (')[0]}",
+            )
     for ax in grid.flat:
         ax.scatter([], [], marker="s", color="gray", label="target")
-        ax.scatter([], [], marker="D", color="gray", label="token-level")
+        ax.scatter([], [], marker="D", color="gray", label="token-level (incl. PARSE rows with no window)")
         ax.scatter([], [], marker="o", color="gray", label="parse (τ)")
     common.save_panels(fig, list(grid.flat), path)
 

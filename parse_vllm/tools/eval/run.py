@@ -1,20 +1,23 @@
 """`parse-vllm eval`: speed against quality, the target alone vs token-level speculation vs
 PARSE over a τ sweep, side by side in one process run.
 
-Engines, one at a time (a GPU preset's target does not fit twice):
+Configurations (engines one at a time: a GPU preset's target does not fit twice):
 
 1. ``target``   -- the target alone;
 2. ``token-kK`` -- vLLM's ``draft_model`` token-level speculation with the same draft, k = K;
-3. ``parse``    -- ONE PARSE engine (window W, the preset's or given PARSE options), every
+3. ``parse``    -- a PARSE engine (window W, the preset's or given PARSE options), every
    τ × guard of the sweep set per request (``parse_threshold``, ``parse_guard``);
-4. the target alone again, last: re-times the baseline (rows use the mean of both timings;
-   drift over 10% is flagged, as in bench_e2e) and computes every row's NLL -- one
-   prompt-logprobs pass of the target over prompt + output per distinct text.
+4. last, untimed: the target's NLL of every row's text -- one prompt-logprobs pass over
+   prompt + output per distinct text.
 
 Each runs every prompt set at batch 1 and at ``--batch`` (requests kept in flight with
-``tools.engine.run_batch``), greedy, ``--max-tokens``. Answers are checked after the
-engines are closed (code runs in subprocesses, which must not share the CPU with a timing).
-Results: ``summary.json``, ``summary.md`` and ``eval.png`` in ``--out``.
+``tools.engine.run_batch``), greedy, ``--max-tokens``, ``--repeats`` times, interleaved, every
+timed job from the same state, timed per task (timing.py: the schedule, the fresh engines,
+the warm-up, the emptied prefix cache, time per task, ratios with bootstrap intervals, the
+noise floor). Each finished job is saved at once in ``--out``/timings.jsonl: a run cut short
+resumes at the first job not saved when the same command is run again. Answers are checked
+after the engines are closed (code runs in subprocesses, which must not share the CPU with
+a timing). Results: ``summary.json``, ``summary.md`` and ``eval.png`` in ``--out``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import checks, report, tasks
+from . import checks, report, tasks, timing
 
 DEFAULT_TAUS = (0.0, 0.5, 0.9, 1.5)
 DEFAULT_WINDOW = 128  # bench_e2e's full run
@@ -90,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="τ values of the PARSE rows (default: 0 0.5 0.9 1.5; none: no PARSE engine)",
     )
     s.add_argument(
+        "--variant-taus",
+        nargs="+",
+        default=[],
+        metavar="V=τ,τ",
+        help="τ values for one variant instead of --taus, e.g. adaptive-k4=0.7 (the others keep --taus)",
+    )
+    s.add_argument(
         "--guards",
         type=int,
         nargs="+",
@@ -133,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--bs1-prompts", type=int, default=4, help="prompts per set at batch 1 (default 4; 0: no batch-1 run)"
     )
     p.add_argument("--batch", type=int, default=16, help="the big batch size (default 16)")
+    p.add_argument(
+        "--allow-few-tasks",
+        action="store_true",
+        help=f"run batch-1 rows on fewer than {timing.MIN_BS1_TASKS} tasks per prompt set (a smoke run: those rows "
+        "are marked too few and claim nothing); refused otherwise",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the checkable task set (default 0)")
     p.add_argument("--max-tokens", type=int, default=256, help="answer cap (default 256)")
     p.add_argument(
@@ -140,6 +156,25 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=checks.CODE_TIMEOUT_S,
         help=f"seconds a code answer may run with its asserts (default {checks.CODE_TIMEOUT_S:g})",
+    )
+    t = ap.add_argument_group("timing (timing.py)")
+    t.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="times every configuration runs its task lists, interleaved with the others "
+        "(repeat 1 of all, then repeat 2 of all, ...); rows report the median and spread (default 2, at least 2)",
+    )
+    t.add_argument(
+        "--engine-per-job",
+        action="store_true",
+        help="a fresh engine for every timed job (default: one per configuration and repeat, the prefix cache "
+        "emptied between its jobs; adaptive PARSE engines, whose window policy learns, get one per job anyway)",
+    )
+    t.add_argument(
+        "--fresh",
+        action="store_true",
+        help="discard the timings a cut run saved in --out (default: resume from them when the settings match)",
     )
     b = ap.add_argument_group("budget and output")
     b.add_argument(
@@ -214,10 +249,34 @@ def check_args(args: argparse.Namespace) -> None:
         raise EvalError("--bs1-prompts must be >= 0 and --window >= 1")
     if any(t < 0 for t in args.taus):
         raise EvalError("--taus: τ must be >= 0")
+    for v, taus in variant_taus(args).items():
+        if v not in (args.variants or []):
+            raise EvalError(f"--variant-taus {v}: not one of --variants {args.variants or []}")
+        if not taus or any(t < 0 for t in taus):
+            raise EvalError(f"--variant-taus {v}: give τ values >= 0, e.g. {v}=0.7")
     if args.guards is not None and any(g < 0 for g in args.guards):
         raise EvalError("--guards: a guard is an integer >= 0 (0 = off)")
     if args.max_accuracy_drop < 0 or args.max_nll_increase < 0:
         raise EvalError("the budget (--max-accuracy-drop, --max-nll-increase) must be >= 0")
+    if args.repeats < 2:
+        raise EvalError(
+            "--repeats must be >= 2: every configuration is timed at least twice, interleaved, "
+            "so the report can state its noise floor"
+        )
+
+
+def check_task_counts(counts: dict[tuple[str, int], int], allow_few: bool) -> None:
+    """Batch-1 rows on fewer than MIN_BS1_TASKS tasks of a prompt set are refused (a ratio
+    over 2 or 4 prompts is noise), unless --allow-few-tasks."""
+    few = {name: n for (name, b), n in counts.items() if b == 1 and n < timing.MIN_BS1_TASKS}
+    if few and not allow_few:
+        got = ", ".join(f"{name}: {n}" for name, n in few.items())
+        raise EvalError(
+            f"batch-1 rows need at least {timing.MIN_BS1_TASKS} tasks per prompt set for a timing "
+            f"that says anything (this run has {got} at batch 1): give --bs1-prompts "
+            f"{timing.MIN_BS1_TASKS} or more (with --batch 1: --num-prompts), --bs1-prompts 0 for no "
+            "batch-1 rows, or --allow-few-tasks for a smoke run whose batch-1 rows claim nothing"
+        )
 
 
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
@@ -299,6 +358,23 @@ def parse_engines(args: argparse.Namespace, res: dict) -> list[tuple[str, int, d
     return out
 
 
+def variant_taus(args: argparse.Namespace) -> dict[str, list[float]]:
+    """--variant-taus V=τ,τ ... -> {V: [τ, ...]}."""
+    out = {}
+    for item in getattr(args, "variant_taus", None) or []:
+        v, sep, rest = item.partition("=")
+        try:
+            out[v] = [float(t) for t in rest.split(",") if t.strip()] if sep else []
+        except ValueError:
+            raise EvalError(f"--variant-taus {item}: expected VARIANT=τ[,τ...], e.g. adaptive-k4=0.7") from None
+    return out
+
+
+def _variant_of(name: str, window: int) -> str:
+    """The --variants entry of a PARSE engine's row name ("parse W=128 adaptive-k4" -> adaptive-k4)."""
+    return name[len(f"parse W={window}") :].strip() or "continue" if name.startswith("parse W=") else name
+
+
 def _variant_base(v: str) -> str:
     """A variant's token-level arm: adaptive-k4 -> k4, adaptive -> continue."""
     return (v[len("adaptive") :].lstrip("-") or "continue") if v.startswith("adaptive") else v
@@ -346,6 +422,10 @@ def _acceptance(config: str, spec: dict, stats: dict | None) -> dict | None:
     return acc
 
 
+def _job_key(job: dict) -> tuple:
+    return (job["config"], job["set"], job["batch"], job["tau"], job["guard"], job["repeat"])
+
+
 def run_engine(
     config: str,
     kw: dict,
@@ -354,75 +434,190 @@ def run_engine(
     max_tokens: int,
     is_parse: bool,
     progress,
-    nll_sequences: list[list[int]] | None = None,
-) -> tuple[list[dict], list | None]:
-    """One engine: every job (prompt set, batch, τ, guard) on it; with ``nll_sequences``,
-    then the target's prompt log-probabilities of each of them."""
+    warmup: list[int],
+    on_done=None,
+) -> list[dict]:
+    """One engine, fresh: every job on it (prompt set, batch, τ, guard, repeat), each from the
+    same state -- the same warm-up request (``warmup``, at most 16 tokens, the job's own
+    PARSE settings), then the prefix cache emptied (vLLM's ``reset_prefix_cache``) and the
+    counters read -- then timed per task. ``on_done(record)`` gets each finished job's
+    record at once (saved by the caller, so a cut run resumes)."""
     from tqdm.auto import tqdm
 
     import parse_vllm
     from parse_vllm._vllm import LLM, SamplingParams
-    from parse_vllm.tools.engine import close, run_batch, spec_counters
+    from parse_vllm.tools.engine import close, prefix_cache_counters, reset_prefix_cache, run_batch, spec_counters
 
     progress.set_description(f"starting {config}")
     llm = LLM(**kw, disable_log_stats=False)
-    rows, logprobs = [], None
+    records = []
     try:
-        first = jobs[0]["prompts"][0]
-        llm.generate([{"prompt_token_ids": first}], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
-        for job in jobs:
+        for i, job in enumerate(jobs):
             name = report.label(
                 {"config": config, "tau": job["tau"], "guard": job["guard"] if job["pass_guard"] else 0}
             )
-            progress.set_description(f"{name} {job['set']} bs={job['batch']}")
+            where = f"{name} {job['set']} bs={job['batch']} repeat {job['repeat'] + 1}"
+            progress.set_description(where)
             extra = None
             if is_parse:
                 extra = {"parse": True, "parse_threshold": job["tau"]}
                 if job["pass_guard"]:
                     extra["parse_guard"] = job["guard"]
+            llm.generate(
+                [{"prompt_token_ids": warmup}],
+                SamplingParams(temperature=0.0, max_tokens=min(16, max_tokens), extra_args=extra),
+                use_tqdm=False,
+            )
+            reset_prefix_cache(llm)
             params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args=extra) for _ in job["prompts"]]
             if is_parse:
                 parse_vllm.reset_stats(llm)
-            spec0 = spec_counters(llm)
-            with tqdm(
-                total=len(job["prompts"]),
-                desc=f"  {name} {job['set']} bs={job['batch']}",
-                unit="req",
-                leave=False,
-                file=sys.stderr,
-            ) as bar:
+            spec0, cache0 = spec_counters(llm), prefix_cache_counters(llm)
+            with tqdm(total=len(job["prompts"]), desc=f"  {where}", unit="req", leave=False, file=sys.stderr) as bar:
                 res = run_batch(_Tracked(llm, bar), job["prompts"], params, job["batch"])
-            spec1 = spec_counters(llm)
+            spec1, cache1 = spec_counters(llm), prefix_cache_counters(llm)
             stats = parse_vllm.get_stats(llm) if is_parse else None
-            row = {
-                "set": job["set"],
-                "config": config,
-                "tau": job["tau"],
-                "guard": job["guard"],
-                "batch": job["batch"],
-                "n_prompts": len(job["prompts"]),
-                "item_ids": job["item_ids"],
-                **{k: res[k] for k in ("wall_s", "tokens", "tok_s", "latency_p50_s", "latency_p90_s", "outputs")},
+            record = {
+                **{k: job[k] for k in ("config", "set", "batch", "tau", "guard", "repeat", "order", "item_ids")},
+                "engine": "fresh" if i == 0 else "reused, prefix cache emptied",
+                **{
+                    k: res[k]
+                    for k in ("wall_s", "tokens", "tok_s", "task_s", "latency_s", "latency_p50_s", "latency_p90_s")
+                },
+                "outputs": res["outputs"],
                 "acceptance": _acceptance(config, {k: spec1[k] - spec0[k] for k in spec1}, stats),
+                "prefix_cache": {"emptied": True, **{k: int(cache1[k] - cache0[k]) for k in cache1}},
             }
             progress.write(
-                f"[eval] {name:22s} {job['set']:>10s} bs={job['batch']:<3d} {res['tok_s']:7.1f} tok/s "
+                f"[eval] {name:22s} {job['set']:>10s} bs={job['batch']:<3d} r{job['repeat'] + 1} "
+                f"{res['wall_s'] / len(job['prompts']):7.2f} s/task {res['tok_s']:7.1f} tok/s "
                 f"({res['tokens']} tokens in {res['wall_s']:.1f} s)"
             )
             progress.update(1)
-            rows.append(row)
-        if nll_sequences is not None:
-            progress.set_description(f"NLL of {len(nll_sequences)} texts")
-            outs = llm.generate(
-                [{"prompt_token_ids": s} for s in nll_sequences],
-                SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0),
-                use_tqdm=True,
-            )
-            logprobs = [o.prompt_logprobs for o in outs]
-            progress.update(1)
+            records.append(record)
+            if on_done is not None:
+                on_done(record)
     finally:
         close(llm)
-    return rows, logprobs
+    return records
+
+
+def nll_logprobs(kw: dict, sequences: list[list[int]], progress) -> list:
+    """The target's prompt log-probabilities of each sequence (one engine, untimed)."""
+    from parse_vllm._vllm import LLM, SamplingParams
+    from parse_vllm.tools.engine import close
+
+    progress.set_description(f"NLL of {len(sequences)} texts")
+    llm = LLM(**kw)
+    try:
+        outs = llm.generate(
+            [{"prompt_token_ids": s} for s in sequences],
+            SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0),
+            use_tqdm=True,
+        )
+    finally:
+        close(llm)
+    progress.update(1)
+    return [o.prompt_logprobs for o in outs]
+
+
+def sessions(engines: list[dict], repeats: int, per_job: bool) -> list[tuple[dict, list[dict]]]:
+    """(engine, its jobs) in the order they run (timing.schedule: every configuration's repeat
+    r before any repeat r + 1, the same order each time). An engine runs its jobs of one
+    repeat, or one job where a fresh engine per job is wanted (--engine-per-job, or an
+    adaptive PARSE engine: its window policy's state outlives a cache reset). Each job gets
+    its repeat and its place in the whole order (``order``)."""
+    out = []
+    for name, r in timing.schedule([e["name"] for e in engines], repeats):
+        e = next(e for e in engines if e["name"] == name)
+        jobs = [dict(j, config=name, repeat=r) for j in e["jobs"]]
+        if per_job or e["per_job"]:
+            out += [(e, [j]) for j in jobs]
+        else:
+            out.append((e, jobs))
+    order = 0
+    for _, jobs in out:
+        for j in jobs:
+            j["order"] = order
+            order += 1
+    return out
+
+
+class Timings:
+    """``--out``/timings.jsonl: the settings on the first line, then one finished job a line.
+    A run with the same settings resumes from it; other settings are refused (or --fresh)."""
+
+    def __init__(self, path: Path, settings: dict, fresh: bool):
+        self.path = path
+        self.done: dict[tuple, dict] = {}
+        settings = json.loads(json.dumps(settings, sort_keys=True, default=str))
+        if path.is_file() and not fresh:
+            lines = path.read_text().splitlines()
+            saved = json.loads(lines[0])["settings"] if lines else None
+            if saved != settings:
+                diff = sorted(k for k in set(saved or {}) | set(settings) if (saved or {}).get(k) != settings.get(k))
+                raise EvalError(
+                    f"{path} holds timings of a run with other settings ({', '.join(diff)}): "
+                    "give another --out, or --fresh to discard them"
+                )
+            for line in lines[1:]:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:  # the line a kill cut short: that job runs again
+                    continue
+                self.done[_job_key(rec)] = rec
+            path.write_text("".join(x + "\n" for x in [lines[0]] + [json.dumps(r) for r in self.done.values()]))
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"settings": settings}) + "\n")
+
+    def add(self, record: dict) -> None:
+        self.done[_job_key(record)] = record
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def build_row(records: list[dict]) -> dict:
+    """One row from the repeats of one (set, config, τ, guard, batch): figures per repeat,
+    their median and spread, per-task times (the median of each task's), and intervals over
+    tasks (timing.py)."""
+    recs = sorted(records, key=lambda r: r["repeat"])
+    first = recs[0]
+    n = len(first["item_ids"])
+    task_s = timing.per_task([r["task_s"] for r in recs])
+    task_tokens = timing.per_task([[len(o) for o in r["outputs"]] for r in recs])
+    per_repeat = [statistics.fmean(r["task_s"]) for r in recs]
+    tok_s_repeats = [r["tok_s"] for r in recs]
+    s_per_task = statistics.fmean(task_s)
+    return {
+        **{k: first[k] for k in ("set", "config", "tau", "guard", "batch", "item_ids", "outputs", "acceptance")},
+        "n_prompts": n,
+        "repeats": len(recs),
+        "order": [r["order"] for r in recs],
+        "s_per_task": s_per_task,
+        "s_per_task_ci": timing.mean_ci(task_s),
+        "s_per_task_repeats": per_repeat,
+        "s_per_task_spread": timing.spread(per_repeat),
+        "task_s": task_s,
+        "task_tokens": task_tokens,
+        "tokens": first["tokens"],
+        "wall_s": statistics.median(r["wall_s"] for r in recs),
+        "tok_s": sum(task_tokens) / sum(task_s) if sum(task_s) > 0 else None,
+        "tok_s_ci": timing.tok_s_ci(task_tokens, task_s),
+        "tok_s_repeats": tok_s_repeats,
+        "tok_s_spread": timing.spread(tok_s_repeats),
+        "latency_p50_s": statistics.median(r["latency_p50_s"] for r in recs),
+        "latency_p90_s": statistics.median(r["latency_p90_s"] for r in recs),
+        "same_text_repeats": statistics.fmean(
+            float(all(r["outputs"][i] == first["outputs"][i] for r in recs)) for i in range(n)
+        ),
+        "prefix_cache_hits": [r["prefix_cache"]["hits"] for r in recs],
+        "engine": [r["engine"] for r in recs],
+        "windows_repeats": [report.windows_opened(r) for r in recs],
+        "few_tasks": first["batch"] == 1 and n < timing.MIN_BS1_TASKS,
+    }
 
 
 def _render(tok, item: dict) -> list[int]:
@@ -504,6 +699,9 @@ def combine(args: argparse.Namespace) -> int:
         "rows": rows,
         **report.recommend(rows, args.max_accuracy_drop, args.max_nll_increase),
         "baselines": [dict(b, run=d.name) for d, s in runs for b in s["baselines"]],
+        "noise_floor": report.noise_floor_summary(
+            [dict(b, set=f"{d.name}: {b['set']}") for d, s in runs for b in s["baselines"]]
+        ),
         "judge": next((s["judge"] for _, s in runs if s.get("judge")), None),
         "wall_minutes": sum(s.get("wall_minutes", 0) for _, s in runs),
     }
@@ -542,6 +740,7 @@ def _main(args: argparse.Namespace) -> int:
 
     tok = AutoTokenizer.from_pretrained(target)
     chosen = {(s.name, b): s.take(counts[b]) for s in sets for b in batches}
+    check_task_counts({key: len(items) for key, items in chosen.items()}, args.allow_few_tasks)
     ids = {key: [_render(tok, it) for it in items] for key, items in chosen.items()}
     variants = parse_engines(args, res)
     longest_draft = max([w for _, w, _ in variants] + list(args.spec_k))
@@ -567,63 +766,100 @@ def _main(args: argparse.Namespace) -> int:
             for g in gs
         ]
 
-    target_jobs = jobs([None], [None])
-    engines = [("target", base, target_jobs, False)]
+    def engine(name, kw, js, is_parse, per_job=False):
+        return {"name": name, "kw": kw, "jobs": js, "is_parse": is_parse, "per_job": per_job}
+
+    engines = [engine("target", base, jobs([None], [None]), False)]
     if args.draft_alone:
-        engines.append(("draft", dict(base, model=draft), jobs([None], [None]), False))
+        engines.append(engine("draft", dict(base, model=draft), jobs([None], [None]), False))
     for k in args.spec_k:
         engines.append(
-            (f"token-k{k}", dict(base, speculative_config=spec_config(res, draft, k)), jobs([None], [None]), False)
+            engine(
+                f"token-k{k}", dict(base, speculative_config=spec_config(res, draft, k)), jobs([None], [None]), False
+            )
         )
     if args.eagle3:
         eagle = {"method": "eagle3", "model": str(args.eagle3), "num_speculative_tokens": args.eagle3_k}
-        engines.append((f"eagle3-k{args.eagle3_k}", dict(base, speculative_config=eagle), jobs([None], [None]), False))
-    for name, window, opts in variants if args.taus else []:
+        engines.append(
+            engine(f"eagle3-k{args.eagle3_k}", dict(base, speculative_config=eagle), jobs([None], [None]), False)
+        )
+    own_taus = variant_taus(args)
+    for name, window, opts in variants if args.taus or own_taus else []:
+        taus = own_taus.get(_variant_of(name, window), args.taus)
+        if not taus:
+            continue
         kw = dict(base, speculative_config=spec_config(res, draft, window), additional_config={"parse": opts})
-        engines.append((name, kw, jobs(args.taus, guards), True))
+        # the adaptive policy learns step costs and judge rates engine-wide: a job of its own engine each
+        engines.append(engine(name, kw, jobs(taus, guards), True, per_job=opts.get("on_reject") == "adaptive"))
+    plan = sessions(engines, args.repeats, args.engine_per_job)
+    # the same warm-up request before every timed job: the first prompt of the first task list
+    warmup = ids[(sets[0].name, batches[0])][0]
+    settings = {
+        "args": {
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in vars(args).items()
+            if k not in ("out", "fresh", "repeats", "save_outputs", "no_nll", "judge", "code_timeout", "combine")
+            and not k.startswith("max_accuracy")
+            and k != "max_nll_increase"
+        },
+        "models": {"target": target, "draft": draft},
+        "engines": {e["name"]: e["kw"] for e in engines},
+        "prompts": {f"{name} bs {b}": [it["id"] for it in items] for (name, b), items in chosen.items()},
+    }
+    saved = Timings(args.out / "timings.jsonl", settings, args.fresh)
     from tqdm.auto import tqdm
 
-    total = sum(len(j) for *_, j, _ in engines) + len(target_jobs) + 1
-    rows: list[dict] = []
+    total = sum(len(js) for _, js in plan) + (0 if args.no_nll else 1)
+    records: list[dict] = []
     t0 = time.perf_counter()
-    with tqdm(total=total, desc="eval", unit="run", file=sys.stderr) as progress:
-        for name, kw, js, is_parse in engines:
-            rows += run_engine(name, kw, js, max_tokens=args.max_tokens, is_parse=is_parse, progress=progress)[0]
-        # the target again: re-timed, and the NLL of every distinct text any row wrote
+    with tqdm(total=total, desc="eval", unit="job", file=sys.stderr) as progress:
+        for e, js in plan:
+            todo = [j for j in js if _job_key(j) not in saved.done]
+            records += [saved.done[_job_key(j)] for j in js if _job_key(j) in saved.done]
+            progress.update(len(js) - len(todo))
+            if todo:
+                records += run_engine(
+                    e["name"],
+                    e["kw"],
+                    todo,
+                    max_tokens=args.max_tokens,
+                    is_parse=e["is_parse"],
+                    progress=progress,
+                    warmup=warmup,
+                    on_done=saved.add,
+                )
+        groups: dict[tuple, list[dict]] = {}
+        for rec in records:
+            groups.setdefault(_job_key(rec)[:5], []).append(rec)
+        rows = [build_row(g) for g in groups.values()]
+        rows.sort(key=lambda r: min(r["order"]))
+        # the target's NLL of every distinct text any row wrote (untimed)
         seqs: dict[tuple[int, ...], int] = {}
         for r in rows:
             for p, o in zip(ids[(r["set"], r["batch"])], r["outputs"]):
                 seqs.setdefault(tuple(p) + tuple(o), len(seqs))
-        again, logprobs = run_engine(
-            "target",
-            base,
-            target_jobs,
-            max_tokens=args.max_tokens,
-            is_parse=False,
-            progress=progress,
-            nll_sequences=None if args.no_nll else [list(s) for s in seqs],
-        )
+        logprobs = None if args.no_nll else nll_logprobs(base, [list(s) for s in seqs], progress)
     from . import metrics
 
     baselines = []
-    for r, a in zip((r for r in rows if r["config"] == "target"), again):
-        drift = a["tok_s"] / r["tok_s"] - 1.0
+    for r in rows:
+        if r["config"] != "target":
+            continue
+        reps = sorted(
+            (x for x in records if _job_key(x)[:5] == _job_key(dict(r, repeat=0))[:5]), key=lambda x: x["repeat"]
+        )
+        drift = reps[-1]["tok_s"] / reps[0]["tok_s"] - 1.0
         baselines.append(
             {
                 "set": r["set"],
                 "batch": r["batch"],
-                "tok_s_first": r["tok_s"],
-                "tok_s_last": a["tok_s"],
+                "tok_s_first": reps[0]["tok_s"],
+                "tok_s_last": reps[-1]["tok_s"],
                 "drift": drift,
                 "drift_flagged": abs(drift) > common.DRIFT_LIMIT,
-                "same_text": statistics.mean(float(x == y) for x, y in zip(r["outputs"], a["outputs"])),
+                "same_text": r["same_text_repeats"],
+                **timing.noise_floor([x["task_s"] for x in reps]),
             }
-        )
-        r.update(
-            tok_s=(r["tok_s"] + a["tok_s"]) / 2,
-            tok_s_first=r["tok_s"],
-            tok_s_last=a["tok_s"],
-            wall_s=(r["wall_s"] + a["wall_s"]) / 2,
         )
     # answers checked and NLL read now that no engine is running
     items = {(s.name, b): {it["id"]: it for it in chosen[(s.name, b)]} for s in sets for b in batches}
@@ -679,8 +915,15 @@ def _main(args: argparse.Namespace) -> int:
         "rows": [{k: r.get(k) for k in report.ROW_KEYS} for r in rows],
         **rec,
         "baselines": baselines,
+        "noise_floor": report.noise_floor_summary(baselines),
+        "harness": harness(args, engines),
+        "jobs": [
+            {k: x[k] for k in ("order", "config", "set", "batch", "tau", "guard", "repeat", "engine", "wall_s")}
+            for x in sorted(records, key=lambda x: x["order"])
+        ],
         "judge": judge_result,
         "wall_minutes": (time.perf_counter() - t0) / 60,
+        "timed_minutes": sum(x["wall_s"] for x in records) / 60,
     }
     paths = report.write(summary, args.out)
     if args.save_outputs:
@@ -710,9 +953,33 @@ def _main(args: argparse.Namespace) -> int:
                 "the machine was not quiet, ratios suspect **",
                 file=sys.stderr,
             )
+    print(report.noise_floor_line(summary["noise_floor"]))
     print(f"recommendation: {rec['recommendation']}")
-    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    print("wrote " + ", ".join(str(p) for p in paths.values()) + f", {args.out / 'timings.jsonl'}")
     return 0
+
+
+def harness(args: argparse.Namespace, engines: list[dict]) -> dict:
+    """How this run timed (timing.py), for the report and summary.json."""
+    per_job = [e["name"] for e in engines if e["per_job"] or args.engine_per_job]
+    return {
+        "repeats": args.repeats,
+        "order": "interleaved (ABAB): repeat 1 of every configuration, then repeat 2 of every configuration in "
+        "the same order, and so on",
+        "state": "a fresh engine per configuration and repeat"
+        + (f" (per timed job: {', '.join(per_job)})" if per_job else "")
+        + "; before every timed job the same warm-up request (the first prompt of the first task list, 16 "
+        "tokens, the job's own PARSE settings), then the prefix cache emptied (LLM.reset_prefix_cache)",
+        "per_task_time": "each engine step's wall time divided evenly among the requests in flight during it "
+        "(they add up to the job's wall time; at batch 1 a task's time is its whole request); a row's per-task time is "
+        "the median of its repeats', s_per_task their mean",
+        "speed_ratio": "the reference's mean time per task over the row's on the same tasks (> 1: faster)",
+        "ci": f"{timing.CONFIDENCE:.0%} paired percentile bootstrap over tasks ({timing.RESAMPLES} resamples, "
+        "seed 0, scipy.stats.bootstrap); an interval holding 1.0 is reported as no difference",
+        "noise_floor": "the target alone measured twice: repeat 2's time per task over repeat 1's, and the "
+        "spread of its repeats",
+        "min_bs1_tasks": timing.MIN_BS1_TASKS,
+    }
 
 
 if __name__ == "__main__":

@@ -1,0 +1,505 @@
+"""How `parse-vllm eval` times (parse_vllm/tools/eval/timing.py, issue 36): the interleaved
+schedule, per-task time, bootstrap intervals and "no difference", the labelling of PARSE rows
+that opened no window (eval report, scripts/bench_adaptive.py, scripts/judge_e2e.py), the
+refusal of too few batch-1 tasks, and -- through the command line on the tiny models -- the
+prefix cache emptied before every timed job, fresh engines, interleaving and resumption."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from parse_vllm import cli
+from parse_vllm.tools import engine as tools_engine
+from parse_vllm.tools.eval import report, run, timing
+
+ROOT = Path(__file__).parents[1]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# -- the schedule ---------------------------------------------------------------------------
+
+
+def test_configurations_run_interleaved_each_repeat_in_the_same_order():
+    assert timing.schedule(["A", "B", "C"], 2) == [("A", 0), ("B", 0), ("C", 0), ("A", 1), ("B", 1), ("C", 1)]
+    jobs = [{"set": "s", "batch": b, "tau": t, "guard": 0} for b in (1, 8) for t in (0.0, 0.7)]
+    engines = [
+        {"name": "target", "jobs": [{"set": "s", "batch": 1, "tau": None, "guard": None}], "per_job": False},
+        {"name": "parse W=8 k4", "jobs": jobs, "per_job": False},
+        {"name": "parse W=8 adaptive-k4", "jobs": jobs, "per_job": True},  # one engine per job
+    ]
+    plan = run.sessions(engines, 2, per_job=False)
+    # target | parse (4 jobs, one engine) | adaptive, 4 engines of one job | again, same order
+    assert [(e["name"], len(js)) for e, js in plan] == 2 * (
+        [("target", 1), ("parse W=8 k4", 4)] + [("parse W=8 adaptive-k4", 1)] * 4
+    )
+    flat = [j for _, js in plan for j in js]
+    assert [j["order"] for j in flat] == list(range(18))
+    assert [j["repeat"] for j in flat] == [0] * 9 + [1] * 9
+    assert [(j["config"], j["batch"], j["tau"]) for j in flat[:9]] == [
+        (j["config"], j["batch"], j["tau"]) for j in flat[9:]
+    ]
+    # --engine-per-job: every job an engine of its own
+    assert all(len(js) == 1 for _, js in run.sessions(engines, 2, per_job=True))
+
+
+# -- time per task --------------------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class _Out:
+    def __init__(self, rid: str, n: int):
+        self.request_id, self.finished = rid, True
+        self.outputs = [type("C", (), {"token_ids": [7] * n})()]
+
+
+class _Engine:
+    """Each task needs a scripted number of steps; a step costs `step_s`, adding a request `add_s`."""
+
+    def __init__(self, clock: _Clock, steps: list[int], step_s: float, add_s: float):
+        self.clock, self.steps, self.step_s, self.add_s = clock, steps, step_s, add_s
+        self.live: dict[str, int] = {}
+        self.added: list[tuple[float, int]] = []
+
+    def add_request(self, rid, prompt, params):
+        self.clock.t += self.add_s
+        i = int(rid.split("-")[0][1:])
+        self.live[rid] = self.steps[i]
+        self.added.append((self.clock.t, i))
+
+    def has_unfinished_requests(self):
+        return bool(self.live)
+
+    def step(self):
+        self.clock.t += self.step_s
+        done = []
+        for rid in list(self.live):
+            self.live[rid] -= 1
+            if self.live[rid] == 0:
+                del self.live[rid]
+                done.append(_Out(rid, self.steps[int(rid.split("-")[0][1:])]))
+        return done
+
+
+def _run(steps, batch, step_s=1.0, add_s=0.0):
+    clock = _Clock()
+    llm = type("LLM", (), {})()
+    llm.llm_engine = _Engine(clock, steps, step_s, add_s)
+    return tools_engine.run_batch(llm, [[1]] * len(steps), [None] * len(steps), batch, clock=clock)
+
+
+def test_per_task_time_shares_each_step_among_the_requests_in_flight():
+    """By hand, batch 2, tasks of 2, 4 and 3 steps of 1 s: steps 1-2 run tasks 0 and 1 (0.5 s
+    each a step), task 0 ends; steps 3-4 run tasks 1 and 2; step 5 task 2 alone.
+    Task 0: 1.0 s, task 1: 2.0 s, task 2: 0.5 + 0.5 + 1.0 = 2.0 s; 5 s in all, the wall time."""
+    got = _run([2, 4, 3], batch=2)
+    assert got["task_s"] == pytest.approx([1.0, 2.0, 2.0]) and got["wall_s"] == pytest.approx(5.0)
+    assert got["latency_s"] == pytest.approx([2.0, 4.0, 3.0]) and got["tokens"] == 9
+    assert got["tok_s"] == pytest.approx(9 / 5)
+    # adding a request costs 0.5 s, charged with the step that follows to those in flight:
+    # 0 -> 2 s over tasks 0, 1 (1.0 each); step 2, 0.5 each; task 2 added, 3 -> 4.5 over 1, 2
+    # (0.75 each); step 4, 0.5 each; step 5, task 2 alone, 1.0. -> 1.5, 2.75, 2.25 = 6.5 s
+    got = _run([2, 4, 3], batch=2, add_s=0.5)
+    assert got["task_s"] == pytest.approx([1.5, 2.75, 2.25]) and got["wall_s"] == pytest.approx(6.5)
+    # batch 1: a task's time is its whole request, added and run alone
+    got = _run([2, 3], batch=1, add_s=0.5)
+    assert got["task_s"] == pytest.approx([2.5, 3.5]) and sum(got["task_s"]) == pytest.approx(got["wall_s"])
+    # more tokens for the same work do not make a task cheaper: tok/s and time per task differ
+    assert timing.per_task([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0], [2.0, 9.0, 2.0]]) == [2.0, 2.0, 2.0]
+
+
+# -- intervals and "no difference" -----------------------------------------------------------
+
+
+def _numpy_bootstrap(ref, x, n=20000, seed=1):
+    """A percentile bootstrap written here: resample task indices, ratio of the sums."""
+    ref, x = np.asarray(ref), np.asarray(x)
+    idx = np.random.default_rng(seed).integers(0, len(ref), size=(n, len(ref)))
+    vals = ref[idx].sum(1) / x[idx].sum(1)
+    return np.percentile(vals, [2.5, 97.5])
+
+
+def test_ratio_and_interval_against_hand_values_and_an_independent_bootstrap():
+    # by hand: mean times 2.5 s and 1 s -> 2.5x; every task 2x -> the interval is the point
+    assert timing.speed_ratio([1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 1.0]) == 2.5
+    assert timing.speed_ratio_ci([2.0] * 12, [1.0] * 12) == [2.0, 2.0]
+    assert timing.mean_ci([3.0] * 5) == [3.0, 3.0] and timing.speed_ratio_ci([1.0], [1.0]) is None
+    rng = np.random.default_rng(0)
+    ref = rng.uniform(2.0, 6.0, 24)
+    x = ref / 1.2 * rng.uniform(0.85, 1.15, 24)
+    lo, hi = timing.speed_ratio_ci(ref, x)
+    want = _numpy_bootstrap(ref, x)
+    assert lo == pytest.approx(want[0], abs=0.01) and hi == pytest.approx(want[1], abs=0.01)
+    assert lo < timing.speed_ratio(ref, x) < hi and lo > 1.0
+    # tokens / seconds over tasks
+    lo, hi = timing.tok_s_ci([10.0] * 12, [2.0] * 12)
+    assert lo == hi == 5.0
+    with pytest.raises(ValueError, match="same task list"):
+        timing.speed_ratio([1.0, 2.0], [1.0])
+
+
+def test_an_interval_holding_one_is_no_difference():
+    assert timing.verdict([1.01, 1.3]) == timing.FASTER
+    assert timing.verdict([0.7, 0.99]) == timing.SLOWER
+    assert timing.verdict([0.95, 1.1]) == timing.verdict([1.0, 1.0]) == timing.SAME == "no difference"
+    assert timing.verdict([1.2, 1.4], few=True) == timing.TOO_FEW
+    assert timing.describe_ratio(1.04, [0.97, 1.1]) == "no difference (1.04x [0.97, 1.10])"
+    assert timing.describe_ratio(1.25, [1.1, 1.4]) == "1.25x [1.10, 1.40]"
+    # the same computation timed twice: identical but for noise -> no difference
+    rng = np.random.default_rng(3)
+    base = rng.uniform(1.0, 3.0, 16)
+    nf = timing.noise_floor([base * rng.uniform(0.95, 1.05, 16), base * rng.uniform(0.95, 1.05, 16)])
+    assert timing.verdict(nf["self_ratio_ci"]) == timing.SAME and nf["spread"] < 0.1
+
+
+def _row(config, tau, task_s, tokens, acceptance=None, batch=8, windows_repeats=None):
+    n = len(task_s)
+    return {
+        "set": "humaneval-odd",
+        "split": "odd",
+        "config": config,
+        "tau": tau,
+        "guard": 0 if tau is not None else None,
+        "batch": batch,
+        "n": n,
+        "n_prompts": n,
+        "task_s": list(task_s),
+        "task_tokens": [tokens / n] * n,
+        "s_per_task": float(np.mean(task_s)),
+        "s_per_task_repeats": [float(np.mean(task_s)) * 0.98, float(np.mean(task_s)) * 1.02],
+        "tokens": tokens,
+        "wall_s": float(np.sum(task_s)),
+        "tok_s": tokens / float(np.sum(task_s)),
+        "few_tasks": batch == 1 and n < 12,
+        "acceptance": acceptance,
+        "windows_repeats": windows_repeats,
+        "outputs": [[1, 2, 3]] * n,
+        "correct": [True] * n,
+        "nll_logprobs": None,
+        "pass_at_1": 1.0,
+    }
+
+
+def _rows():
+    rng = np.random.default_rng(5)
+    t = rng.uniform(4.0, 8.0, 16)
+    judged = {"drafts": 12, "windows_opened": {}, "tokens_accepted_semantic": 300}
+    none = {"drafts": 0, "windows_opened": {}, "tokens_accepted_semantic": 0}
+    return [
+        _row("target", None, t, 3600),
+        # faster by tok/s (more tokens) but not per task: the same time per task, noise apart
+        _row("parse W=128 k4", 0.0, t * rng.uniform(0.97, 1.03, 16), 4000, judged, windows_repeats=[12, 12]),
+        # 25% faster per task, but opened no window in any repeat: token-level through the PARSE engine
+        _row("parse W=128 adaptive-k4", 0.7, t / 1.25, 3600, none, windows_repeats=[0, 0]),
+        _row("token-k4", None, t / 1.1 * rng.uniform(0.99, 1.01, 16), 3600, {"drafts": 0}),
+    ]
+
+
+def test_zero_window_rows_are_labelled_and_unresolved_ratios_claim_nothing(tmp_path):
+    rows = _rows()
+    report.score(rows)
+    by = {r["config"]: r for r in rows}
+    accept_all, adaptive, k4 = by["parse W=128 k4"], by["parse W=128 adaptive-k4"], by["token-k4"]
+    assert accept_all["speedup_tok_s"] == pytest.approx(4000 / 3600, rel=0.05)  # tok/s alone says 1.11x
+    assert accept_all["speedup_verdict"] == "no difference" and accept_all["windows"] == 12
+    assert accept_all["label"] == "parse W=128 k4 τ=0"
+    assert (
+        adaptive["windows"] == 0
+        and adaptive["label"] == "parse W=128 adaptive-k4 τ=0.7 (no window opened: token-level)"
+    )
+    assert adaptive["speedup"] == pytest.approx(1.25) and adaptive["speedup_verdict"] == "faster"
+    assert k4["label"] == "token-k4" and k4["windows"] is None
+    rec = report.recommend(rows, 1.0, 1.0)
+    assert rec["recommended"]["config"] == "parse W=128 adaptive-k4"
+    assert "(no window opened: token-level)" in rec["recommendation"]
+    # accept-all alone: faster on its face, no difference by its interval -> no recommendation
+    only = [r for r in rows if r["config"] in ("target", "parse W=128 k4")]
+    rec = report.recommend(only, 1.0, 1.0)
+    assert rec["recommended"] is None and rec["recommendation"].startswith(report.NO_SETTING)
+    summary = {
+        "machine": {"cores": 2, "vllm": "0", "date": "today"},
+        "models": {"target": "t", "draft": "d", "window": 128, "spec_k": [4]},
+        "args": {"max_tokens": 8},
+        "budget": {"max_accuracy_drop": 1.0, "max_nll_increase": 1.0},
+        "sets": ["humaneval-odd"],
+        "rows": [{k: r.get(k) for k in report.ROW_KEYS} for r in rows],
+        "baselines": [],
+        "noise_floor": report.noise_floor_summary(
+            [{"set": "humaneval-odd", "batch": 8, **timing.noise_floor([list(rows[0]["task_s"])] * 2)}]
+        ),
+        **report.recommend(rows, 1.0, 1.0),
+    }
+    paths = report.write(summary, tmp_path)
+    md = paths["md"].read_text()
+    assert "| parse W=128 adaptive-k4 τ=0.7 (no window opened: token-level) |" in md
+    assert "no difference (" in md and "## Noise floor" in md and "repeat 2 over repeat 1" in md
+    assert paths["png"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_adaptive_and_judge_e2e_label_zero_window_rows_and_give_intervals(tmp_path):
+    rows = _rows()
+    report.score(rows)
+    runs = tmp_path / "odd"
+    runs.mkdir()
+    at1 = [dict(r, batch=1, few_tasks=False) for r in _rows()]  # 16 tasks at batch 1 too
+    report.score(at1)
+    nf = report.noise_floor_summary(
+        [{"set": "humaneval-odd", "batch": 8, **timing.noise_floor([rows[0]["task_s"]] * 2)}]
+    )
+    (runs / "summary.json").write_text(json.dumps({"rows": rows + at1, "noise_floor": nf}))
+    ba = _script("bench_adaptive")
+    assert ba.main(["--coder", str(runs), "--out", str(tmp_path / "adaptive")]) == 0
+    s = json.loads((tmp_path / "adaptive" / "summary.json").read_text())
+    for r in s["rows"]:  # the committed keys stay, each speed figure gains its interval
+        assert {"pair", "config", "tau", "batch", "tok_s", "pass_at_1", "split", "n", "run", "ratio"} <= set(r)
+        assert len(r["tok_s_ci"]) == 2 and len(r["ratio_ci"]) == 2 and len(r["s_per_task_ci"]) == 2
+    a = next(r for r in s["rows"] if r["config"] == "adaptive" and r["batch"] == 8)
+    assert a["windows"] == 0 and a["label"] == "adaptive (no window opened: token-level)"
+    assert a["baseline"] == "token-k4" and a["ratio"] == pytest.approx(1.25 / 1.1, rel=0.02)
+    section = (tmp_path / "adaptive" / "section.md").read_text()
+    assert "| adaptive (no window opened: token-level) |" in section and "Noise floor of each run" in section
+    cont = next(r for r in s["rows"] if r["config"] == "continue" and r["batch"] == 8)
+    assert cont["label"] == "continue" and cont["verdict"] == "slower"  # 1/1.1 of token-level's speed
+    # beside the committed SmolLM2 run, timed before per-task timing: its rows keep tok/s, say so
+    old = ROOT / "bench" / "adaptive" / "smollm2-eagle3"
+    assert ba.main(["--coder", str(runs), "--smollm2", str(old), "--out", str(tmp_path / "mixed")]) == 0
+    section = (tmp_path / "mixed" / "section.md").read_text()
+    line = next(x for x in section.splitlines() if x.startswith("| smollm2 | — | 1 | 0.9 | adaptive"))
+    assert "(no window opened: token-level)" in line and ba.OLD_RUN in line
+
+    je = _script("judge_e2e")
+    (tmp_path / "judge.json").write_text(json.dumps({"auc_head_whole_odd": 0.7}))
+    head = [dict(r, tau=0.7) for r in rows + at1 if r["config"] == "parse W=128 k4"]
+    (runs / "summary.json").write_text(json.dumps({"rows": rows + at1 + head, "noise_floor": nf}))
+    assert je.main([str(runs), "--tau", "0.7", "--summary", str(tmp_path / "judge.json")]) == 0
+    j = json.loads((tmp_path / "judge.json").read_text())
+    assert j["odd_speed_head_over_accept_all_bs1"] == pytest.approx(1.0)
+    assert j["odd_speed_head_over_accept_all_bs1_verdict"] == "no difference"
+    assert len(j["odd_speed_head_over_accept_all_bs1_ci"]) == 2 and len(j["odd_speed_head_over_target_bs8_ci"]) == 2
+    labels = {r["label"] for r in j["e2e_odd"]}
+    assert "parse W=128 adaptive-k4 τ=0.7 (no window opened: token-level)" in labels
+    assert j["odd_e2e_noise_floor"]["by_set_batch"]
+
+
+# -- refusals (no engine starts) --------------------------------------------------------------
+
+
+def _argv(tiny_models, out: Path, *extra: str) -> list[str]:
+    return [
+        "eval",
+        "--target", str(tiny_models["target"]),
+        "--draft", str(tiny_models["draft"]),
+        "--window", "8",
+        "--engine", json.dumps({"dtype": "float32", "kv_cache_memory_bytes": 96 << 20}),
+        "--max-tokens", "10",
+        "--out", str(out),
+        *extra,
+    ]  # fmt: skip
+
+
+def test_too_few_batch1_tasks_and_a_single_repeat_are_refused(tiny_models, tmp_path, capsys, monkeypatch):
+    def no_engine(*a, **kw):
+        raise AssertionError("an engine started")
+
+    monkeypatch.setattr(run, "run_engine", no_engine)
+    rc = cli.main(
+        _argv(tiny_models, tmp_path / "a", "--prompts", "mtbench", "--bs1-prompts", "4", "--num-prompts", "2")
+    )
+    err = capsys.readouterr().err
+    assert (
+        rc == 2 and "batch-1 rows need at least 12 tasks" in err and "mtbench: 4" in err and "--allow-few-tasks" in err
+    )
+    rc = cli.main(_argv(tiny_models, tmp_path / "b", "--prompts", "mtbench", "--batch", "1", "--num-prompts", "8"))
+    assert rc == 2 and "mtbench: 8" in capsys.readouterr().err
+    rc = cli.main(_argv(tiny_models, tmp_path / "c", "--prompts", "mtbench", "--bs1-prompts", "0", "--repeats", "1"))
+    assert rc == 2 and "--repeats must be >= 2" in capsys.readouterr().err
+
+
+def test_a_variant_can_run_its_own_taus(tiny_models, tmp_path, monkeypatch, capsys):
+    """--variant-taus adaptive-k4=0.7: the adaptive engine runs τ 0.7 only, the others --taus;
+    engines faked (each job's record made up), so the schedule and the rows are what is tested."""
+    ran = []
+
+    def fake(config, kw, jobs, *, max_tokens, is_parse, progress, warmup, on_done=None):
+        out = []
+        for j in jobs:
+            ran.append((config, j["tau"], j["batch"], j["repeat"]))
+            n = len(j["prompts"])
+            rec = {
+                **{k: j[k] for k in ("config", "set", "batch", "tau", "guard", "repeat", "order", "item_ids")},
+                "engine": "fresh", "wall_s": float(n), "tokens": 3 * n, "tok_s": 3.0, "task_s": [1.0] * n,
+                "latency_s": [1.0] * n, "latency_p50_s": 1.0, "latency_p90_s": 1.0, "outputs": [[42] * 3] * n,
+                "acceptance": None if config == "target" else {"drafts": 0, "windows_opened": {}},
+                "prefix_cache": {"emptied": True, "hits": 0, "queries": 0},
+            }  # fmt: skip
+            out.append(rec)
+            if on_done:
+                on_done(rec)
+        return out
+
+    monkeypatch.setattr(run, "run_engine", fake)
+    argv = _argv(tiny_models, tmp_path / "v", "--prompts", "mtbench", "--bs1-prompts", "0", "--num-prompts", "3",
+                 "--batch", "2", "--variants", "k4", "adaptive-k4", "--taus", "0", "0.7",
+                 "--variant-taus", "adaptive-k4=0.7", "--no-nll")  # fmt: skip
+    assert cli.main(argv) == 0
+    once = [("target", None), ("token-k4", None), ("parse W=8 k4", 0.0), ("parse W=8 k4", 0.7),
+            ("parse W=8 adaptive-k4", 0.7)]  # fmt: skip
+    assert [(c, t) for c, t, _, _ in ran] == once * 2 and [r for *_, r in ran] == [0] * 5 + [1] * 5
+    s = json.loads((tmp_path / "v" / "summary.json").read_text())
+    assert {(r["config"], r["tau"]) for r in s["rows"]} == set(once)
+    for r in s["rows"]:  # identical made-up timings: every ratio 1.0, no difference
+        assert r["speedup"] == 1.0 and (r["config"] == "target" or r["speedup_verdict"] == "no difference")
+        if r["config"].startswith("parse"):
+            assert r["label"].endswith("(no window opened: token-level)")
+    capsys.readouterr()
+    bad = argv[:-3] + ["--variant-taus", "adaptive-k8=0.7", "--no-nll"]
+    assert cli.main(bad) == 2 and "not one of --variants" in capsys.readouterr().err
+
+
+# -- the whole command on the tiny models ------------------------------------------------------
+
+# prompts sharing a long opening (more than one 32-token KV block), so a job that found an
+# earlier job's KV in the prefix cache would show it in vLLM's prefix-cache hits
+OPENING = "Read this passage and answer the question after it. " + " ".join(f"word{i}" for i in range(48)) + ". "
+
+
+@pytest.fixture(scope="module")
+def timed(tiny_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("timing")
+    prompts = root / "shared.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": OPENING + q}) + "\n" for i, q in enumerate(
+        ["Which word comes first?", "Which word comes last?", "How many words are there?"]
+    )))  # fmt: skip
+    argv = _argv(
+        tiny_models, root / "out", "--prompts", str(prompts), "--bs1-prompts", "0", "--num-prompts", "3",
+        "--batch", "2", "--spec-k", "--variants", "continue", "adaptive", "--taus", "0", "1.5", "--no-nll",
+    )  # fmt: skip
+    assert cli.main(argv) == 0
+    return {"argv": argv, "out": root / "out", "summary": json.loads((root / "out" / "summary.json").read_text())}
+
+
+@pytest.mark.slow
+def test_every_timed_job_starts_from_an_emptied_cache_on_the_interleaved_schedule(timed):
+    s = timed["summary"]
+    jobs = s["jobs"]
+    # target, continue τ 0 and τ 1.5 (one engine), adaptive τ 0 and τ 1.5 (an engine each); twice
+    once = [("target", None), ("parse W=8", 0.0), ("parse W=8", 1.5), ("parse W=8 adaptive", 0.0),
+            ("parse W=8 adaptive", 1.5)]  # fmt: skip
+    assert [(j["config"], j["tau"]) for j in jobs] == once * 2
+    assert [j["repeat"] for j in jobs] == [0] * 5 + [1] * 5 and [j["order"] for j in jobs] == list(range(10))
+    fresh = [j["engine"] == "fresh" for j in jobs]
+    assert fresh == [True, True, False, True, True] * 2
+    # the prompt cache: every job finds the same hits (only its own tasks' shared opening), so
+    # none found the warm-up's or an earlier job's KV
+    lines = (timed["out"] / "timings.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in lines[1:]]
+    hits = {r["prefix_cache"]["hits"] for r in records}
+    assert len(hits) == 1 and hits.pop() > 0
+    assert all(r["prefix_cache"]["emptied"] for r in records)
+    # per-task times add up to each job's wall time
+    for r in records:
+        assert sum(r["task_s"]) == pytest.approx(r["wall_s"], rel=1e-9) and len(r["task_s"]) == 3
+    for row in s["rows"]:
+        assert row["repeats"] == 2 and len(row["s_per_task_repeats"]) == 2 and row["s_per_task_spread"] is not None
+        assert row["s_per_task"] == pytest.approx(np.mean(row["task_s"])) and len(row["s_per_task_ci"]) == 2
+        assert len(row["tok_s_ci"]) == 2
+        if row["config"] != "target":
+            assert len(row["speedup_ci"]) == 2 and row["speedup_verdict"] in ("faster", "slower", "no difference")
+        # τ 1.5 never drafts: no window, labelled token-level; τ 0 judges every window it opens
+        if row["tau"] == 1.5:
+            assert row["windows"] == 0 and row["label"].endswith("(no window opened: token-level)"), row
+        if row["config"] == "parse W=8" and row["tau"] == 0.0:
+            assert row["windows"] > 0 and "token-level" not in row["label"]
+    nf = s["noise_floor"]["by_set_batch"]
+    assert len(nf) == 1 and len(nf[0]["s_per_task_repeats"]) == 2 and len(nf[0]["self_ratio_ci"]) == 2
+    md = (timed["out"] / "summary.md").read_text()
+    assert "## Noise floor" in md and "(no window opened: token-level)" in md and "## How this was timed" in md
+
+
+@pytest.mark.slow
+def test_without_the_cache_reset_a_later_job_finds_the_earlier_ones_prompts(tiny_models, monkeypatch):
+    """The control of the test above: the same two jobs on one engine, the reset skipped."""
+    from transformers import AutoTokenizer
+
+    from parse_vllm.tools.benchmarks import common
+    from parse_vllm.tools.eval.run import _render
+
+    common.setup_env()
+    tok = AutoTokenizer.from_pretrained(tiny_models["target"])
+    # each question longer than a KV block: a job that found the other's whole prompt cached hits more
+    prompts = [
+        _render(tok, {"prompt": OPENING + q + " " + " ".join(f"{q.lower()}{i}" for i in range(40))})
+        for q in ("First", "Second")
+    ]
+    job = {"set": "s", "batch": 1, "tau": None, "guard": None, "pass_guard": False, "prompts": prompts,
+           "item_ids": ["a", "b"], "config": "target"}  # fmt: skip
+    jobs = [dict(job, repeat=r, order=r) for r in range(2)]
+    kw = {**run.engine_kwargs({"preset": None, "engine": {"dtype": "float32", "kv_cache_memory_bytes": 96 << 20}},
+                              str(tiny_models["target"]), 512, 2)}  # fmt: skip
+
+    class Bar:
+        def set_description(self, *a):
+            pass
+
+        def update(self, *a):
+            pass
+
+        def write(self, *a):
+            pass
+
+    got = run.run_engine("target", kw, jobs, max_tokens=6, is_parse=False, progress=Bar(), warmup=prompts[0])
+    assert got[0]["prefix_cache"]["hits"] == got[1]["prefix_cache"]["hits"] > 0
+    monkeypatch.setattr(tools_engine, "reset_prefix_cache", lambda llm: None)
+    got = run.run_engine("target", kw, jobs, max_tokens=6, is_parse=False, progress=Bar(), warmup=prompts[0])
+    assert got[1]["prefix_cache"]["hits"] > got[0]["prefix_cache"]["hits"]
+
+
+@pytest.mark.slow
+def test_a_cut_run_resumes_at_the_first_job_not_saved(timed, monkeypatch, capsys):
+    out = timed["out"]
+    path = out / "timings.jsonl"
+    lines = path.read_text().splitlines()
+    kept = lines[:5]  # the settings and the first 4 jobs
+    path.write_text("\n".join(kept) + "\n" + lines[5][: len(lines[5]) // 2])  # the 5th cut mid-line
+    ran = []
+    real = run.run_engine
+
+    def counting(config, kw, jobs, **k):
+        ran.extend((j["config"], j["tau"], j["repeat"]) for j in jobs)
+        return real(config, kw, jobs, **k)
+
+    monkeypatch.setattr(run, "run_engine", counting)
+    assert cli.main(timed["argv"]) == 0
+    assert ran == [("parse W=8 adaptive", 1.5, 0)] + [
+        (c, t, 1) for c, t in [("target", None), ("parse W=8", 0.0), ("parse W=8", 1.5), ("parse W=8 adaptive", 0.0),
+                               ("parse W=8 adaptive", 1.5)]
+    ]  # fmt: skip
+    again = path.read_text().splitlines()
+    assert again[:5] == kept and len(again) == 11  # the saved jobs kept as they were
+    s = json.loads((out / "summary.json").read_text())
+    assert [j["order"] for j in s["jobs"]] == list(range(10))
+    # other settings on this folder are refused, saying which
+    monkeypatch.setattr(run, "run_engine", lambda *a, **k: pytest.fail("an engine started"))
+    capsys.readouterr()
+    argv = list(timed["argv"])
+    argv[argv.index("--max-tokens") + 1] = "11"
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "other settings (args" in err and "--fresh" in err
