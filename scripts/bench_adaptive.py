@@ -5,10 +5,18 @@
 Rows, one per (pair, config, τ, batch, split): `pair` (coder | smollm2), `config`
 (target | token-k4 | continue | adaptive, and for SmolLM2 with its EAGLE-3 head: eagle3,
 parse-alone), `tau` (null where none), `batch`, `tok_s`, `pass_at_1` (HumanEval, the Coder
-pair; null otherwise), `split`, and `ratio`: tok/s over the best of the target alone and
-token-level speculation in the same run (the goal: adaptive ≥ 0.95 of it at every τ).
+pair; null otherwise), `split`, `n`, `run`, and `ratio`: the speed over the best of the
+target alone and token-level speculation in the same run and batch -- from wall time per
+task on the same tasks (parse_vllm/tools/eval/timing.py; the best baseline is the one with
+the shorter mean time per task). Each speed figure has its 95% interval over tasks
+(`tok_s_ci`, `ratio_ci`, `s_per_task_ci`) and `verdict` says what the ratio's interval
+supports (faster, slower, no difference, too few tasks at batch 1). `windows`: windows the
+PARSE row opened; `label`: the configuration as the tables name it -- a PARSE row that
+opened none says "no window opened: token-level" (it measured token-level speculation
+through the PARSE engine, not PARSE). Runs made before per-task timing (no `task_s` in their
+rows) keep their tok/s ratios, without intervals, and the tables say so.
 
-    python scripts/bench_adaptive.py --coder bench/adaptive/coder-even bench/adaptive/coder-odd \
+    python scripts/bench_adaptive.py --coder bench/adaptive/coder-even bench/judge-coder/e2e-odd \
         --smollm2 bench/adaptive/smollm2-eagle3 --out bench/adaptive
 """
 
@@ -17,8 +25,16 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
+
+from parse_vllm.tools.eval import report as eval_report
+from parse_vllm.tools.eval import timing
+
+BASELINES = ("target", "token-k4", "eagle3")
+PARSE_CONFIGS = ("continue", "adaptive", "parse-alone")
+OLD_RUN = "tok/s, no interval: a run before per-task timing"
 
 # eval row config -> this report's (the token-level arm of the Coder runs is k 4; of the
 # SmolLM2 runs, the EAGLE-3 head)
@@ -42,7 +58,8 @@ def _config(name: str, table: dict[str, str]) -> str | None:
 
 
 def rows_of(run: Path, pair: str) -> list[dict]:
-    """Rows of one eval run (summary.json), tok/s summed over its prompt sets' work."""
+    """Rows of one eval run (summary.json), merged over its prompt sets: their tasks side by
+    side (per-task times and tokens), tok/s over their work, pass@1 over their tasks."""
     summary = json.loads((run / "summary.json").read_text())
     table = CODER if pair == "coder" else SMOLLM2
     merged: dict[tuple, dict] = {}
@@ -51,45 +68,134 @@ def rows_of(run: Path, pair: str) -> list[dict]:
         if config is None or r.get("tok_s") is None:
             continue
         key = (config, r.get("tau"), r["batch"], r.get("split"))
-        m = merged.setdefault(key, {"tokens": 0, "wall_s": 0.0, "passed": 0.0, "n": 0})
+        m = merged.setdefault(
+            key, {"tokens": 0, "wall_s": 0.0, "passed": 0.0, "n": 0, "sets": [], "windows": None, "repeats": []}
+        )
         m["tokens"] += r["tokens"]
         m["wall_s"] += r["wall_s"]
+        m["sets"].append(r)
         if r.get("pass_at_1") is not None:
             m["passed"] += r["pass_at_1"] * r["n"]
             m["n"] += r["n"]
+        w = r.get("windows") if "windows" in r else eval_report.windows_opened(r)
+        if w is not None:
+            m["windows"] = (m["windows"] or 0) + w
     out = []
     for (config, tau, batch, split), m in merged.items():
-        out.append(
-            {
-                "pair": pair,
-                "config": config,
-                "tau": tau,
-                "batch": batch,
-                "tok_s": m["tokens"] / m["wall_s"],
-                "pass_at_1": m["passed"] / m["n"] if m["n"] and pair == "coder" else None,
-                "split": split,
-                "n": m["n"] or None,
-                "run": str(run),
-            }
-        )
+        sets = m["sets"]
+        timed = all(r.get("task_s") is not None for r in sets)
+        row = {
+            "pair": pair,
+            "config": config,
+            "tau": tau,
+            "batch": batch,
+            "tok_s": m["tokens"] / m["wall_s"],
+            "pass_at_1": m["passed"] / m["n"] if m["n"] and pair == "coder" else None,
+            "split": split,
+            "n": m["n"] or None,
+            "run": str(run),
+            "windows": m["windows"] if config in PARSE_CONFIGS else None,
+            "tasks": sum(r.get("n_prompts") or len(r.get("task_s") or []) for r in sets),
+        }
+        if timed:
+            task_s = [t for r in sets for t in r["task_s"]]
+            task_tokens = [t for r in sets for t in (r.get("task_tokens") or [0] * len(r["task_s"]))]
+            reps = min(len(r.get("s_per_task_repeats") or []) for r in sets)
+            per_repeat = [
+                sum(r["s_per_task_repeats"][i] * len(r["task_s"]) for r in sets) / len(task_s) for i in range(reps)
+            ]
+            row.update(
+                task_s=task_s,
+                tok_s=sum(task_tokens) / sum(task_s),
+                tok_s_ci=timing.tok_s_ci(task_tokens, task_s),
+                s_per_task=statistics.fmean(task_s),
+                s_per_task_ci=timing.mean_ci(task_s),
+                s_per_task_spread=timing.spread(per_repeat),
+                repeats=reps,
+            )
+        row["label"] = label(row)
+        out.append(row)
     for r in out:  # the baseline of the same run and batch: the best of target and token-level
-        same = [x["tok_s"] for x in out if x["batch"] == r["batch"] and x["config"] in ("target", "token-k4", "eagle3")]
-        r["ratio"] = r["tok_s"] / max(same) if same else None
+        same = [x for x in out if x["batch"] == r["batch"] and x["split"] == r["split"] and x["config"] in BASELINES]
+        few = r["batch"] == 1 and r["tasks"] < timing.MIN_BS1_TASKS
+        if same and all("task_s" in x for x in same + [r]):
+            best = min(same, key=lambda x: x["s_per_task"])
+            r["baseline"] = best["config"]
+            r["ratio"] = timing.speed_ratio(best["task_s"], r["task_s"])
+            r["ratio_ci"] = timing.speed_ratio_ci(best["task_s"], r["task_s"])
+            r["verdict"] = timing.verdict(r["ratio_ci"], few)
+        else:  # a run timed before per-task timing: tok/s
+            r["ratio"] = r["tok_s"] / max(x["tok_s"] for x in same) if same else None
+            r["ratio_ci"], r["verdict"] = None, (timing.TOO_FEW if few else None)
+        r["tok_s_ci"] = r.get("tok_s_ci")
     return out
 
 
+def label(r: dict) -> str:
+    """The configuration as the tables name it: a PARSE row that opened no window says so."""
+    if r["config"] in PARSE_CONFIGS and r.get("windows") == 0:
+        return f"{r['config']} ({eval_report.TOKEN_LEVEL_TAG})"
+    return r["config"]
+
+
+def _timed(rows: list[dict]) -> bool:
+    return any(r.get("s_per_task") is not None for r in rows)
+
+
+def _ci(v: float | None, ci, fmt: str = ".2f") -> str:
+    if v is None:
+        return "—"
+    return format(v, fmt) + (f" [{format(ci[0], fmt)}, {format(ci[1], fmt)}]" if ci else "")
+
+
+ORDER = {"target": 0, "token-k4": 1, "eagle3": 1, "parse-alone": 2, "continue": 3, "adaptive": 4}
+
+
+def _sorted(rows: list[dict]) -> list[dict]:
+    return sorted(rows, key=lambda r: (r["pair"], r["split"] or "", r["batch"], r["tau"] or -1, ORDER[r["config"]]))
+
+
 def render(rows: list[dict]) -> str:
+    if not _timed(rows):
+        return _render_tok_s(rows)
+    lines = [
+        "| pair | split | batch | τ | configuration | tasks | s/task [95% CI] | spread of repeats | "
+        "speed × best of target and token-level (time per task) [95% CI] | tok/s [95% CI] | pass@1 |",
+        "|---|---|---:|---:|---|---:|---:|---:|---|---:|---:|",
+    ]
+    for r in _sorted(rows):
+        tau = "—" if r["tau"] is None else f"{r['tau']:g}"
+        p = "—" if r["pass_at_1"] is None else f"{r['pass_at_1']:.3f}"
+        few = r.get("verdict") == timing.TOO_FEW
+        ratio = (
+            timing.describe_ratio(r["ratio"], r.get("ratio_ci"), few)
+            if r["config"] not in BASELINES
+            else (f"{r['ratio']:.2f}x" if r["ratio"] is not None else "—")
+        )
+        if r.get("s_per_task") is None and r["ratio"] is not None:
+            ratio += f" ({OLD_RUN})"
+        spread = "—" if r.get("s_per_task_spread") is None else f"{r['s_per_task_spread']:.1%}"
+        lines.append(
+            f"| {r['pair']} | {r['split'] or '—'} | {r['batch']} | {tau} | {r['label']} | {r['tasks']} | "
+            f"{_ci(r.get('s_per_task'), r.get('s_per_task_ci'))} | {spread} | {ratio} | "
+            f"{_ci(r['tok_s'], r.get('tok_s_ci'), '.1f')} | {p} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _render_tok_s(rows: list[dict]) -> str:
+    """The table of runs timed before per-task timing (tok/s, no intervals)."""
     lines = [
         "| pair | split | batch | τ | configuration | tok/s | × best of target and token-level | pass@1 |",
         "|---|---|---:|---:|---|---:|---:|---:|",
     ]
-    order = {"target": 0, "token-k4": 1, "eagle3": 1, "parse-alone": 2, "continue": 3, "adaptive": 4}
-    for r in sorted(rows, key=lambda r: (r["pair"], r["split"] or "", r["batch"], r["tau"] or -1, order[r["config"]])):
+    for r in _sorted(rows):
         tau = "—" if r["tau"] is None else f"{r['tau']:g}"
         p = "—" if r["pass_at_1"] is None else f"{r['pass_at_1']:.3f}"
         ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}"
         lines.append(
-            f"| {r['pair']} | {r['split'] or '—'} | {r['batch']} | {tau} | {r['config']} | {r['tok_s']:.1f} | {ratio} | {p} |"
+            f"| {r['pair']} | {r['split'] or '—'} | {r['batch']} | {tau} | {r.get('label', r['config'])} | "
+            f"{r['tok_s']:.1f} | {ratio} | {p} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -97,15 +203,71 @@ def render(rows: list[dict]) -> str:
 def goals(rows: list[dict]) -> list[str]:
     """The issue's goals, row by row: adaptive ≥ 0.95x the best of the target and
     token-level speculation (SmolLM2: ≥ the best of EAGLE-3 alone and PARSE alone), and its
-    pass@1 no worse than `continue`'s at the same τ by more than one problem."""
+    pass@1 no worse than `continue`'s at the same τ by more than one problem. Speeds from
+    time per task with their intervals; an adaptive row that opened no window says so."""
+    if not _timed(rows):
+        return _goals_tok_s(rows)
     lines = [
-        "| pair | split | batch | τ | adaptive × best baseline | goal | adaptive × continue | pass@1 adaptive − continue (problems) |",
-        "|---|---|---:|---:|---:|---|---:|---:|",
+        "| pair | split | batch | τ | adaptive | adaptive × best baseline [95% CI] | goal | adaptive × continue [95% CI] "
+        "| pass@1 adaptive − continue (problems) |",
+        "|---|---|---:|---:|---|---:|---|---:|---:|",
     ]
     key = lambda r: (r["pair"], r["split"], r["batch"], r["tau"])  # noqa: E731
     by = {(key(r), r["config"]): r for r in rows}
     for r in sorted(
         (r for r in rows if r["config"] == "adaptive"),
+        key=lambda r: (r["pair"], r["split"] or "", r["batch"], r["tau"]),
+    ):
+        k, cont = key(r), by.get((key(r), "continue"))
+        few = r.get("verdict") == timing.TOO_FEW
+        if r.get("task_s") is None:  # a run before per-task timing beside re-measured ones
+            same_run = [x for x in rows if x["run"] == r["run"]]
+            lines += _goals_tok_s(same_run, only=r)
+            continue
+        if r["pair"] == "smollm2":
+            pool = [
+                x
+                for x in rows
+                if x["pair"] == "smollm2" and x["config"] in ("eagle3", "parse-alone") and x.get("task_s") is not None
+            ]
+            best = min(pool, key=lambda x: x["s_per_task"]) if pool else None
+            ratio = timing.speed_ratio(best["task_s"], r["task_s"]) if best else None
+            ci = timing.speed_ratio_ci(best["task_s"], r["task_s"]) if best else None
+            bound = 1.0
+        else:
+            ratio, ci, bound = r["ratio"], r.get("ratio_ci"), 0.95
+        met = "met" if ratio is not None and ratio >= bound else "**not met**"
+        vs = "—"
+        if cont and cont.get("task_s") is not None and r.get("task_s") is not None:
+            vs = timing.describe_ratio(
+                timing.speed_ratio(cont["task_s"], r["task_s"]), timing.speed_ratio_ci(cont["task_s"], r["task_s"]), few
+            )
+        dp = "—"
+        if cont and r["pass_at_1"] is not None and cont["pass_at_1"] is not None and r["n"]:
+            dp = f"{round((r['pass_at_1'] - cont['pass_at_1']) * r['n']):+d}"
+        tau = "—" if k[3] is None else f"{k[3]:g}"
+        lines.append(
+            f"| {k[0]} | {k[1] or '—'} | {k[2]} | {tau} | {r['label']} | {timing.describe_ratio(ratio, ci, few)} | "
+            f"≥ {bound:g}: {met} | {vs} | {dp} |"
+        )
+    return lines
+
+
+def _goals_tok_s(rows: list[dict], only: dict | None = None) -> list[str]:
+    """The goals table of runs timed before per-task timing (tok/s ratios, no intervals);
+    with ``only``, that adaptive row's line alone (in the re-measured table's columns)."""
+    lines = (
+        []
+        if only is not None
+        else [
+            "| pair | split | batch | τ | adaptive × best baseline | goal | adaptive × continue | pass@1 adaptive − continue (problems) |",
+            "|---|---|---:|---:|---:|---|---:|---:|",
+        ]
+    )
+    key = lambda r: (r["pair"], r["split"], r["batch"], r["tau"])  # noqa: E731
+    by = {(key(r), r["config"]): r for r in rows}
+    for r in sorted(
+        (r for r in rows if r["config"] == "adaptive" and (only is None or r is only)),
         key=lambda r: (r["pair"], r["split"] or "", r["batch"], r["tau"]),
     ):
         k, cont = key(r), by.get((key(r), "continue"))
@@ -120,12 +282,40 @@ def goals(rows: list[dict]) -> list[str]:
         if cont and r["pass_at_1"] is not None and cont["pass_at_1"] is not None and r["n"]:
             dp = f"{round((r['pass_at_1'] - cont['pass_at_1']) * r['n']):+d}"
         tau = "—" if k[3] is None else f"{k[3]:g}"
-        lines.append(f"| {k[0]} | {k[1] or '—'} | {k[2]} | {tau} | {ratio:.2f} | ≥ {bound:g}: {met} | {vs} | {dp} |")
+        note = f" ({eval_report.TOKEN_LEVEL_TAG})" if r.get("windows") == 0 else ""
+        if only is not None:  # the re-measured table's columns
+            lines.append(
+                f"| {k[0]} | {k[1] or '—'} | {k[2]} | {tau} | {label(r)} | {ratio:.2f} ({OLD_RUN}) | "
+                f"≥ {bound:g}: {met} | {vs} | {dp} |"
+            )
+            continue
+        lines.append(
+            f"| {k[0]} | {k[1] or '—'} | {k[2]} | {tau} | {ratio:.2f}{note} | ≥ {bound:g}: {met} | {vs} | {dp} |"
+        )
     return lines
 
 
-def section(rows: list[dict]) -> str:
+def noise_lines(noise: dict[str, dict]) -> list[str]:
+    """Each run's noise floor (the target alone measured twice), as the eval report states it."""
+    return [f"- `{run}`: {eval_report.noise_floor_line(nf)}" for run, nf in noise.items()]
+
+
+def section(rows: list[dict], noise: dict[str, dict] | None = None) -> str:
     """BENCHMARKS.md's section (tools/benchmarks/report.py appends bench/adaptive/section.md)."""
+    if _timed(rows):
+        how = (
+            "Speed is wall time per task on the same tasks (every configuration timed twice or more, interleaved, "
+            "each timed job from a fresh engine or an emptied prefix cache after the same warm-up); ratios are the "
+            "best of the target alone and token-level speculation of the same run and batch over the row's time per "
+            "task, with 95% intervals from resampling tasks; a ratio whose interval holds 1.0 is no difference. "
+            f'A PARSE row that opened no window is labelled "{eval_report.TOKEN_LEVEL_TAG}".'
+        )
+    else:
+        how = (
+            "Ratios are to the best of the target alone and token-level speculation of the same run and batch "
+            "(tok/s: these runs predate per-task timing, so the ratios carry no interval and order effects inside an "
+            "engine are not controlled)."
+        )
     return (
         "\n".join(
             [
@@ -135,11 +325,12 @@ def section(rows: list[dict]) -> str:
                 "row is one `parse-vllm eval` run's, beside the target alone and token-level speculation measured in the "
                 "same run (the Coder pair: W 128, k 4 by the draft as the token-level arm, two-stage judging, greedy, "
                 "384 tokens; the even rows judge zero-shot, the odd rows with the shipped judge head; SmolLM2: W 48, its EAGLE-3 head k 3, τ 0.9, 8 MT-Bench + 8 checkable prompts, batch 1). "
-                "Ratios are to the best of the target alone and token-level speculation of the same run and batch.",
+                + how,
                 "",
                 render(rows).rstrip("\n"),
                 "",
                 *goals(rows),
+                *(["", "Noise floor of each run:", "", *noise_lines(noise)] if noise else []),
             ]
         )
         + "\n"
@@ -157,10 +348,16 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print("bench_adaptive: no rows (give --coder and/or --smollm2 eval runs)", file=sys.stderr)
         return 2
+    noise = {}
+    for run in [*args.coder, *args.smollm2]:
+        nf = json.loads((run / "summary.json").read_text()).get("noise_floor")
+        if nf and nf.get("by_set_batch"):
+            noise[str(run)] = nf
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summary.json").write_text(json.dumps({"rows": rows}, indent=1))
-    (args.out / "summary.md").write_text(render(rows))
-    (args.out / "section.md").write_text(section(rows))
+    out = {"rows": rows, **({"noise_floor": noise} if noise else {})}
+    (args.out / "summary.json").write_text(json.dumps(out, indent=1))
+    (args.out / "summary.md").write_text(render(rows) + ("\n" + "\n".join(noise_lines(noise)) + "\n" if noise else ""))
+    (args.out / "section.md").write_text(section(rows, noise))
     print(render(rows))
     return 0
 

@@ -9,6 +9,15 @@ odd_semantic_share_head, odd_speed_head_over_accept_all_bs1, tau_head) and the r
 
 The head's configuration is PARSE `continue` with k 4 after a rejection (eval config
 "parse W=… k4") at --tau; accept-all is the same configuration at τ 0.
+
+Speed figures come from wall time per task on the same tasks (parse_vllm/tools/eval/timing.py):
+``odd_speed_head_over_accept_all_bs1`` is accept-all's mean time per task over the head's (> 1:
+the head is faster), with ``*_ci`` (95% interval, resampling tasks) and ``*_verdict`` (faster,
+slower, no difference where the interval holds 1.0, too few tasks at batch 1 under 12); the
+same at batch 8 and against the target alone where the run has those rows. Every ``e2e_odd``
+row carries its time per task, tok/s with intervals, its windows and its ``label`` (a PARSE row
+that opened no window: "no window opened: token-level"). A run made before per-task timing
+gives tok/s ratios without intervals.
 """
 
 from __future__ import annotations
@@ -19,33 +28,77 @@ import re
 import sys
 from pathlib import Path
 
+from parse_vllm.tools.eval import report as eval_report
+from parse_vllm.tools.eval import timing
+
+
+def _speed(ref: dict, row: dict) -> tuple[float | None, list[float] | None, str | None]:
+    """ref's time per task over row's (> 1: row faster), its interval and verdict; tok/s for a
+    run without per-task times."""
+    if ref.get("task_s") is None or row.get("task_s") is None:
+        return row["tok_s"] / ref["tok_s"], None, None
+    few = row["batch"] == 1 and len(row["task_s"]) < timing.MIN_BS1_TASKS
+    ci = timing.speed_ratio_ci(ref["task_s"], row["task_s"])
+    return timing.speed_ratio(ref["task_s"], row["task_s"]), ci, timing.verdict(ci, few)
+
+
+def _figure(out: dict, key: str, ref: dict | None, row: dict | None) -> None:
+    if ref is None or row is None:
+        return
+    out[key], out[f"{key}_ci"], out[f"{key}_verdict"] = _speed(ref, row)
+
 
 def figures(summary: dict, tau: float) -> dict:
     rows = summary["rows"]
 
+    def find(config_re: str, batch: int, t=None) -> list[dict]:
+        return [r for r in rows if re.fullmatch(config_re, r["config"]) and r["batch"] == batch and r.get("tau") == t]
+
     def one(config_re: str, batch: int, t=None) -> dict:
-        got = [r for r in rows if re.fullmatch(config_re, r["config"]) and r["batch"] == batch and r.get("tau") == t]
+        got = find(config_re, batch, t)
         if len(got) != 1:
             raise SystemExit(f"judge_e2e: expected one row {config_re!r} bs {batch} τ {t}, found {len(got)}")
         return got[0]
 
+    def maybe(config_re: str, batch: int, t=None) -> dict | None:
+        got = find(config_re, batch, t)
+        return got[0] if len(got) == 1 else None
+
     head8, head1 = one(r"parse W=\d+ k4", 8, tau), one(r"parse W=\d+ k4", 1, tau)
     all1 = one(r"parse W=\d+ k4", 1, 0.0)
     target8 = one("target", 8)
-    return {
+    out = {
         "tau_head": tau,
         "odd_pass_at_1_target": target8["pass_at_1"],
         "odd_pass_at_1_head": head8["pass_at_1"],
         "odd_e2e_n": head8["n"],
         "odd_semantic_share_head": head8["acceptance"]["tokens_accepted_semantic"] / head8["tokens"],
         "odd_semantic_share_head_bs1": head1["acceptance"]["tokens_accepted_semantic"] / head1["tokens"],
-        "odd_speed_head_over_accept_all_bs1": head1["tok_s"] / all1["tok_s"],
-        "e2e_odd": [
-            {k: r.get(k) for k in ("config", "tau", "batch", "n", "tok_s", "pass_at_1", "tokens")}
-            | {"semantic_tokens": (r.get("acceptance") or {}).get("tokens_accepted_semantic")}
-            for r in rows
-        ],
     }
+    _figure(out, "odd_speed_head_over_accept_all_bs1", all1, head1)
+    _figure(out, "odd_speed_head_over_accept_all_bs8", maybe(r"parse W=\d+ k4", 8, 0.0), head8)
+    _figure(out, "odd_speed_head_over_target_bs1", maybe("target", 1), head1)
+    _figure(out, "odd_speed_head_over_target_bs8", target8, head8)
+    adaptive8 = maybe(r"parse W=\d+ adaptive-k4", 8, tau)
+    _figure(out, "odd_speed_head_adaptive_over_target_bs8", target8, adaptive8)
+    out["e2e_odd"] = [_e2e_row(r) for r in rows]
+    noise = summary.get("noise_floor")
+    if noise and noise.get("by_set_batch"):
+        out["odd_e2e_noise_floor"] = noise
+    return out
+
+
+def _e2e_row(r: dict) -> dict:
+    out = {k: r.get(k) for k in ("config", "tau", "batch", "n", "tok_s", "pass_at_1", "tokens")}
+    out["semantic_tokens"] = (r.get("acceptance") or {}).get("tokens_accepted_semantic")
+    out["windows"] = r.get("windows") if "windows" in r else eval_report.windows_opened(r)
+    out["label"] = eval_report.display(dict(r, windows=out["windows"]))
+    for k in ("tok_s_ci", "s_per_task", "s_per_task_ci", "s_per_task_spread", "repeats", "speedup", "speedup_ci"):
+        if r.get(k) is not None:
+            out[k] = r[k]
+    if r.get("speedup_verdict") is not None:
+        out["speedup_verdict"] = r["speedup_verdict"]
+    return out
 
 
 def main(argv=None) -> int:
@@ -61,6 +114,10 @@ def main(argv=None) -> int:
     summary.update(figures(json.loads((args.run / "summary.json").read_text()), args.tau))
     args.summary.write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k.startswith(("odd_", "tau_head"))}, indent=1))
+    for r in summary["e2e_odd"]:
+        speed = timing.describe_ratio(r.get("speedup"), r.get("speedup_ci")) if r["config"] != "target" else "—"
+        s_task = "—" if r.get("s_per_task") is None else f"{r['s_per_task']:.2f} s/task"
+        print(f"  bs {r['batch']:<2d} {r['label']:50s} τ {r['tau']!s:5s} {s_task:>14s}  vs target {speed}")
     return 0
 
 
