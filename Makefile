@@ -60,7 +60,7 @@ bench-full: setup models
 # windows) and 1.5 (lossless). ~15 min here.
 EAGLE3_HEAD := parse_vllm/drafts/smollm2-135m-instruct-eagle3
 bench-eagle3: setup models
-	$(VENV)/bin/parse-vllm eval --out bench/eagle3 --prompts mtbench checkable --batch 1 --num-prompts 8 \
+	$(VENV)/bin/parse-vllm eval --out bench/eagle3 --prompts mtbench checkable --batch 1 --num-prompts 12 \
 	  --max-tokens 128 --window 48 --spec-k 3 --eagle3 $(EAGLE3_HEAD) --eagle3-k 3 \
 	  --variants continue k3 e3 --taus 0.5 0.9 1.5 --engine '{"dtype": "float32"}' --no-nll --save-outputs
 	$(PY) scripts/bench_report.py --results bench/full
@@ -71,7 +71,7 @@ bench-eagle3: setup models
 .PHONY: eval
 eval: setup models
 	VLLM_CPU_OMP_THREADS_BIND=1 $(VENV)/bin/parse-vllm eval --out bench/eval --prompts mtbench checkable \
-	  --bs1-prompts 4 --num-prompts 16 --batch 16 --taus 0 0.5 0.9 1.5 --guards 0 3 --max-tokens 128 \
+	  --bs1-prompts 12 --num-prompts 16 --batch 16 --taus 0 0.5 0.9 1.5 --guards 0 3 --max-tokens 128 \
 	  --window 48 --engine '{"dtype": "float32"}' --save-outputs
 
 # The Qwen2.5-Coder pair on HumanEval (README "Quality"; bench/eval-coder/): the sweep on the
@@ -88,7 +88,7 @@ CODER := --target $(PARSE_VLLM_CACHE_DIR)/models/qwen2.5-coder-1.5b-instruct \
 	--parse '{"two_stage": true}' --save-outputs
 .PHONY: eval-coder
 eval-coder: setup pair
-	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts 41 --bs1-prompts 4 --draft-alone \
+	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts 41 --bs1-prompts 12 --draft-alone \
 	  --spec-k 4 8 --taus 0 0.8 0.9 --guards 0 3 --out bench/eval-coder/even-sweep
 	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts 41 --bs1-prompts 0 --spec-k \
 	  --draft-alone --taus --judge --out bench/eval-coder/even-judge
@@ -99,22 +99,26 @@ eval-coder: setup pair
 
 # The adaptive window policy against `continue` (bench/adaptive/, BENCHMARKS.md "Adaptive windows"):
 # the Coder pair on HumanEval's first ADAPTIVE_PROMPTS even ids (target, token-level k 4, PARSE W 128
-# continue and adaptive, both with k 4 as the token-level arm, at each of ADAPTIVE_TAUS; batch 1 on 2
-# prompts and batch 8), the odd ids once with the shipped judge head at its τ (JUDGE_TAU, chosen on
-# even), and SmolLM2 with its EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone, PARSE + EAGLE-3
-# continue and adaptive). ~1.5 h here, one engine at a time.
+# continue and adaptive, both with k 4 as the token-level arm, at each of ADAPTIVE_TAUS; batch 8),
+# the odd ids once with the shipped judge head at its τ (JUDGE_TAU, chosen on even: target, k 4,
+# accept-all τ 0, the head at τ with continue and with adaptive; batch 1 on the first 12 odd ids,
+# batch 8 on the first 48), and SmolLM2 with its EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone,
+# PARSE + EAGLE-3 continue and adaptive; batch 1, 12 prompts). Every configuration twice,
+# interleaved, each timed job from an emptied prefix cache (docs/benchmarks.md). ~4-5 h here,
+# one engine at a time; a cut run resumes where it stopped.
 ADAPTIVE_TAUS ?= 0 0.5 0.8 0.9
 ADAPTIVE_PROMPTS ?= 16
 JUDGE_TAU ?= 0.7
 CODER_HEAD := --parse '{"two_stage": true, "judge_head": "qwen2.5-coder-1.5b-instruct"}'
 bench-adaptive: setup models pair
-	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts $(ADAPTIVE_PROMPTS) --bs1-prompts 2 \
+	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts $(ADAPTIVE_PROMPTS) --bs1-prompts 0 \
 	  --spec-k 4 --taus $(ADAPTIVE_TAUS) --variants k4 adaptive-k4 --out bench/adaptive/coder-even
-	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --num-prompts 24 --bs1-prompts 2 \
-	  --spec-k 4 --taus 0 $(JUDGE_TAU) --variants k4 adaptive-k4 --out bench/judge-coder/e2e-odd
+	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --num-prompts 48 --bs1-prompts 12 \
+	  --spec-k 4 --taus 0 $(JUDGE_TAU) --variant-taus adaptive-k4=$(JUDGE_TAU) --variants k4 adaptive-k4 \
+	  --out bench/judge-coder/e2e-odd
 	$(PY) scripts/judge_e2e.py bench/judge-coder/e2e-odd --tau $(JUDGE_TAU)
 	$(VENV)/bin/parse-vllm eval --out bench/adaptive/smollm2-eagle3 --prompts mtbench checkable --batch 1 \
-	  --num-prompts 8 --max-tokens 128 --window 48 --spec-k 3 --eagle3 $(EAGLE3_HEAD) --eagle3-k 3 \
+	  --num-prompts 12 --max-tokens 128 --window 48 --spec-k 3 --eagle3 $(EAGLE3_HEAD) --eagle3-k 3 \
 	  --variants continue e3 adaptive-e3 --taus 0.9 --engine '{"dtype": "float32"}' --no-nll
 	$(PY) scripts/bench_adaptive.py --coder bench/adaptive/coder-even bench/judge-coder/e2e-odd \
 	  --smollm2 bench/adaptive/smollm2-eagle3 --out bench/adaptive
