@@ -126,6 +126,27 @@ class ParseController:
             raise ParseConfigError(f"parse.judge_head={self.config.judge_head!r}: {why}")
         self.read_out = ReadOut(head, self.device)
 
+    @property
+    def reads_evidence(self) -> bool:
+        """The judge head reads the cheap evidence of the step's logits (evidence.py)."""
+        return self.read_out is not None and bool(getattr(self.read_out, "reads_evidence", False))
+
+    def copy_evidence(self, copies: CopyBatch, batch: DraftBatch) -> np.ndarray:
+        """[C, 4] the evidence features (evidence.EVIDENCE_FEATURES) of each copy's judged
+        prefix draft[:b], from the per-token values fetched with the step's inputs."""
+        from parse_vllm.evidence import EVIDENCE_FEATURES, prefix_features
+
+        if batch.evidence is None:
+            raise RuntimeError("the judge head reads evidence but the step fetched none")
+        k_of = {int(r): k for k, r in enumerate(batch.row)}
+        out = np.zeros((int(copies.req_row.shape[0]), len(EVIDENCE_FEATURES)))
+        ks = np.array([k_of[int(r)] for r in copies.req_row], dtype=np.int64)
+        b = copies.prefix_len - batch.cached_len[ks]
+        for k in np.unique(ks):
+            m = ks == k
+            out[m] = prefix_features(batch.evidence[0, k], batch.evidence[1, k], b[m])
+        return out
+
     def describe(self) -> str:
         """The engine's PARSE settings, one line for the log."""
         c, t = self.config, self.template
@@ -381,6 +402,11 @@ class ParseController:
         request, boundary and token ids (`judged`)."""
         j = self.verifier.judge(copies)
         n = int(copies.req_row.shape[0])
+        logit, evidence = j.logit, None
+        if self.reads_evidence and n:
+            # the head's evidence term, on the host (judge_head.ReadOut.evidence_logit)
+            evidence = self.copy_evidence(copies, batch)
+            logit = logit + self.read_out.evidence_logit(evidence)
         self.stats.verification_passes += j.passes
         self.stats.copies += n
         self.stats.suffix_tokens += n * self.template.suffix_len
@@ -396,15 +422,16 @@ class ParseController:
                         "req_id": judged.req_ids[k],
                         "boundary": boundary,
                         "token_ids": judged.context[k].tolist() + batch.draft_of(k)[:boundary].tolist(),
-                        "p_yes": float(j.p_yes[c]),
-                        "logit": float(j.logit[c]),
+                        "p_yes": float(1.0 / (1.0 + np.exp(-logit[c]))),
+                        "logit": float(logit[c]),
+                        "evidence": None if evidence is None else evidence[c].tolist(),
                         "logprob_yes": float(j.logprob_yes[c]),
                         "logprob_no": float(j.logprob_no[c]),
                         "hidden": None if j.hidden is None else j.hidden[c],
                         "requests_kv_unchanged": j.requests_kv_unchanged,
                     }
                 )
-        return j.logit
+        return logit
 
     def count_token_level(self, num_draft: np.ndarray, judged_rows: np.ndarray, accepted: np.ndarray) -> None:
         """Drafts verified token by token only (not judged), [B] each, counted by the

@@ -8,8 +8,15 @@ learned direction over the same vector:
 
 where x is the copy's features: h itself (`hidden`, [H]) and, optionally, the zero-shot
 log-odds log P(Correct) - log P(Incorrect) (`zero_shot_logit`, one value), both free in the
-pass PARSE already runs. The step compares judgments in log-odds (z >= logit(τ)), so τ = 1
-never passes however sure the judge is.
+pass PARSE already runs, and the cheap evidence of the target's logits over the judged
+prefix (`evidence.EVIDENCE_FEATURES`: the drafted tokens' mean, minimum and last-16 mean
+log-probability, the share where the target's greedy token differs), free in the step's
+forward. The step compares judgments in log-odds (z >= logit(τ)), so τ = 1 never passes
+however sure the judge is.
+
+On the device the pass reads w_h · h + w_z · zero-shot + b'; the evidence term w_e · e is a
+few numbers per copy and is added on the host (`ReadOut.evidence_logit`), from per-token
+values that travel with the step's one read of its inputs: no forward and no transfer more.
 
 h is read where the judge's answer starts: at the chat suffix's last token (for labels of
 several tokens the runtime appends the longer one's tokens but its last after the chat
@@ -17,7 +24,10 @@ suffix, `templates.LabelScoring`; those rows are not the head's input).
 
 The file (safetensors, a few KiB): tensors `weight`, `mean`, `scale` [F] and `bias` [1],
 float32; metadata `format`, `features`, `identity` (what it was trained for, `HeadIdentity`)
-and `training` (free-form: data, cross-validated AUC, ...). An engine refuses a head whose
+and `training` (free-form: data, cross-validated AUC, ...; `prompt_sets` (each set's name,
+split and sha256) and `tau_head` (τ chosen by a rule on the training data) when written by
+`parse-vllm train-judge` since issue 37). A head that reads evidence features is written as
+format /2 (an older parse-vllm refuses it by its format); the others stay /1. An engine refuses a head whose
 identity does not match its target, hidden size or verification suffix (`mismatch`).
 """
 
@@ -32,8 +42,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from parse_vllm.evidence import EVIDENCE_FEATURES
+
 FORMAT = "parse-vllm-judge-head/1"
-FEATURES = ("hidden", "zero_shot_logit")
+FORMAT_EVIDENCE = "parse-vllm-judge-head/2"  # a head that reads EVIDENCE_FEATURES
+FORMATS = (FORMAT, FORMAT_EVIDENCE)
+SCALAR_FEATURES = ("zero_shot_logit", *EVIDENCE_FEATURES)  # one value each, after h
+FEATURES = ("hidden", *SCALAR_FEATURES)
 # LM-head columns a head keeps of each label's first token, to tell one set of weights
 # from another with the same configuration (a base model and its instruct tune).
 FINGERPRINT_DIMS = 16
@@ -82,7 +97,7 @@ class JudgeHead:
     bias: float
     mean: np.ndarray  # [F]
     scale: np.ndarray  # [F]
-    features: tuple[str, ...]  # ("hidden",) or ("hidden", "zero_shot_logit"), in feature order
+    features: tuple[str, ...]  # "hidden" then any of SCALAR_FEATURES, in feature order
     identity: HeadIdentity
     training: dict[str, Any] = field(default_factory=dict)
 
@@ -118,19 +133,45 @@ class JudgeHead:
         w = self.weight / self.scale
         return w, float(self.bias - np.dot(w, self.mean))
 
-    def features_of(self, hidden: np.ndarray, zero_shot_logit: np.ndarray | None = None) -> np.ndarray:
-        """[C, F] features from hidden states [C, H] (and log-odds [C] when the head reads them)."""
+    @property
+    def reads_evidence(self) -> bool:
+        return any(f in EVIDENCE_FEATURES for f in self.features)
+
+    @property
+    def prompt_sets(self) -> list[dict[str, Any]]:
+        """The prompt sets it was trained on (name, split, sha256, ...); [] for older heads."""
+        return list(self.training.get("prompt_sets", []))
+
+    @property
+    def tau(self) -> float | None:
+        """τ_head: the threshold the training rule chose (None for older heads)."""
+        t = self.training.get("tau_head")
+        return None if t is None else float(t["tau"] if isinstance(t, dict) else t)
+
+    def features_of(
+        self, hidden: np.ndarray, zero_shot_logit: np.ndarray | None = None, evidence: np.ndarray | None = None
+    ) -> np.ndarray:
+        """[C, F] features from hidden states [C, H] (and log-odds [C], evidence [C, 4] in
+        EVIDENCE_FEATURES order, when the head reads them), in the head's feature order."""
         cols = [np.asarray(hidden, dtype=np.float64)]
-        if "zero_shot_logit" in self.features:
-            if zero_shot_logit is None:
-                raise JudgeHeadError("this judge head reads the zero-shot log-odds too")
-            cols.append(np.asarray(zero_shot_logit, dtype=np.float64).reshape(-1, 1))
+        for name in self.features[1:]:
+            if name == "zero_shot_logit":
+                if zero_shot_logit is None:
+                    raise JudgeHeadError("this judge head reads the zero-shot log-odds too")
+                cols.append(np.asarray(zero_shot_logit, dtype=np.float64).reshape(-1, 1))
+            else:
+                if evidence is None:
+                    raise JudgeHeadError(f"this judge head reads the evidence feature {name!r} too")
+                ev = np.asarray(evidence, dtype=np.float64).reshape(-1, len(EVIDENCE_FEATURES))
+                cols.append(ev[:, EVIDENCE_FEATURES.index(name)][:, None])
         return np.concatenate(cols, axis=1)
 
-    def logit(self, hidden: np.ndarray, zero_shot_logit: np.ndarray | None = None) -> np.ndarray:
+    def logit(
+        self, hidden: np.ndarray, zero_shot_logit: np.ndarray | None = None, evidence: np.ndarray | None = None
+    ) -> np.ndarray:
         """z [C] (float64, on the host): the reference for `ReadOut`."""
         w, b = self.folded()
-        return self.features_of(hidden, zero_shot_logit) @ w + b
+        return self.features_of(hidden, zero_shot_logit, evidence) @ w + b
 
     # -- the file ----------------------------------------------------------------
 
@@ -140,7 +181,7 @@ class JudgeHead:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {
-            "format": FORMAT,
+            "format": FORMAT_EVIDENCE if self.reads_evidence else FORMAT,
             "features": json.dumps(list(self.features)),
             "identity": json.dumps(asdict(self.identity)),
             "training": json.dumps(self.training),
@@ -169,7 +210,7 @@ class JudgeHead:
                 tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
         except Exception as e:  # a file that is not safetensors
             raise JudgeHeadError(f"parse.judge_head: {str(path)!r} is not a judge head ({e})") from e
-        if meta.get("format") != FORMAT:
+        if meta.get("format") not in FORMATS:
             raise JudgeHeadError(f"parse.judge_head: {str(path)!r} has format {meta.get('format')!r}, not {FORMAT!r}")
         missing = {"weight", "mean", "scale", "bias"} - tensors.keys()
         if missing:
@@ -244,14 +285,23 @@ def logit_threshold(tau: float | np.ndarray) -> np.ndarray:
 
 class ReadOut:
     """The head as the verification pass runs it, on the model's device: z = w' · h + b'
-    (+ w_z · zero-shot log-odds), float32, folded from the standardisation once."""
+    (+ w_z · zero-shot log-odds), float32, folded from the standardisation once; a head that
+    reads evidence adds w_e · e on the host (`evidence_logit`, float64)."""
 
     def __init__(self, head: JudgeHead, device: torch.device | str):
         w, b = head.folded()
         H = head.identity.hidden_size
         self.weight = torch.tensor(w[:H], dtype=torch.float32, device=device)  # [H]
-        self.zero_shot_weight = float(w[H]) if len(head.features) > 1 else 0.0
+        col = {name: H + i for i, name in enumerate(head.features[1:])}
+        self.zero_shot_weight = float(w[col["zero_shot_logit"]]) if "zero_shot_logit" in col else 0.0
+        # [4] in EVIDENCE_FEATURES order, 0 for a feature the head does not read
+        self.evidence_weight = np.array([float(w[col[n]]) if n in col else 0.0 for n in EVIDENCE_FEATURES])
+        self.reads_evidence = head.reads_evidence
         self.bias = b
+
+    def evidence_logit(self, evidence: np.ndarray) -> np.ndarray:
+        """evidence [C, 4] (EVIDENCE_FEATURES order, host) -> w_e · e [C] float64."""
+        return np.asarray(evidence, dtype=np.float64).reshape(-1, len(EVIDENCE_FEATURES)) @ self.evidence_weight
 
     def logit(self, hidden: torch.Tensor, zero_shot_logit: torch.Tensor) -> torch.Tensor:
         """hidden [C, H] at each copy's chat-suffix end, zero-shot log-odds [C] -> z [C]."""

@@ -36,7 +36,8 @@ from parse_vllm import _vllm, proposers
 from parse_vllm.config import ParseConfig, ParseConfigError, parse_section
 from parse_vllm.controller import JudgedRequests, ParseController
 from parse_vllm.drafting import DraftRows, pass_spans, plan_passes, run_passes, step_rows, window_rows
-from parse_vllm.step import DraftBatch, draft_views, parse_step, resampled_rows, token_checks
+from parse_vllm.evidence import from_fixed, to_fixed
+from parse_vllm.step import DraftBatch, draft_views, parse_step, resampled_rows, token_checks_with_evidence
 from parse_vllm.transfers import watched as _watched
 from parse_vllm.verify import factory as verifiers
 
@@ -190,15 +191,21 @@ class ParseRunnerMixin:
         settings = p.settings(self.model_config.get_vocab_size(), self.model_config.max_model_len)
         batch, judged = self._draft_batch(logits, md)
         batch.views = draft_views(batch, settings.vocab_size)
-        checks = token_checks(batch, batch.views, p.host.to_device)  # [2, R] on the device
+        # [2, R] on the device; with a judge head that reads evidence, also the target's
+        # log-probability of each draft token and whether its greedy token differs, from
+        # the same logits rows (evidence.py): no forward, fetched with the checks below.
+        checks, evidence = token_checks_with_evidence(batch, batch.views, p.host.to_device, p.reads_evidence)
 
         # 1. Token-level verification with vLLM's own rejection sampler (on at most its
         #    128-token limit per request; longer drafts are judged).
         limit = _vllm.REJECTION_SAMPLER_MAX_SPEC_LEN
         std_logits, std_md = _vllm.truncate_spec_decode(logits, md, limit, p.host.to_device)
         out = _vllm.widen_sampled(super()._sample(std_logits, std_md), md.max_spec_len + 1)  # [B, W+1]
-        # The step's one read of its inputs: sampled tokens and the checks.
-        sampled, batch.checks = p.host.fetch(out.sampled_token_ids, checks)
+        # The step's one read of its inputs: sampled tokens and the checks (and the evidence).
+        # (The evidence as int64 fixed point: in float64 the checks' NO_LIMIT would not survive.)
+        extra = [] if evidence is None else [to_fixed(evidence)]
+        sampled, batch.checks, *ev = p.host.fetch(out.sampled_token_ids, checks, *extra)
+        batch.evidence = from_fixed(ev[0]) if ev else None
         accepted = (sampled != _vllm.PLACEHOLDER_TOKEN_ID).sum(axis=1) - 1  # [B] token-level
         batch.l_tok = accepted[batch.row]
         p.count_token_level(np.asarray(md.num_draft_tokens), batch.row, accepted)

@@ -96,6 +96,10 @@ class DraftBatch:
     # host, [2, R] guard_len and allowed_len.
     views: list[DraftView] | None = None
     checks: np.ndarray | None = None
+    # [2, R, width] on the host, when a judge head reads evidence (evidence.py): per draft
+    # token, the target's log-probability of it (row 0) and whether its greedy token differs
+    # (row 1); fetched with `checks` in the step's one read (`token_checks_with_evidence`).
+    evidence: np.ndarray | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -318,7 +322,14 @@ def draft_token_checks(batch: DraftBatch, views: list[DraftView]) -> tuple[np.nd
 
 
 def token_checks(batch: DraftBatch, views: list[DraftView], to_device=None) -> torch.Tensor:
-    """[2, R] int64 on the logits' device, not read back: for every draft
+    """`token_checks_with_evidence` without the evidence."""
+    return token_checks_with_evidence(batch, views, to_device)[0]
+
+
+def token_checks_with_evidence(
+    batch: DraftBatch, views: list[DraftView], to_device=None, evidence: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(checks, evidence). checks: [2, R] int64 on the logits' device, not read back: for every draft
     with text, how many leading draft tokens (text and the stop token after
     it) the token guard lets through (row 0), and how many the request's
     constraints allow (row 1). One pass over the logits, no transfer: the
@@ -339,14 +350,22 @@ def token_checks(batch: DraftBatch, views: list[DraftView], to_device=None) -> t
         in_guard [T,  F,    T,    T,  T   ]   # request 1 has no guard: all True
         padded   [[T, F, T], [T, T, F]]       # [R, max n], False past n
         guard_len = cumprod(padded).sum(1) = [1, NO_LIMIT (no guard)]
+
+    evidence (with `evidence`, else None): [2, R, max n] float32 on the same device, from the
+    same gathered logits rows and indices (no forward, no copy more): per draft position,
+    the target's log-probability of the draft token and 1.0 where its argmax differs
+    (`evidence.token_evidence`); zeros past each draft's n. The runner fetches it with the
+    checks.
     """
+    from parse_vllm.evidence import token_evidence
+
     R = batch.num_reqs
     dev = batch.logits.device
     to_device = to_device or functools.partial(fetch_to_device, dev)
     out = torch.full((2, R), NO_LIMIT, dtype=torch.int64, device=dev)
     ks = np.array([k for k in range(R) if views[k].text_len > 0], dtype=np.int64)
     if ks.shape[0] == 0:
-        return out
+        return out, (torch.zeros((2, R, 0), dtype=torch.float32, device=dev) if evidence else None)
     n = np.array([views[k].text_len + (views[k].stop_index == views[k].text_len) for k in ks], dtype=np.int64)
     cu_n = np.concatenate([[0], np.cumsum(n)])
     j = np.arange(cu_n[-1]) - np.repeat(cu_n[:-1], n)  # position within its draft
@@ -378,10 +397,15 @@ def token_checks(batch: DraftBatch, views: list[DraftView], to_device=None) -> t
         in_guard = torch.where(guard_t == 0, in_guard, guard_mask(logits, tok_t, top_k, guard_t))
         in_guard &= ~no_guard_pass  # sampling: none
 
-    lens = _leading_true_lengths(torch.stack([in_guard, allowed]), req_t, j_t, ks.shape[0], int(j.max()) + 1)
+    width = int(j.max()) + 1
+    lens = _leading_true_lengths(torch.stack([in_guard, allowed]), req_t, j_t, ks.shape[0], width)
     out[0, ks_t] = torch.where(guarded, lens[0], NO_LIMIT)
     out[1, ks_t] = lens[1]
-    return out
+    ev = None
+    if evidence:
+        ev = torch.zeros((2, R, width), dtype=torch.float32, device=dev)
+        ev[:, row_t, j_t] = token_evidence(logits, tok_t)
+    return out, ev
 
 
 def _leading_true_lengths(masks: torch.Tensor, req: torch.Tensor, j: torch.Tensor, R: int, width: int) -> torch.Tensor:
