@@ -26,6 +26,19 @@
    vLLM's pooling runner (LAST pooling, no activation, prefix caching), and the zero-shot
    log-odds log P(Correct) - log P(Incorrect) at the same place.
 
+5. **evidence** (optional, ``--evidence``; ``token_evidence.jsonl`` -> ``evidence.npy`` [N, 4])
+   -- the target's log-probability of every token of every distinct answer and whether its
+   greedy token differs (vLLM ``prompt_logprobs``, one prefill per answer), then per example
+   the cheap evidence features of ``parse_vllm.evidence`` over the tokens of the W-token
+   window its boundary ends in, as the runtime reads them from the step's logits.
+
+Balance (optional, ``--balance-samples``): in the boundaries stage, once every answer is
+checked, the tasks where the draft rarely fails (the share of its failing distinct answers
+<= ``below``) and the target alone passes (the target's answers are written first, to
+``target.jsonl``, which the labels stage then reuses) get ``samples`` more answers at a
+higher ``temperature`` (source "balance"): more failing answers, hence failing prefixes,
+where there were few.
+
 A stage writes ``<stage>.done.json`` (its settings, counts and seconds) when complete and is
 skipped when rerun; a stage cut short (the time bound, a crash) resumes where its files end.
 """
@@ -44,6 +57,8 @@ from typing import Any
 import numpy as np
 
 STAGES = ("answers", "boundaries", "labels", "features")
+EVIDENCE_STAGE = "evidence"  # optional, after the others
+SOURCE_ORDER = {"greedy": 0, "sample": 1, "balance": 2}  # distinct answers are numbered in this order
 CALL_BATCHES = 3  # an engine call holds this many engine batches (max_num_seqs) of requests
 TASKS_PER_FEATURE_CALL = 8
 
@@ -84,13 +99,17 @@ class DataSettings:
     prefixes_passing: int  # prefixes labelled per answer that passes its tests
     prefixes_failing: int  # ... per answer that fails them
     tasks: tuple[str, ...]
+    # more answers where the draft rarely fails: {"samples", "temperature", "below"}; None: off
+    balance: dict[str, Any] | None = None
 
     # the settings each stage's output depends on (its own and its inputs')
     def of(self, stage: str) -> dict[str, Any]:
         d = asdict(self)
         keys = ["set_name", "draft", "samples", "temperature", "seed", "max_tokens", "tasks"]
-        if stage in ("boundaries", "labels", "features"):
+        if stage in ("boundaries", "labels", "features", EVIDENCE_STAGE):
             keys += ["target", "window", "boundaries", "prefixes_passing", "prefixes_failing"]
+            if self.balance is not None:  # (absent when off: folders built before it still match)
+                keys += ["balance"]
         if stage == "features":
             keys += ["question", "labels"]
         return {k: d[k] for k in keys}
@@ -174,6 +193,45 @@ def open_reader(engine: dict[str, Any]) -> HiddenReader:
     return HiddenReader(engine)
 
 
+class LogprobReader:
+    """The target's log-probability of every token of each sequence after its first, and
+    whether its greedy token differs (vLLM ``prompt_logprobs=1``: the token's own logprob
+    and rank, raw logits), as [2, len - 1] float32 per sequence."""
+
+    def __init__(self, engine: dict[str, Any]):
+        self.engine = dict(engine, enable_prefix_caching=False)
+        self.llm = None
+
+    def __call__(self, sequences: list[list[int]]) -> list[np.ndarray]:
+        from parse_vllm._vllm import LLM, SamplingParams
+
+        if self.llm is None:
+            self.llm = LLM(**self.engine)
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
+        outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+        result = []
+        for seq, o in zip(sequences, outs):
+            rows = o.prompt_logprobs[1:]
+            ev = np.zeros((2, len(seq) - 1), dtype=np.float32)
+            for j, (tok, d) in enumerate(zip(seq[1:], rows)):
+                lp = d[tok]
+                ev[0, j] = lp.logprob
+                ev[1, j] = float(lp.rank != 1)
+            result.append(ev)
+        return result
+
+    def close(self) -> None:
+        if self.llm is not None:
+            from parse_vllm.tools.engine import close
+
+            close(self.llm)
+            self.llm = None
+
+
+def open_logprob_reader(engine: dict[str, Any]) -> LogprobReader:
+    return LogprobReader(engine)
+
+
 # -- files ---------------------------------------------------------------------------------
 
 
@@ -234,6 +292,7 @@ class Job:
     code_timeout: float
     log: Callable[[str], None] = print
     timings: dict[str, float] = field(default_factory=dict)
+    evidence: bool = False  # build the evidence stage too
 
     def path(self, name: str) -> Path:
         return self.folder / name
@@ -342,7 +401,7 @@ def stage_answers(job: Job) -> None:
     for r in read_jsonl(path):
         got.setdefault(r["task"], set()).add((r["source"], r["index"]))
     want = {("greedy", 0), *(("sample", k) for k in range(s.samples))}
-    have = {t for t, g in got.items() if g == want}  # a run killed mid-write leaves a task incomplete
+    have = {t for t, g in got.items() if want <= g}  # a run killed mid-write leaves a task incomplete
     todo = [it["id"] for it in job.items if it["id"] not in have]
     per_call = max(1, CALL_BATCHES * job.batch // (1 + s.samples))  # tasks per call
     writer = open_writer(job.draft_engine) if todo else None
@@ -400,7 +459,7 @@ def distinct_answers(job: Job) -> list[dict]:
     out = []
     for it in job.items:
         seen: dict[tuple[int, ...], dict] = {}
-        for r in sorted(by_task.get(it["id"], {}).values(), key=lambda r: (r["source"] != "greedy", r["index"])):
+        for r in sorted(by_task.get(it["id"], {}).values(), key=lambda r: (SOURCE_ORDER[r["source"]], r["index"])):
             toks = tuple(strip_stop(r["token_ids"], stops))
             source = f"{r['source']}-{r['index']}"
             if toks and toks in seen:
@@ -419,12 +478,11 @@ def stage_boundaries(job: Job) -> None:
     s = job.settings
     answers = distinct_answers(job)
     cpath = job.path("checks.jsonl")
-    checked = {(r["task"], r["answer"]) for r in read_jsonl(cpath)}
-    for batch in chunks([a for a in answers if (a["task"], a["answer"]) not in checked], 64):
-        passed = job.check_texts([(a["task"], job.decode(a["token_ids"])) for a in batch])
-        append_jsonl(cpath, [{"task": a["task"], "answer": a["answer"], "passed": p} for a, p in zip(batch, passed)])
-        clock.tick()
-        job.deadline.check()
+    _check_answers(job, answers, clock)
+    if s.balance is not None:
+        _balance(job, answers, clock)
+        answers = distinct_answers(job)
+        _check_answers(job, answers, clock)
     whole = {(r["task"], r["answer"]): r["passed"] for r in read_jsonl(cpath)}
     for a in answers:
         a["passed"] = whole[(a["task"], a["answer"])]
@@ -447,7 +505,98 @@ def stage_boundaries(job: Job) -> None:
         duplicates_dropped=sum(len(a["sources"]) - 1 for a in answers),
         boundaries=sum(len(a["boundaries"]) for a in answers),
         selected_prefixes=sum(len(a["selected"]) for a in answers),
+        **({"balanced_tasks": _balanced_tasks(job)} if s.balance is not None else {}),
     )
+
+
+def _check_answers(job: Job, answers: list[dict], clock: _Clock) -> None:
+    """Each distinct answer's tests, once (checks.jsonl)."""
+    cpath = job.path("checks.jsonl")
+    checked = {(r["task"], r["answer"]) for r in read_jsonl(cpath)}
+    for batch in chunks([a for a in answers if (a["task"], a["answer"]) not in checked], 64):
+        passed = job.check_texts([(a["task"], job.decode(a["token_ids"])) for a in batch])
+        append_jsonl(cpath, [{"task": a["task"], "answer": a["answer"], "passed": p} for a, p in zip(batch, passed)])
+        clock.tick()
+        job.deadline.check()
+
+
+def rarely_failing(answers: list[dict], passed: dict[tuple[str, int], bool], below: float) -> list[str]:
+    """Tasks whose share of failing distinct answers (greedy and sampled only) is <= below,
+    in order of first appearance."""
+    by_task: dict[str, list[bool]] = {}
+    for a in answers:
+        if any(src.split("-")[0] != "balance" for src in a["sources"]):
+            by_task.setdefault(a["task"], []).append(passed[(a["task"], a["answer"])])
+    return [t for t, p in by_task.items() if p and (len(p) - sum(p)) / len(p) <= below]
+
+
+def _target_answers(job: Job, clock: _Clock, writer=None) -> tuple[dict[str, dict], Any]:
+    """The target's own greedy answers (target.jsonl), written where missing (the labels
+    stage reads the same file), and the target's writer if one was opened (the caller's to
+    close)."""
+    s = job.settings
+    stops = stop_ids(job.tokenizer)
+    tpath = job.path("target.jsonl")
+    have = {r["task"] for r in read_jsonl(tpath)}
+    todo = [it["id"] for it in job.items if it["id"] not in have]
+    for batch in chunks(todo, CALL_BATCHES * job.batch):
+        writer = writer or open_writer(job.target_engine)
+        outs = writer([Request(tuple(job.prompt_ids[t]), s.max_tokens) for t in batch])
+        toks = [strip_stop(o[0], stops) for o in outs]
+        passed = job.check_texts([(t, job.decode(x)) for t, x in zip(batch, toks)])
+        append_jsonl(tpath, [{"task": t, "token_ids": x, "passed": p} for t, x, p in zip(batch, toks, passed)])
+        clock.tick()
+        job.log(f"labels: the target's own answers, {len(read_jsonl(tpath))}/{len(job.items)} tasks")
+        job.deadline.check()
+    return {r["task"]: r for r in read_jsonl(tpath)}, writer
+
+
+def _balanced_tasks(job: Job) -> list[str]:
+    return sorted({r["task"] for r in read_jsonl(job.path("answers.jsonl")) if r["source"] == "balance"})
+
+
+def _balance(job: Job, answers: list[dict], clock: _Clock) -> None:
+    """More sampled answers (source "balance") on the tasks where the draft rarely fails and
+    the target passes (module docstring)."""
+    s, bal = job.settings, job.settings.balance
+    cpath = job.path("checks.jsonl")
+    passed = {(r["task"], r["answer"]): r["passed"] for r in read_jsonl(cpath)}
+    twriter = None
+    try:
+        target, twriter = _target_answers(job, clock)
+    finally:
+        if twriter is not None:
+            twriter.close()
+    tasks = [t for t in rarely_failing(answers, passed, float(bal["below"])) if target[t]["passed"]]
+    path = job.path("answers.jsonl")
+    done = {r["task"] for r in read_jsonl(path) if r["source"] == "balance"}
+    todo = [t for t in tasks if t not in done]
+    n = int(bal["samples"])
+    job.log(f"balance: {len(tasks)} tasks where the draft rarely fails and the target passes; {n} more answers each")
+    if not todo or n < 1:
+        return
+    writer = open_writer(job.draft_engine)
+    try:
+        for batch in chunks(todo, max(1, CALL_BATCHES * job.batch // n)):
+            reqs = [
+                Request(
+                    tuple(job.prompt_ids[t]), s.max_tokens, n, float(bal["temperature"]), task_seed(s.seed + 7919, t)
+                )
+                for t in batch
+            ]
+            outs = writer(reqs)
+            rows = [
+                {"task": t, "source": "balance", "index": k, "token_ids": toks}
+                for t, completions in zip(batch, outs)
+                for k, toks in enumerate(completions)
+            ]
+            append_jsonl(path, rows)
+            clock.tick()
+            job.log(f"balance: {len(done) + len(rows) // n}/{len(tasks)} tasks")
+            done |= set(batch)
+            job.deadline.check()
+    finally:
+        writer.close()
 
 
 # -- stage 3: labels -----------------------------------------------------------------------
@@ -482,19 +631,7 @@ def stage_labels(job: Job) -> None:
     writer = None
     try:
         # the target's own greedy answers
-        tpath = job.path("target.jsonl")
-        have = {r["task"] for r in read_jsonl(tpath)}
-        todo_t = [it["id"] for it in job.items if it["id"] not in have]
-        for batch in chunks(todo_t, CALL_BATCHES * job.batch):
-            writer = writer or open_writer(job.target_engine)
-            outs = writer([Request(tuple(job.prompt_ids[t]), s.max_tokens) for t in batch])
-            toks = [strip_stop(o[0], stops) for o in outs]
-            passed = job.check_texts([(t, job.decode(x)) for t, x in zip(batch, toks)])
-            append_jsonl(tpath, [{"task": t, "token_ids": x, "passed": p} for t, x, p in zip(batch, toks, passed)])
-            clock.tick()
-            job.log(f"labels: the target's own answers, {len(read_jsonl(tpath))}/{len(job.items)} tasks")
-            job.deadline.check()
-        target = {r["task"]: r for r in read_jsonl(tpath)}
+        target, writer = _target_answers(job, clock, writer)
         job.log(f"labels: the target alone passes {sum(r['passed'] for r in target.values())} of {len(target)} tasks")
 
         # prefixes on the tasks the target passes: continuations, shortest prefix first
@@ -689,10 +826,72 @@ def stage_features(job: Job) -> None:
     job.mark_done("features", rows=len(rows), hidden_size=size)
 
 
+# -- stage 5 (optional): evidence ------------------------------------------------------------
+
+
+def example_evidence(rows: list[dict], tokens: dict[tuple[str, int], np.ndarray], window: int) -> np.ndarray:
+    """[N, 4] the evidence features (parse_vllm.evidence) of each example: over the answer's
+    tokens from the start of the W-token window its boundary (its length) ends in, to it.
+    `tokens[(task, answer)]`: [2, len] per-token log-probability and greedy mismatch."""
+    from parse_vllm.evidence import EVIDENCE_FEATURES, prefix_features, window_start
+
+    out = np.zeros((len(rows), len(EVIDENCE_FEATURES)), dtype=np.float64)
+    for i, r in enumerate(rows):
+        ev = tokens[(r["task"], r["answer"])]
+        start = window_start(r["length"], window)
+        out[i] = prefix_features(ev[0, start:], ev[1, start:], [r["length"] - start])[0]
+    return out
+
+
+def stage_evidence(job: Job) -> None:
+    if job.done(EVIDENCE_STAGE):
+        return
+    job.check_partial(EVIDENCE_STAGE)
+    rows = feature_rows(job)
+    answers = {(a["task"], a["answer"]): a["token_ids"] for a in read_jsonl(job.path("boundaries.jsonl"))}
+    needed = list(dict.fromkeys((r["task"], r["answer"]) for r in rows))
+    path = job.path("token_evidence.jsonl")
+    have = {(r["task"], r["answer"]) for r in read_jsonl(path)}
+    todo = [key for key in needed if key not in have]
+    clock = _Clock(job, EVIDENCE_STAGE)
+    reader = open_logprob_reader(job.target_engine) if todo else None
+    try:
+        for n, batch in enumerate(chunks(todo, CALL_BATCHES * job.batch)):
+            seqs = [job.prompt_ids[t] + answers[(t, a)] for t, a in batch]
+            outs = reader(seqs)
+            rows_out = []
+            for (t, a), ev in zip(batch, outs):
+                p = len(job.prompt_ids[t])
+                ev = np.asarray(ev)[:, p - 1 :]  # the answer's tokens: predicted from position p - 1 on
+                rows_out.append(
+                    {"task": t, "answer": a, "logprob": [round(float(x), 5) for x in ev[0]],
+                     "mismatch": [int(x) for x in ev[1]]}
+                )  # fmt: skip
+            append_jsonl(path, rows_out)
+            clock.tick()
+            job.log(
+                f"evidence: {len(have) + min(len(todo), (n + 1) * CALL_BATCHES * job.batch)}/{len(needed)} answers, "
+                f"{job.seconds(EVIDENCE_STAGE) / 60:.1f} min"
+            )
+            job.deadline.check()
+    finally:
+        if reader is not None:
+            reader.close()
+    tokens = {
+        (r["task"], r["answer"]): np.array([r["logprob"], r["mismatch"]], dtype=np.float64) for r in read_jsonl(path)
+    }
+    np.save(job.path("evidence.npy"), example_evidence(rows, tokens, job.settings.window))
+    clock.tick()
+    job.mark_done(EVIDENCE_STAGE, rows=len(rows), answers=len(needed))
+
+
 def build(job: Job) -> None:
-    """Every stage, each skipped when done."""
+    """Every stage, each skipped when done (evidence only when the job asks for it)."""
     job.folder.mkdir(parents=True, exist_ok=True)
-    for stage, fn in zip(STAGES, (stage_answers, stage_boundaries, stage_labels, stage_features)):
+    stages = list(zip(STAGES, (stage_answers, stage_boundaries, stage_labels, stage_features)))
+    if job.evidence:
+        stages.append((EVIDENCE_STAGE, stage_evidence))
+    for stage, fn in stages:
         if job.done(stage):
             job.log(f"{stage}: done before ({job.path(stage + '.done.json')})")
             continue

@@ -12,16 +12,31 @@ Prefixes are a stratified sample of the runtime's boundaries (data.py: more of t
 failing answers), so every prefix carries a weight; AUCs, Brier scores, pass rates and the
 fit use them, so the prefix figures stand for all boundaries of all answers. Prefix weights
 are scaled to a mean of 1 (whole answers weigh 1): the two kinds keep their numbers of rows.
+
+Scalar features beside h (the zero-shot log-odds, the evidence of parse_vllm/evidence.py):
+after standardisation each is multiplied by SCALAR_BOOST inside the fit, so that the L2
+penalty that keeps the 1,536 hidden weights small (C ~ 1e-3) does not shrink a single
+informative number to nothing (its penalty is SCALAR_BOOST² times weaker); the export folds
+the factor into the head's scale. A scalar feature is kept only when the nested-CV score
+(the mean of the whole-answer and prefix AUCs) rises by at least MIN_FEATURE_GAIN
+(forward selection in a fixed order, `select_features`).
+
+τ_head (`choose_tau`): the smallest τ on TAU_GRID whose out-of-fold rate of accepting
+failing whole answers (weighted share judged >= τ) is at most TAU_MAX_WRONG: as permissive
+as the training data allows while at most one failing answer in ten passes.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from parse_vllm.evidence import EVIDENCE_FEATURES
 
 C_GRID = tuple(float(c) for c in np.logspace(-4, 0, 9))
 OUTER_FOLDS = 5
@@ -32,9 +47,17 @@ MIN_FEATURE_GAIN = 0.01
 BOOTSTRAP = 1000
 CURVE_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0)
 CURVE_REPEATS = 3
+SCALAR_BOOST = 30.0  # scalar features' factor after standardisation (module docstring)
+SCALARS = ("zero_shot_logit", *EVIDENCE_FEATURES)  # in the order forward selection tries them
+TAU_GRID = tuple(round(0.5 + 0.025 * i, 3) for i in range(19))  # 0.5 .. 0.95
+TAU_MAX_WRONG = 0.10
+FEATURE_MODES = ("auto", "select", "hidden", "hidden,zero_shot_logit")
 
+# the column from which the features are scalars (boosted), while train() runs; None: none
+_SCALAR_FROM: contextvars.ContextVar[int | None] = contextvars.ContextVar("scalar_from", default=None)
 
 _ARRAYS = ("hidden", "zero_shot", "label", "whole", "task", "answer", "length", "weight")
+_OPTIONAL = ("evidence", "source")
 
 
 @dataclass
@@ -50,10 +73,13 @@ class Examples:
     length: np.ndarray  # [N] prefix length in tokens
     how: list[str]  # [N] where the label came from
     weight: np.ndarray  # [N] sampling weight (whole answers 1; prefixes scaled to a mean of 1)
+    evidence: np.ndarray | None = None  # [N, 4] EVIDENCE_FEATURES (data.stage_evidence), if built
+    source: np.ndarray | None = None  # [N] the prompt set's split name of each row (several sets)
 
     @classmethod
-    def load(cls, folder: Path) -> Examples:
+    def load(cls, folder: Path, source: str | None = None) -> Examples:
         index = [json.loads(line) for line in (folder / "index.jsonl").read_text().splitlines()]
+        ev = folder / "evidence.npy"
         return cls(
             hidden=np.load(folder / "features.npy"),
             zero_shot=np.load(folder / "zero_shot.npy").astype(np.float64),
@@ -64,21 +90,57 @@ class Examples:
             length=np.array([r["length"] for r in index]),
             how=[r["how"] for r in index],
             weight=_scaled_weights(index),
+            evidence=np.load(ev).astype(np.float64) if ev.is_file() else None,
+            source=None if source is None else np.array([source] * len(index)),
+        )
+
+    @classmethod
+    def concat(cls, parts: list[Examples]) -> Examples:
+        """Several prompt sets' examples as one (each part with its `source`); task ids that
+        two sets share are prefixed with the set's name."""
+        if len(parts) == 1:
+            return parts[0]
+        seen: dict[str, str] = {}
+        clash = False
+        for p in parts:
+            for t in set(p.task.tolist()):
+                clash |= t in seen and seen[t] != p.source[0]
+                seen.setdefault(t, p.source[0])
+        has_ev = all(p.evidence is not None for p in parts)
+        return cls(
+            **{k: np.concatenate([getattr(p, k) for p in parts]) for k in _ARRAYS if k != "task"},
+            task=np.concatenate(
+                [np.char.add(f"{p.source[0]}:", p.task.astype(str)) if clash else p.task for p in parts]
+            ),
+            how=sum((p.how for p in parts), []),
+            evidence=np.concatenate([p.evidence for p in parts]) if has_ev else None,
+            source=np.concatenate([p.source for p in parts]),
         )
 
     def __len__(self) -> int:
         return len(self.label)
 
+    @property
+    def scalars_available(self) -> tuple[str, ...]:
+        return ("zero_shot_logit", *(EVIDENCE_FEATURES if self.evidence is not None else ()))
+
+    def scalar(self, name: str) -> np.ndarray:
+        if name == "zero_shot_logit":
+            return self.zero_shot
+        if self.evidence is None:
+            raise ValueError(f"feature {name!r}: no evidence in this data (build it with --evidence)")
+        return self.evidence[:, EVIDENCE_FEATURES.index(name)]
+
     def features(self, names: tuple[str, ...]) -> np.ndarray:
-        cols = [self.hidden.astype(np.float64)]
-        if "zero_shot_logit" in names:
-            cols.append(self.zero_shot[:, None])
+        cols = [self.hidden.astype(np.float64)] if "hidden" in names else []
+        cols += [self.scalar(n)[:, None] for n in names if n != "hidden"]
         return np.concatenate(cols, axis=1)
 
     def subset(self, mask: np.ndarray) -> Examples:
         return Examples(
             **{k: getattr(self, k)[mask] for k in _ARRAYS},
             how=[h for h, m in zip(self.how, mask) if m],
+            **{k: None if getattr(self, k) is None else getattr(self, k)[mask] for k in _OPTIONAL},
         )
 
     def counts(self) -> dict[str, int]:
@@ -100,12 +162,48 @@ def _scaled_weights(index: list[dict]) -> np.ndarray:
     return w
 
 
+class BoostedScaler:
+    """StandardScaler, then the columns from `start` on multiplied by `boost` (scikit-learn
+    transformer; mean_ and scale_ as StandardScaler's with the boost folded into scale_)."""
+
+    def __init__(self, start: int | None = None, boost: float = SCALAR_BOOST):
+        self.start, self.boost = start, boost
+
+    def get_params(self, deep: bool = True) -> dict:
+        return {"start": self.start, "boost": self.boost}
+
+    def set_params(self, **params):
+        for k, v in params.items():
+            setattr(self, k, v)
+        return self
+
+    def fit(self, X, y=None, sample_weight=None):
+        from sklearn.preprocessing import StandardScaler
+
+        sc = StandardScaler().fit(X)
+        self.mean_ = sc.mean_
+        self.scale_ = np.array(sc.scale_, dtype=np.float64)
+        if self.start is not None and self.start < X.shape[1]:
+            self.scale_[self.start :] = self.scale_[self.start :] / self.boost
+        return self
+
+    def transform(self, X):
+        return (np.asarray(X, dtype=np.float64) - self.mean_) / self.scale_
+
+    def fit_transform(self, X, y=None, **kw):
+        return self.fit(X, y).transform(X)
+
+
 def model(C: float):
+    """The probe: standardisation (scalar features boosted while `train` runs) and an L2
+    logistic regression."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    return make_pipeline(StandardScaler(), LogisticRegression(C=C, class_weight="balanced", max_iter=5000))
+    start = _SCALAR_FROM.get()
+    scaler = StandardScaler() if start is None else BoostedScaler(start)
+    return make_pipeline(scaler, LogisticRegression(C=C, class_weight="balanced", max_iter=5000))
 
 
 def fit(C: float, X: np.ndarray, y: np.ndarray, w: np.ndarray):
@@ -232,23 +330,33 @@ def pass_rates(z: np.ndarray, ex: Examples, taus=(0.5, 0.7, 0.8, 0.9, 0.95)) -> 
     return out
 
 
-def data_size_curve(X: np.ndarray, ex: Examples, seed: int = 0, log=print) -> list[dict]:
+def data_size_curve(
+    X: np.ndarray, ex: Examples, seed: int = 0, log=print, pool: np.ndarray | None = None, name: str = ""
+) -> list[dict]:
     """AUC against the number of training examples: in each outer fold, the model (C chosen
     by 3-fold grouped CV on the subset) is trained on a random share of that fold's training
     tasks and scored on the held-out fold; the out-of-fold scores of all folds give one AUC
-    per kind; averaged over CURVE_REPEATS draws (one at the full share)."""
+    per kind; averaged over CURVE_REPEATS draws (one at the full share). `pool` [N] bool:
+    only these rows are ever trained on (e.g. one prompt set's), every row is scored; with
+    several sources each point has the AUCs per source too."""
     from sklearn.model_selection import GroupKFold
 
     rng = np.random.default_rng(seed)
+    pool = np.ones(len(ex), dtype=bool) if pool is None else pool
     folds = list(GroupKFold(n_splits=OUTER_FOLDS).split(X, ex.label, ex.task))
+    sources = [] if ex.source is None else list(dict.fromkeys(ex.source.tolist()))
     curve = []
     for frac in CURVE_FRACTIONS:
         reps = []
         for _ in range(1 if frac == 1.0 else CURVE_REPEATS):
             out, n_train, skipped = np.zeros(len(ex)), [], False
             for train, test in folds:
+                train = train[pool[train]]
                 tasks = np.unique(ex.task[train])
-                keep = rng.choice(tasks, size=max(3, round(frac * len(tasks))), replace=False)
+                if len(tasks) == 0:
+                    skipped = True
+                    break
+                keep = rng.choice(tasks, size=min(len(tasks), max(3, round(frac * len(tasks)))), replace=False)
                 tr = train[np.isin(ex.task[train], keep)]
                 sub = ex.subset(np.isin(np.arange(len(ex)), tr))
                 if sub.label.all() or not sub.label.any():
@@ -260,7 +368,10 @@ def data_size_curve(X: np.ndarray, ex: Examples, seed: int = 0, log=print) -> li
             if skipped:
                 continue
             w, p = kind_aucs(out, ex)
-            reps.append({"n_train": float(np.mean(n_train)), "auc_whole": w, "auc_prefix": p})
+            rep = {"n_train": float(np.mean(n_train)), "auc_whole": w, "auc_prefix": p}
+            if len(sources) > 1:
+                rep["by_source"] = {sp: kind_aucs(out[ex.source == sp], ex.subset(ex.source == sp)) for sp in sources}
+            reps.append(rep)
         if reps:
             point = {
                 "fraction": frac,
@@ -269,12 +380,72 @@ def data_size_curve(X: np.ndarray, ex: Examples, seed: int = 0, log=print) -> li
                 "auc_prefix": _mean(r["auc_prefix"] for r in reps),
                 "repeats": len(reps),
             }
+            if len(sources) > 1:
+                point["by_source"] = {
+                    sp: {
+                        "auc_whole": _mean(r["by_source"][sp][0] for r in reps),
+                        "auc_prefix": _mean(r["by_source"][sp][1] for r in reps),
+                    }
+                    for sp in sources
+                }
             curve.append(point)
             log(
-                f"data-size curve: {point['n_train']:.0f} training examples: AUC whole "
-                f"{point['auc_whole']:.3f}, prefixes {point['auc_prefix']:.3f}"
+                f"data-size curve{' (' + name + ')' if name else ''}: {point['n_train']:.0f} training examples: "
+                f"AUC whole {point['auc_whole']:.3f}, prefixes {point['auc_prefix']:.3f}"
             )
     return curve
+
+
+class _Boosting:
+    """Scalar features boosted from column `start` on (None: off) for the fits in the block."""
+
+    def __init__(self, start: int | None):
+        self.start = start
+
+    def __enter__(self):
+        self.token = _SCALAR_FROM.set(self.start)
+        return self
+
+    def __exit__(self, *exc):
+        _SCALAR_FROM.reset(self.token)
+
+
+def boosting(names: tuple[str, ...], hidden_size: int) -> _Boosting:
+    """The boost for a feature set: scalars after h (from column H), or all (no h)."""
+    if names == ("hidden",):
+        return _Boosting(None)
+    return _Boosting(hidden_size if "hidden" in names else 0)
+
+
+def choose_tau(z: np.ndarray, ex: Examples, max_wrong: float = TAU_MAX_WRONG, grid=TAU_GRID) -> dict[str, Any]:
+    """τ_head by the rule (module docstring) from out-of-fold log-odds `z` of the training
+    examples: the smallest τ on `grid` at which the weighted share of failing whole answers
+    judged >= τ is <= max_wrong (the grid's largest τ if none is), with what each τ accepts."""
+    from parse_vllm.judge_head import logit_threshold
+
+    wm = ex.whole
+    rows = []
+    for tau in grid:
+        acc = z >= float(logit_threshold(tau))
+        row = {"tau": tau}
+        for kind, mask in (("whole", wm), ("prefix", ~wm)):
+            y, w = ex.label[mask], ex.weight[mask]
+            row[f"{kind}_wrong"] = float(np.average(acc[mask][~y], weights=w[~y])) if (~y).any() else None
+            row[f"{kind}_right"] = float(np.average(acc[mask][y], weights=w[y])) if y.any() else None
+        rows.append(row)
+    ok = [r for r in rows if r["whole_wrong"] is not None and r["whole_wrong"] <= max_wrong]
+    chosen = min(ok, key=lambda r: r["tau"]) if ok else max(rows, key=lambda r: r["tau"])
+    return {
+        "tau": chosen["tau"],
+        "rule": (
+            f"the smallest τ in {grid[0]:g}..{grid[-1]:g} (step {grid[1] - grid[0]:g}) whose out-of-fold rate of "
+            f"accepting failing whole answers on the training data is <= {max_wrong:g}"
+        ),
+        "max_wrong": max_wrong,
+        "met": bool(ok),
+        "at_tau": chosen,
+        "table": rows,
+    }
 
 
 def export(pipe, features: tuple[str, ...], identity, training: dict[str, Any]):
@@ -295,49 +466,144 @@ def export(pipe, features: tuple[str, ...], identity, training: dict[str, Any]):
 
 
 def head_logits(head, ex: Examples) -> np.ndarray:
-    return head.logit(ex.hidden, ex.zero_shot if "zero_shot_logit" in head.features else None)
+    return head.logit(
+        ex.hidden,
+        ex.zero_shot if "zero_shot_logit" in head.features else None,
+        ex.evidence if head.reads_evidence else None,
+    )
 
 
-def train(ex: Examples, split: str, features: str = "auto", log=print) -> dict[str, Any]:
-    """Cross-validate, choose the features and C, fit the head on every example of the set.
-    Returns the report's numbers and the fitted pipeline (``"pipe"``)."""
-    candidates = {
-        "auto": [("hidden",), ("hidden", "zero_shot_logit")],
-        "hidden": [("hidden",)],
-        "hidden,zero_shot_logit": [("hidden", "zero_shot_logit")],
-    }[features]
-    compared = {}
-    for names in candidates:
-        z, chosen = nested_oof(ex.features(names), ex)
-        w, p = kind_aucs(z, ex)
-        compared[",".join(names)] = {"auc_whole": w, "auc_prefix": p, "score": _mean([w, p]), "C_per_fold": chosen}
-        compared[",".join(names)]["_oof"] = z
-        log(f"train: features {','.join(names)}: nested-CV AUC whole {w}, prefixes {p} (C per fold {chosen})")
-    keep = candidates[0]
-    if len(candidates) > 1:
-        a, b = (compared[",".join(n)]["score"] for n in candidates)
-        keep = candidates[1] if b - a >= MIN_FEATURE_GAIN else candidates[0]
-    z_oof = compared[",".join(keep)].pop("_oof")
-    for v in compared.values():
-        v.pop("_oof", None)
-    X = ex.features(keep)
-    C, grid = choose_c(X, ex)
-    pipe = fit(C, X, ex.label, ex.weight)
-    log(f"train: features kept {','.join(keep)}, C {C:g} (grouped {INNER_FOLDS}-fold CV on all {len(ex)} examples)")
+def _feature_modes(features: str, ex: Examples) -> tuple[list[tuple[str, ...]], bool]:
+    """The candidate feature sets of a --features value, and whether to select forward."""
+    if features == "auto":
+        return [("hidden",), ("hidden", "zero_shot_logit")], False
+    if features == "select":
+        return [("hidden",), *[("hidden", f) for f in ex.scalars_available]], True
+    names = tuple(n.strip() for n in features.split(",") if n.strip())
+    if not names or names[0] != "hidden" or any(n not in SCALARS for n in names[1:]):
+        raise ValueError(f"--features {features!r}: 'hidden' then any of {SCALARS}, or one of {FEATURE_MODES}")
+    return [names], False
 
-    # which labels to train on: whole answers only, prefixes only, both (nested CV, features kept)
-    by_labels = {}
-    for name, mask in (("whole", ex.whole), ("prefix", ~ex.whole)):
-        sub = ex.subset(mask)
-        if sub.label.all() or not sub.label.any() or len(set(sub.task)) < OUTER_FOLDS:
+
+def select_features(ex: Examples, candidates: list[str], log=print, cache=None) -> tuple[tuple[str, ...], dict]:
+    """Forward selection from ("hidden",): each candidate in order is kept when the nested-CV
+    score (mean of the whole and prefix AUCs) of the set with it beats the set without by
+    >= MIN_FEATURE_GAIN. Returns the kept set and every set's nested-CV figures."""
+    cache = {} if cache is None else cache
+    H = ex.hidden.shape[1]
+
+    def score(names):
+        if names not in cache:
+            with boosting(names, H):
+                z, chosen = nested_oof(ex.features(names), ex)
+            w, p = kind_aucs(z, ex)
+            cache[names] = {"auc_whole": w, "auc_prefix": p, "score": _mean([w, p]), "C_per_fold": chosen, "_oof": z}
+            log(f"train: features {','.join(names)}: nested-CV AUC whole {w}, prefixes {p} (C per fold {chosen})")
+        return cache[names]
+
+    keep: tuple[str, ...] = ("hidden",)
+    best = score(keep)["score"]
+    for f in candidates:
+        trial = (*keep, f)
+        sc = score(trial)["score"]
+        if sc - best >= MIN_FEATURE_GAIN:
+            keep, best = trial, sc
+    return keep, cache
+
+
+def feature_ablation(ex: Examples, kept: tuple[str, ...], cache: dict, log=print) -> list[dict]:
+    """Nested-CV AUCs of feature sets around the kept one: h alone, h + each scalar, h + all
+    scalars, the kept set without each of its scalars, the scalars alone (no h), and each
+    scalar alone, unfitted (its own AUC, sign as is)."""
+    H = ex.hidden.shape[1]
+    scalars = list(ex.scalars_available)
+    sets: list[tuple[str, ...]] = [("hidden",), *[("hidden", f) for f in scalars], ("hidden", *scalars), kept]
+    sets += [tuple(n for n in kept if n != f) for f in kept[1:]]
+    sets.append(tuple(scalars))
+    rows, done = [], set()
+    for names in sets:
+        if names in done:
             continue
-        z_sub = _train_on_predict_all(X, ex, mask)
-        w, p = kind_aucs(z_sub, ex)
-        by_labels[f"{name} only"] = {"auc_whole": w, "auc_prefix": p}
-    by_labels["both"] = dict(zip(("auc_whole", "auc_prefix"), kind_aucs(z_oof, ex)))
-    log(f"train: by training labels {by_labels}")
+        done.add(names)
+        if names not in cache:
+            with boosting(names, H):
+                z, chosen = nested_oof(ex.features(names), ex, grid=C_GRID[::2])
+            w, p = kind_aucs(z, ex)
+            cache[names] = {"auc_whole": w, "auc_prefix": p, "score": _mean([w, p]), "C_per_fold": chosen}
+            log(f"ablation: {','.join(names)}: AUC whole {w}, prefixes {p}")
+        c = cache[names]
+        rows.append({"features": ",".join(names), "fitted": True, "kept": names == kept,
+                     **{k: c[k] for k in ("auc_whole", "auc_prefix", "score")}})  # fmt: skip
+    for f in scalars:
+        w, p = kind_aucs(ex.scalar(f), ex)
+        rows.append({"features": f, "fitted": False, "kept": False, "auc_whole": w, "auc_prefix": p,
+                     "score": _mean([w, p])})  # fmt: skip
+    return rows
 
-    curve = data_size_curve(X, ex, log=log)
+
+def train(ex: Examples, split: str, features: str = "auto", log=print, ablation: bool | None = None) -> dict[str, Any]:
+    """Cross-validate, choose the features and C, fit the head on every example of the set.
+    Returns the report's numbers and the fitted pipeline (``"pipe"``). `features`: "auto"
+    (h, and the zero-shot log-odds if it helps), "select" (forward selection over every
+    scalar the data has: the zero-shot log-odds and, with evidence, EVIDENCE_FEATURES), or
+    an explicit list. `ablation` (default: with "select"): the feature ablation table."""
+    candidates, forward = _feature_modes(features, ex)
+    H = ex.hidden.shape[1]
+    cache: dict = {}
+    if forward:
+        keep, cache = select_features(ex, list(ex.scalars_available), log=log, cache=cache)
+    else:
+        for names in candidates:
+            if names not in cache:
+                with boosting(names, H):
+                    z, chosen = nested_oof(ex.features(names), ex)
+                w, p = kind_aucs(z, ex)
+                cache[names] = {"auc_whole": w, "auc_prefix": p, "score": _mean([w, p]), "C_per_fold": chosen,
+                                "_oof": z}  # fmt: skip
+                log(f"train: features {','.join(names)}: nested-CV AUC whole {w}, prefixes {p} (C per fold {chosen})")
+        keep = candidates[0]
+        if len(candidates) > 1:
+            a, b = (cache[n]["score"] for n in candidates)
+            keep = candidates[1] if b - a >= MIN_FEATURE_GAIN else candidates[0]
+    tried = candidates if not forward else [n for n in cache]
+    compared = {",".join(n): {k: v for k, v in cache[n].items() if k != "_oof"} for n in tried if n in cache}
+    z_oof = cache[keep]["_oof"]
+    X = ex.features(keep)
+    with boosting(keep, H):
+        C, grid = choose_c(X, ex)
+        pipe = fit(C, X, ex.label, ex.weight)
+        log(f"train: features kept {','.join(keep)}, C {C:g} (grouped {INNER_FOLDS}-fold CV on all {len(ex)} examples)")
+
+        # which labels to train on: whole answers only, prefixes only, both (nested CV, features kept)
+        by_labels = {}
+        for name, mask in (("whole", ex.whole), ("prefix", ~ex.whole)):
+            sub = ex.subset(mask)
+            if sub.label.all() or not sub.label.any() or len(set(sub.task)) < OUTER_FOLDS:
+                continue
+            z_sub = _train_on_predict_all(X, ex, mask)
+            w, p = kind_aucs(z_sub, ex)
+            by_labels[f"{name} only"] = {"auc_whole": w, "auc_prefix": p}
+        by_labels["both"] = dict(zip(("auc_whole", "auc_prefix"), kind_aucs(z_oof, ex)))
+        log(f"train: by training labels {by_labels}")
+
+        curve = data_size_curve(X, ex, log=log)
+        curves = {}
+        sources = [] if ex.source is None else list(dict.fromkeys(ex.source.tolist()))
+        humaneval = [sp for sp in sources if sp in ("even", "odd", "all")]
+        if len(sources) > 1 and humaneval:
+            he = np.isin(ex.source, humaneval)
+            curves["humaneval only"] = data_size_curve(X, ex, log=log, pool=he, name="HumanEval only")
+            curves["humaneval + others"] = curve
+    ablation_rows = None
+    if ablation if ablation is not None else forward:
+        ablation_rows = feature_ablation(ex, keep, cache, log=log)
+    scores = scores_report(z_oof, ex, split)
+    by_source = {}
+    for sp in sources:
+        m = ex.source == sp
+        if sp != split:
+            scores.update(scores_report(z_oof[m], ex.subset(m), sp))
+        by_source[sp] = int(m.sum())
     return {
         "pipe": pipe,
         "features": keep,
@@ -345,9 +611,14 @@ def train(ex: Examples, split: str, features: str = "auto", log=print) -> dict[s
         "oof": z_oof,
         "C_grid": grid,
         "feature_comparison": compared,
+        "feature_ablation": ablation_rows,
+        "scalar_boost": SCALAR_BOOST,
         "training_labels_comparison": by_labels,
         "data_size_curve": curve,
-        "scores": scores_report(z_oof, ex, split),
+        "data_size_curves": curves,
+        "scores": scores,
+        "examples_by_source": by_source,
+        "tau": choose_tau(z_oof, ex),
         "pass_rates_head": pass_rates(z_oof, ex),
         "pass_rates_zero_shot": pass_rates(ex.zero_shot, ex),
     }

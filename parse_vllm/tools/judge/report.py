@@ -3,7 +3,10 @@
 
 The scores behind the plots (per example: task, kind, label, zero-shot and head log-odds)
 are kept beside the data (``scores-<split>.npz``), one file per split: the tuning split's are
-out-of-fold, the held-out split's from the shipped head.
+out-of-fold, the held-out split's from the shipped head. The same per-example scores are
+written as small CSV files to commit (``scores/<split>.csv``: set, task, answer, kind,
+length, label, weight, zero-shot, head and, where scored, the older head's log-odds, and the
+evidence features when built).
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-GOALS = {"auc_head_whole_odd": 0.90, "auc_head_prefix_odd": 0.80}
+GOALS = {"auc_head_whole_odd": 0.85, "auc_head_prefix_odd": 0.80, "auc_head_whole_mbpp_test": 0.85}
+HELD_OUT_JUDGES = (("zero_shot", "zero-shot P(Correct)"), ("old_head", "old head"), ("head", "head"))
 
 
 def save_scores(path: Path, ex, head_logit: np.ndarray) -> None:
@@ -27,6 +31,51 @@ def save_scores(path: Path, ex, head_logit: np.ndarray) -> None:
         zero_shot=ex.zero_shot,
         head=head_logit,
     )
+
+
+def save_scores_csv(path: Path, ex, head_logit: np.ndarray, extra: dict[str, np.ndarray]) -> Path:
+    """Per-example scores as CSV (module docstring); log-odds to 5 decimals."""
+    import csv
+
+    from parse_vllm.evidence import EVIDENCE_FEATURES
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cols = ["set", "task", "answer", "kind", "length", "label", "weight", "zero_shot", "head", *extra]
+    if ex.evidence is not None:
+        cols += list(EVIDENCE_FEATURES)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for i in range(len(ex)):
+            row = [
+                "" if ex.source is None else ex.source[i], ex.task[i], int(ex.answer[i]),
+                "whole" if ex.whole[i] else "prefix", int(ex.length[i]), int(ex.label[i]), f"{ex.weight[i]:.5g}",
+                f"{ex.zero_shot[i]:.5f}", f"{head_logit[i]:.5f}", *(f"{v[i]:.5f}" for v in extra.values()),
+            ]  # fmt: skip
+            if ex.evidence is not None:
+                row += [f"{x:.5f}" for x in ex.evidence[i]]
+            w.writerow(row)
+    return path
+
+
+def old_head_scores(z: np.ndarray, ex, split: str) -> dict[str, Any]:
+    """The older head's AUCs (with task-bootstrap intervals) and Brier scores on a split."""
+    from . import probe
+
+    out: dict[str, Any] = {}
+    for kind, mask in (("whole", ex.whole), ("prefix", ~ex.whole)):
+        y, t, w = ex.label[mask], ex.task[mask], ex.weight[mask]
+        out[f"auc_old_head_{kind}_{split}"] = probe.auc(z[mask], y, w)
+        out[f"auc_old_head_{kind}_{split}_ci"] = probe.bootstrap_auc(z[mask], y, w, t)
+        out[f"brier_old_head_{kind}_{split}"] = probe.brier(probe.sigmoid(z[mask]), y, w)
+    return out
+
+
+def rates_at(z: np.ndarray, ex, tau: float) -> dict[str, Any]:
+    """What τ accepts of a split: share of passing / failing whole answers and prefixes."""
+    from . import probe
+
+    return {"tau": tau, **probe.pass_rates(z, ex, taus=(tau,))[f"{tau:g}"]}
 
 
 def per_task(ex, z: np.ndarray) -> list[dict[str, Any]]:
@@ -128,14 +177,31 @@ def markdown(s: dict[str, Any]) -> str:
         "| split | judge | whole answers | prefixes | Brier whole | Brier prefixes |",
         "|---|---|---:|---:|---:|---:|",
     ]
+    cv = {s.get("train_split"), *s.get("train_sets", [])}
     for sp in splits:
-        for name, shown in (("zero_shot", "zero-shot P(Correct)"), ("head", "head")):
+        for name, shown in HELD_OUT_JUDGES:
             w, p = f"auc_{name}_whole_{sp}", f"auc_{name}_prefix_{sp}"
+            if name == "old_head" and s.get(w) is None and s.get(p) is None:
+                continue
             lines.append(
-                f"| {sp}{' (CV)' if sp == s.get('train_split') else ''} | {shown} | "
+                f"| {sp}{' (CV)' if sp in cv else ''} | {shown} | "
                 f"{_fmt(s.get(w))} {_ci(s.get(w + '_ci'))} | {_fmt(s.get(p))} {_ci(s.get(p + '_ci'))} | "
                 f"{_fmt(s.get(f'brier_{name}_whole_{sp}'))} | {_fmt(s.get(f'brier_{name}_prefix_{sp}'))} |"
             )
+    held = [sp for sp in splits if sp not in cv]
+    if held:
+        lines += [
+            "",
+            "Held out, side by side (ROC AUC):",
+            "",
+            "| judge | " + " | ".join(f"{sp} whole | {sp} prefixes" for sp in held) + " |",
+            "|---|" + "---:|---:|" * len(held),
+        ]
+        for name, shown in HELD_OUT_JUDGES:
+            cells = [_fmt(s.get(f"auc_{name}_{kind}_{sp}")) for sp in held for kind in ("whole", "prefix")]
+            if name == "old_head" and all(c == "—" for c in cells):
+                continue
+            lines.append(f"| {shown} | " + " | ".join(cells) + " |")
     if "goals" in s:
         lines += ["", "Goals (held out): " + "; ".join(
             f"{k} ≥ {v['goal']}: {_fmt(v['value'])} — {'met' if v['met'] else 'not met' if v['met'] is not None else 'not run'}"
@@ -156,6 +222,35 @@ def markdown(s: dict[str, Any]) -> str:
         lines.append(
             f"| {k} | {_fmt(v['auc_whole'])} | {_fmt(v['auc_prefix'])} | {', '.join(f'{c:g}' for c in v['C_per_fold'])} |"
         )
+    if s.get("feature_ablation"):
+        lines += [
+            "",
+            f"Feature ablation (nested CV on the training data; scalar features boosted ×{s.get('scalar_boost', '?')} "
+            "after standardisation; unfitted rows: the feature alone as a score):",
+            "",
+            "| features | fitted | whole | prefixes | mean | kept |",
+            "|---|---|---:|---:|---:|---|",
+        ]
+        for r in s["feature_ablation"]:
+            lines.append(
+                f"| {r['features']} | {'yes' if r['fitted'] else 'no'} | {_fmt(r['auc_whole'])} | "
+                f"{_fmt(r['auc_prefix'])} | {_fmt(r['score'])} | {'**kept**' if r['kept'] else ''} |"
+            )
+    rule = s.get("tau_head_rule")
+    if rule:
+        at = rule["at_tau"]
+        lines += [
+            "",
+            f"τ_head = {rule['tau']:g}: {rule['rule']}{'' if rule['met'] else ' (no τ on the grid met it: the largest)'}. "
+            f"There, out of fold: whole answers {_fmt(at['whole_right'], 2)} of passing / {_fmt(at['whole_wrong'], 2)} "
+            f"of failing accepted; prefixes {_fmt(at['prefix_right'], 2)} / {_fmt(at['prefix_wrong'], 2)}.",
+        ]
+    for sp, r in s.get("pass_rates_at_tau_head", {}).items():
+        lines.append(
+            f"At τ_head on {sp}: whole answers {_fmt(r['whole']['right'], 2)} of passing / "
+            f"{_fmt(r['whole']['wrong'], 2)} of failing accepted; prefixes {_fmt(r['prefix']['right'], 2)} / "
+            f"{_fmt(r['prefix']['wrong'], 2)}."
+        )
     lines += ["", "Nested-CV AUC by the labels trained on:", "", "| trained on | whole | prefixes |", "|---|---:|---:|"]
     for k, v in s.get("training_labels_comparison", {}).items():
         lines.append(f"| {k} | {_fmt(v['auc_whole'])} | {_fmt(v['auc_prefix'])} |")
@@ -168,6 +263,27 @@ def markdown(s: dict[str, Any]) -> str:
     ]
     for p in s.get("data_size_curve", []):
         lines.append(f"| {p['fraction']:g} | {p['n_train']:.0f} | {_fmt(p['auc_whole'])} | {_fmt(p['auc_prefix'])} |")
+    curves = s.get("data_size_curves") or {}
+    if curves:
+        sources = list(next(iter(curves.values()))[0].get("by_source", {})) if next(iter(curves.values())) else []
+        lines += [
+            "",
+            "HumanEval only against HumanEval + the other sets (the same out-of-fold rows scored; the curve's "
+            "training pool differs; AUC whole / prefixes):",
+            "",
+            "| training pool | share | training examples | all | " + " | ".join(sources) + " |",
+            "|---|---:|---:|---|" + "---|" * len(sources),
+        ]
+        for name, curve in curves.items():
+            for p in curve:
+                by = p.get("by_source", {})
+                lines.append(
+                    f"| {name} | {p['fraction']:g} | {p['n_train']:.0f} | {_fmt(p['auc_whole'])} / "
+                    f"{_fmt(p['auc_prefix'])} | "
+                    + " | ".join(f"{_fmt(by.get(sp, {}).get('auc_whole'))} / {_fmt(by.get(sp, {}).get('auc_prefix'))}"
+                                 for sp in sources)
+                    + " |"
+                )  # fmt: skip
     for sp in splits:
         pr = s.get("pass_rates", {}).get(sp)
         if not pr:
@@ -283,7 +399,12 @@ def plots(out: Path, scores: dict[str, Path], summary: dict[str, Any]) -> list[P
         n = [p["n_train"] for p in curve]
         sp = summary.get("train_split")
         for kind, color in (("whole", "C0"), ("prefix", "C1")):
-            ax.plot(n, [p[f"auc_{kind}"] for p in curve], "-o", color=color, label=f"head, {kind} (grouped CV)")
+            he = (summary.get("data_size_curves") or {}).get("humaneval only")
+            if he:
+                ax.plot([p["n_train"] for p in he], [p[f"auc_{kind}"] for p in he], ":s", color=color,
+                        label=f"head, {kind}, HumanEval only")  # fmt: skip
+            ax.plot(n, [p[f"auc_{kind}"] for p in curve], "-o", color=color,
+                    label=f"head, {kind} (grouped CV{', all sets' if he else ''})")  # fmt: skip
             z = summary.get(f"auc_zero_shot_{kind}_{sp}")
             if z is not None:
                 ax.axhline(z, ls="--", color=color, label=f"zero-shot, {kind}")

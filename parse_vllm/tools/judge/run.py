@@ -6,6 +6,12 @@ HumanEval's rule: tune everything on the even task ids (``--split even``: cross-
 numbers, the head), then run the odd ids once with the chosen head (``--split odd
 --evaluate HEAD``). ``--data-only`` builds a set's data and stops (both splits' data can be
 built first, in one background run).
+
+Several prompt sets (``--prompts humaneval PATH/mbpp.jsonl``, or the flag repeated; a set may
+name its split: ``humaneval:even``, ``mbpp.jsonl:test``, prompts.py): each gets its own data
+folder (OUT/data/<set>); training fits one head on all of them (figures per set and together,
+split ``train``), ``--evaluate`` scores each one. MBPP trains on train + validation + prompt
+and is held out on test (its official split, prompts.py).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ DEFAULT_MAX_TOKENS = 384  # the Coder eval's answer cap
 DEFAULT_WINDOW = 128  # the Coder preset's W
 DEFAULT_BATCH = 32
 DEFAULT_KV_GIB = 2.0
+DEFAULT_BALANCE_TEMPERATURE = 1.1
+DEFAULT_BALANCE_BELOW = 0.25
 HEAD_FILE = "judge_head.safetensors"
 SHIPPED = Path(__file__).resolve().parents[2] / "judges"  # parse_vllm/judges/<target name>/
 
@@ -52,7 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--parse", metavar="JSON", help="PARSE options over the preset's (boundaries, question, labels)")
     m.add_argument("--engine", metavar="JSON", help="more vllm.LLM arguments for every engine")
     p = ap.add_argument_group("prompts and data")
-    p.add_argument("--prompts", default="humaneval", help="humaneval (default) or a JSONL file with test/reference")
+    p.add_argument("--prompts", nargs="+", action="extend", metavar="SET[:SPLIT]", help="humaneval (default), a "
+                   "JSONL file with test/reference, or MBPP's mbpp.jsonl (split train+validation+prompt when "
+                   "training, test with --evaluate; or name it: mbpp.jsonl:test); several sets, or the flag "
+                   "repeated: one head on all of them (or each evaluated)")  # fmt: skip
     p.add_argument("--split", choices=("even", "odd", "all"), default="even", help="humaneval task ids (default even)")
     p.add_argument("--num-prompts", type=int, help="the first N prompts of the set (default all)")
     p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="sampled draft answers per prompt, beside "
@@ -67,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="requests in flight per engine (default 32)")
     p.add_argument("--kv-cache-gib", type=float, default=DEFAULT_KV_GIB, help="KV cache of each engine (default 2)")
     p.add_argument("--code-timeout", type=float, default=10.0, help="seconds an answer's tests may run")
+    p.add_argument("--balance-samples", type=int, default=0, help="more sampled answers on each task where the "
+                   "draft rarely fails and the target passes (more failing prefixes; default 0: off)")  # fmt: skip
+    p.add_argument("--balance-temperature", type=float, default=DEFAULT_BALANCE_TEMPERATURE,
+                   help=f"of the balancing answers (default {DEFAULT_BALANCE_TEMPERATURE})")  # fmt: skip
+    p.add_argument("--balance-below", type=float, default=DEFAULT_BALANCE_BELOW, help="a task is balanced when "
+                   f"the share of its failing distinct answers is <= this (default {DEFAULT_BALANCE_BELOW})")  # fmt: skip
+    p.add_argument("--evidence", action="store_true", help="build the evidence stage too (the target's "
+                   "log-probabilities of the answers' tokens: parse_vllm/evidence.py); implied by --features "
+                   "select or a list naming an evidence feature")  # fmt: skip
     o = ap.add_argument_group("run and output")
     o.add_argument("--out", type=Path, default=Path("bench/results/judge"), help="report folder (and the head)")
     o.add_argument("--data", type=Path, help="data folder (default OUT/data/<prompt set>)")
@@ -75,17 +95,25 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--evaluate", metavar="HEAD", type=Path, help="evaluate this head on the set (no training)")
     o.add_argument(
         "--features",
-        choices=("auto", "hidden", "hidden,zero_shot_logit"),
         default="auto",
-        help="auto (default): zero_shot_logit only if it raises the cross-validated AUC",
+        help="auto (default): zero_shot_logit only if it raises the cross-validated AUC; select: forward "
+        "selection over zero_shot_logit and the evidence features (each kept only if nested CV shows it helps; "
+        "needs the evidence stage); or a list: hidden,zero_shot_logit,draft_logprob_mean,...",
     )
+    o.add_argument("--tau-max-wrong", type=float, default=None, help="τ_head: the smallest τ whose out-of-fold "
+                   "rate of accepting failing whole answers is <= this (default 0.10)")  # fmt: skip
+    o.add_argument("--old-head", metavar="HEAD", type=Path, help="with --evaluate: score this (older) head too, "
+                   "for the report's comparison")  # fmt: skip
     o.add_argument("--ship", action="store_true", help=f"copy the head to {SHIPPED}/<target name>/{HEAD_FILE}")
     return ap
 
 
 def split_name(set_name: str) -> str:
-    """The name a set's figures are keyed by: even / odd / all for HumanEval, else the set's."""
-    return set_name.split("-", 1)[1] if set_name.startswith("humaneval-") else set_name.replace("-", "_")
+    """The name a set's figures are keyed by: even / odd / all for HumanEval, else the set's
+    (mbpp-test -> mbpp_test; mbpp-train+validation+prompt -> mbpp_train_validation_prompt)."""
+    if set_name.startswith("humaneval-"):
+        return set_name.split("-", 1)[1]
+    return "".join(c if c.isalnum() else "_" for c in set_name)
 
 
 def resolve_models(args) -> dict[str, Any]:
@@ -188,23 +216,49 @@ def _main(args) -> int:
 
     from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
     from parse_vllm.config import ParseConfig
+    from parse_vllm.evidence import EVIDENCE_FEATURES
     from parse_vllm.templates import build_template
-    from parse_vllm.tools.eval import tasks
     from parse_vllm.tools.eval.run import _render
 
-    for name in ("samples", "prefixes_passing", "prefixes_failing"):
+    from . import prompts as jprompts
+
+    for name in ("samples", "prefixes_passing", "prefixes_failing", "balance_samples"):
         if getattr(args, name) < 0:
             raise JudgeError(f"--{name.replace('_', '-')} must be >= 0")
     if args.max_tokens < 1 or args.batch < 1 or (args.num_prompts is not None and args.num_prompts < 1):
         raise JudgeError("--max-tokens, --batch and --num-prompts must be >= 1")
+    if args.features not in probe_modes() and not args.features.startswith("hidden"):
+        raise JudgeError(f"--features {args.features!r}: one of {probe_modes()} or a list starting with hidden")
+    wants_evidence = args.evidence or args.features == "select" or any(f in args.features for f in EVIDENCE_FEATURES)
+    if args.evaluate and not wants_evidence:
+        from parse_vllm.judge_head import JudgeHead, JudgeHeadError
+
+        try:  # a head that reads evidence needs the evidence stage of the sets it scores
+            wants_evidence = JudgeHead.load(args.evaluate).reads_evidence
+        except JudgeHeadError:
+            pass  # said below, with the head's other checks
+    specs = args.prompts or ["humaneval"]
+    if args.data and len(specs) > 1:
+        raise JudgeError("--data names one set's folder: leave it out with several --prompts")
+    if args.old_head and not args.evaluate:
+        raise JudgeError("--old-head goes with --evaluate")
     res = resolve_models(args)
-    try:
-        (pset,) = tasks.load_sets([args.prompts], checkable_n=args.num_prompts or 16, seed=args.seed, split=args.split)
-    except tasks.PromptSetError as e:
-        raise JudgeError(str(e)) from None
-    items = [it for it in pset.take(args.num_prompts) if it.get("check")]
-    if not items:
-        raise JudgeError(f"{args.prompts}: no checkable prompts (a JSONL item needs a test or a reference)")
+    sets = []
+    for spec in specs:
+        try:
+            pset = jprompts.load(
+                spec, humaneval_split=args.split, evaluating=bool(args.evaluate),
+                checkable_n=args.num_prompts or 16, seed=args.seed,
+            )  # fmt: skip
+        except jprompts.PromptSpecError as e:
+            raise JudgeError(str(e)) from None
+        items = [it for it in pset.take(args.num_prompts) if it.get("check")]
+        if not items:
+            raise JudgeError(f"{spec}: no checkable prompts (a JSONL item needs a test or a reference)")
+        sets.append((pset, items))
+    names = [p.name for p, _ in sets]
+    if len(set(names)) != len(names):
+        raise JudgeError(f"prompt sets named twice: {names}")
     target = Path(res["target"])
     tok = AutoTokenizer.from_pretrained(target)
     parse = ParseConfig.from_dict(res["parse"])
@@ -212,103 +266,156 @@ def _main(args) -> int:
     cfg = json.loads((target / "config.json").read_text())
     vocab = int(cfg.get("text_config", cfg)["vocab_size"])
     rule = BoundaryRule(parse.boundaries, parse.every, parse.max_boundaries, sentence_end_mask(tok, vocab))
-    prompt_ids = {it["id"]: _render(tok, it) for it in items}
-    longest = max(len(p) for p in prompt_ids.values())
-    mlen = -(-(longest + args.max_tokens + len(template.suffix_ids) + 64) // 32) * 32
-    draft_engine, target_engine = engines(res, args, mlen)
-    settings = data.DataSettings(
-        set_name=pset.name,
-        target=str(target),
-        draft=str(res["draft"]),
-        window=int(res["window"]),
-        boundaries={"mode": parse.boundaries, "every": parse.every, "max_boundaries": parse.max_boundaries},
-        question=parse.question,
-        labels=tuple(parse.labels),
-        samples=args.samples,
-        temperature=args.temperature,
-        seed=args.seed,
-        max_tokens=args.max_tokens,
-        prefixes_passing=args.prefixes_passing,
-        prefixes_failing=args.prefixes_failing,
-        tasks=tuple(it["id"] for it in items),
+    balance = (
+        {"samples": args.balance_samples, "temperature": args.balance_temperature, "below": args.balance_below}
+        if args.balance_samples
+        else None
     )
-    folder = args.data or args.out / "data" / pset.name
-    job = data.Job(
-        folder=folder,
-        settings=settings,
-        items=items,
-        prompt_ids=prompt_ids,
-        tokenizer=tok,
-        template=template,
-        rule=rule,
-        draft_engine=draft_engine,
-        target_engine=target_engine,
-        batch=args.batch,
-        deadline=data.Deadline(None if args.max_minutes is None else args.max_minutes * 60),
-        code_timeout=args.code_timeout,
-        log=log,
-    )
-    log(f"{pset.name}: {len(items)} prompts, data in {folder}")
-    try:
-        data.build(job)
-    except data.TimeBound:
-        log(f"stopped at the time bound (--max-minutes {args.max_minutes:g}): run the same command again to resume")
-        return 3
+    jobs = []
+    for pset, items in sets:
+        prompt_ids = {it["id"]: _render(tok, it) for it in items}
+        longest = max(len(p) for p in prompt_ids.values())
+        mlen = -(-(longest + args.max_tokens + len(template.suffix_ids) + 64) // 32) * 32
+        draft_engine, target_engine = engines(res, args, mlen)
+        settings = data.DataSettings(
+            set_name=pset.name,
+            target=str(target),
+            draft=str(res["draft"]),
+            window=int(res["window"]),
+            boundaries={"mode": parse.boundaries, "every": parse.every, "max_boundaries": parse.max_boundaries},
+            question=parse.question,
+            labels=tuple(parse.labels),
+            samples=args.samples,
+            temperature=args.temperature,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+            prefixes_passing=args.prefixes_passing,
+            prefixes_failing=args.prefixes_failing,
+            tasks=tuple(it["id"] for it in items),
+            balance=balance,
+        )
+        folder = args.data or args.out / "data" / pset.name
+        jobs.append(
+            data.Job(
+                folder=folder,
+                settings=settings,
+                items=items,
+                prompt_ids=prompt_ids,
+                tokenizer=tok,
+                template=template,
+                rule=rule,
+                draft_engine=draft_engine,
+                target_engine=target_engine,
+                batch=args.batch,
+                deadline=data.Deadline(None if args.max_minutes is None else args.max_minutes * 60),
+                code_timeout=args.code_timeout,
+                log=log,
+                evidence=wants_evidence,
+            )
+        )
+    deadline = jobs[0].deadline
+    for job in jobs:
+        job.deadline = deadline  # one time bound for every set
+        log(f"{job.settings.set_name}: {len(job.items)} prompts, data in {job.folder}")
+        try:
+            data.build(job)
+        except data.TimeBound:
+            log(f"stopped at the time bound (--max-minutes {args.max_minutes:g}): run the same command again to resume")
+            return 3
     if args.data_only:
         return 0
 
     from . import probe, report
 
-    ex = probe.Examples.load(folder)
-    split = split_name(pset.name)
     ident = identity(target, tok, template, parse)
     summary_path = args.out / "summary.json"
     scores_path = args.out / "data"
     scores_path.mkdir(parents=True, exist_ok=True)
+    per_set = [(pset, job, split_name(pset.name)) for (pset, _), job in zip(sets, jobs)]
+    loaded = {sp: probe.Examples.load(job.folder, source=sp) for _, job, sp in per_set}
     if args.evaluate:
         from parse_vllm.judge_head import JudgeHead, JudgeHeadError
 
-        try:
-            head = JudgeHead.load(args.evaluate)
-        except JudgeHeadError as e:
-            raise JudgeError(str(e)) from None
-        why = head.mismatch(ident) or head.fingerprint_mismatch(ident.lm_head_fingerprint)
-        if why:
-            raise JudgeError(f"--evaluate {args.evaluate}: {why}")
+        heads = {}
+        for role, path in (("head", args.evaluate), ("old_head", args.old_head)):
+            if path is None:
+                continue
+            try:
+                h = JudgeHead.load(path)
+            except JudgeHeadError as e:
+                raise JudgeError(str(e)) from None
+            why = h.mismatch(ident) or h.fingerprint_mismatch(ident.lm_head_fingerprint)
+            if why:
+                raise JudgeError(f"--{'evaluate' if role == 'head' else 'old-head'} {path}: {why}")
+            if h.reads_evidence and not all(ex.evidence is not None for ex in loaded.values()):
+                raise JudgeError(f"{path}: the head reads evidence features: build the sets with --evidence")
+            heads[role] = h
         if not summary_path.is_file():
             raise JudgeError(f"{summary_path}: no training report here (train on the tuning split first)")
         summary = json.loads(summary_path.read_text())
-        z = probe.head_logits(head, ex)
-        summary.update(probe.scores_report(z, ex, split))
-        summary[f"{split}_n"] = len(ex)
-        summary.setdefault("split_roles", {})[split] = (
-            f"held out: evaluated once with {args.evaluate.name}, trained on `{summary.get('train_split')}`"
-        )
-        summary.setdefault("pass_rates", {})[split] = {
-            "head": probe.pass_rates(z, ex),
-            "zero_shot": probe.pass_rates(ex.zero_shot, ex),
-        }
-        summary.setdefault("tasks", {})[split] = report.per_task(ex, z)
-        summary.setdefault("prefix_position", {})[split] = report.by_position(ex, z)
+        for pset, job, split in per_set:
+            ex = loaded[split]
+            z = probe.head_logits(heads["head"], ex)
+            summary.update(probe.scores_report(z, ex, split))
+            summary[f"{split}_n"] = len(ex)
+            summary.setdefault("split_roles", {})[split] = (
+                f"held out: evaluated once with {args.evaluate.name}, trained on `{summary.get('train_split')}`"
+            )
+            summary.setdefault("pass_rates", {})[split] = {
+                "head": probe.pass_rates(z, ex),
+                "zero_shot": probe.pass_rates(ex.zero_shot, ex),
+            }
+            summary.setdefault("tasks", {})[split] = report.per_task(ex, z)
+            summary.setdefault("prefix_position", {})[split] = report.by_position(ex, z)
+            summary.setdefault("prompt_sets", {})[split] = pset.meta("held out", len(job.items))
+            extra = {}
+            if "old_head" in heads:
+                zo = probe.head_logits(heads["old_head"], ex)
+                summary.update(report.old_head_scores(zo, ex, split))
+                extra["old_head"] = zo
+            tau = heads["head"].tau
+            if tau is not None:
+                summary.setdefault("pass_rates_at_tau_head", {})[split] = report.rates_at(z, ex, tau)
+            summary.setdefault("data", {})[split] = data_summary(job, ex)
+            report.save_scores(scores_path / f"scores-{split}.npz", ex, z)
+            report.save_scores_csv(args.out / "scores" / f"{split}.csv", ex, z, extra)
     else:
-        result = probe.train(ex, split, features=args.features, log=log)
+        ex = probe.Examples.concat(list(loaded.values()))
+        split = per_set[0][2] if len(per_set) == 1 else "train"
+        try:
+            result = probe.train(ex, split, features=args.features, log=log)
+        except ValueError as e:
+            raise JudgeError(str(e)) from None
+        if args.tau_max_wrong is not None:
+            result["tau"] = probe.choose_tau(result["oof"], ex, max_wrong=args.tau_max_wrong)
+        prompt_sets = [pset.meta("train", len(job.items)) for pset, job, _ in per_set]
         training = {
-            "prompt_set": pset.name,
+            "prompt_set": "+".join(p.name for p, _, _ in per_set),
+            "prompt_sets": prompt_sets,
             "examples": len(ex),
             **ex.counts(),
+            "examples_by_set": result["examples_by_source"],
             "features": list(result["features"]),
+            "feature_selection": {
+                "mode": args.features,
+                "min_gain": probe.MIN_FEATURE_GAIN,
+                "scalar_boost": probe.SCALAR_BOOST,
+                "scores": {k: v["score"] for k, v in result["feature_comparison"].items()},
+            },
             "C": result["C"],
             "cv_auc_whole": result["scores"][f"auc_head_whole_{split}"],
             "cv_auc_prefix": result["scores"][f"auc_head_prefix_{split}"],
             "zero_shot_auc_whole": result["scores"][f"auc_zero_shot_whole_{split}"],
             "zero_shot_auc_prefix": result["scores"][f"auc_zero_shot_prefix_{split}"],
+            "tau_head": {k: v for k, v in result["tau"].items() if k != "table"},
             "draft": Path(res["draft"]).name,
             "samples": args.samples,
+            "balance": balance,
             "prefixes_per_answer": {"passing": args.prefixes_passing, "failing": args.prefixes_failing},
         }
         head = probe.export(result["pipe"], result["features"], ident, training)
         head_path = head.save(args.out / HEAD_FILE)
-        log(f"head written to {head_path} ({head_path.stat().st_size} bytes)")
+        log(f"head written to {head_path} ({head_path.stat().st_size} bytes); τ_head {result['tau']['tau']:g}")
         z = result["oof"]
         summary = {
             "models": {},
@@ -329,34 +436,55 @@ def _main(args) -> int:
             "tasks": {split: report.per_task(ex, z)},
             "prefix_position": {split: report.by_position(ex, z)},
             "head_bytes": head_path.stat().st_size,
+            "tau_head": result["tau"]["tau"],
+            "tau_head_rule": result["tau"],
+            "prompt_sets": {p["name"]: p for p in prompt_sets},
         }
+        if result["feature_ablation"] is not None:
+            summary["feature_ablation"] = result["feature_ablation"]
+            summary["scalar_boost"] = result["scalar_boost"]
+        if result["data_size_curves"]:
+            summary["data_size_curves"] = result["data_size_curves"]
+        if len(per_set) > 1:
+            summary["train_sets"] = [sp for _, _, sp in per_set]
+            for _, job, sp in per_set:
+                summary.setdefault("data", {})[sp] = data_summary(job, loaded[sp])
         if args.ship:
             dest = SHIPPED / target.name / HEAD_FILE
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(head_path, dest)
             os.chmod(dest, 0o644)
             log(f"shipped to {dest}")
+        summary.setdefault("data", {})[split] = data_summary(jobs[0], ex) if len(per_set) == 1 else {
+            "counts": ex.counts(), "sets": [sp for _, _, sp in per_set]}  # fmt: skip
+        report.save_scores(scores_path / f"scores-{split}.npz", ex, z)
+        report.save_scores_csv(args.out / "scores" / f"{split}.csv", ex, z, {})
     summary["models"] = {
         "target": str(target),
         "draft": str(res["draft"]),
         "window": int(res["window"]),
-        "boundaries": settings.boundaries,
+        "boundaries": jobs[0].settings.boundaries,
         "question": parse.question,
         "labels": list(parse.labels),
         "suffix_text": template.suffix_text,
     }
-    summary.setdefault("data", {})[split] = data_summary(job, ex)
     splits = list(dict.fromkeys([summary["train_split"], *summary.get("data", {})]))
     summary["splits"] = splits
-    report.save_scores(scores_path / f"scores-{split}.npz", ex, z)
     paths = report.write(args.out, summary, {sp: scores_path / f"scores-{sp}.npz" for sp in splits})
     print(report.markdown(json.loads(summary_path.read_text())))
     log("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
 
+def probe_modes() -> tuple[str, ...]:
+    from .probe import FEATURE_MODES
+
+    return FEATURE_MODES
+
+
 def data_summary(job: data.Job, ex) -> dict[str, Any]:
     done = {s: job.done(s) or {} for s in data.STAGES}
+    extra = {data.EVIDENCE_STAGE: job.seconds(data.EVIDENCE_STAGE)} if job.evidence else {}
     return {
         "folder": str(job.folder),
         "settings": job.settings.of("features"),
@@ -366,5 +494,6 @@ def data_summary(job: data.Job, ex) -> dict[str, Any]:
         "target_passes": done["labels"].get("target_passes"),
         "continuations": done["labels"].get("continuations"),
         "prefix_label_sources": done["labels"].get("prefixes_by_source"),
-        "stage_seconds": {s: job.seconds(s) for s in data.STAGES},
+        "stage_seconds": {**{s: job.seconds(s) for s in data.STAGES}, **extra},
+        "balanced_tasks": len(done["boundaries"].get("balanced_tasks", [])) if job.settings.balance else None,
     }

@@ -1,0 +1,253 @@
+"""`parse-vllm train-judge` on a tiny synthetic MBPP file (issue 37): two prompt sets in one
+run, balancing, the evidence stage, forward feature selection, τ_head and the report, then
+`--evaluate` on MBPP test with an older head beside. The writers are scripted (as in
+test_train_judge.py) and the target's readers are HF forwards of the tiny target, so no
+engine starts; the code checks run for real."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+pytestmark = pytest.mark.slow  # ~4 min on 2 cores: nested CV of every feature set and the ablation
+
+from parse_vllm import cli  # noqa: E402
+from parse_vllm.tools.judge import data as jdata  # noqa: E402
+
+TRAIN_IDS = (1, 2, 511, 512, *range(601, 611))
+TEST_IDS = tuple(range(11, 17))
+NEVER_FAILS = {601, 604, 607, 11, 14}  # the draft's greedy and sampled answers all pass here
+
+
+def _answer(op: str) -> str:
+    return f"```python\ndef f(x):\n    y = x {op}\n    return y\n```"
+
+
+def _mbpp(path: Path) -> Path:
+    rows = [
+        {"text": f"Write a function f(x) that returns x plus {i}.", "code": f"def f(x):\n    return x + {i}",
+         "task_id": i, "test_setup_code": "", "test_list": [f"assert f(1) == {i + 1}", f"assert f(2) == {i + 2}"],
+         "challenge_test_list": []}
+        for i in (*TRAIN_IDS, *TEST_IDS)
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+class Script:
+    def __init__(self, tok):
+        self.tok, self.eos = tok, tok.eos_token_id
+        self.prompts: dict[tuple[int, ...], int] = {}
+        self.balance_requests = 0
+
+    def ids(self, text):
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def answers(self, i: int, kind: str, n: int) -> list[str]:
+        right, wrong = _answer(f"+ {i}"), _answer(f"- {i}")
+        if kind == "greedy":
+            return [right if i in NEVER_FAILS or i % 2 == 0 else wrong]
+        if kind == "sample":
+            return [right, _answer(f"+ {i} * 1") if i in NEVER_FAILS else wrong][:n]
+        return [_answer(f"* {k + 2}") for k in range(n)]  # balance: hot and wrong
+
+    def writer(self, role: str):
+        script = self
+
+        class _W:
+            def __call__(self, requests):
+                return [script.write(r, role) for r in requests]
+
+            def close(self):
+                pass
+
+        return _W()
+
+    def split(self, ids):
+        for p, i in self.prompts.items():
+            if ids[: len(p)] == p:
+                return i, ids[len(p) :]
+        raise AssertionError("unknown prompt")
+
+    def write(self, r: jdata.Request, role: str) -> list[list[int]]:
+        """The draft: greedy (wrong on odd ids but NEVER_FAILS), two samples, balancing answers
+        (hot: always wrong); the target: the right answer, or a prefix continued with the rest
+        of the first scripted answer that starts with it."""
+        i, prefix = self.split(r.prompt_ids)
+        if r.temperature > 1.0:
+            self.balance_requests += 1
+            return [self.ids(t) + [self.eos] for t in self.answers(i, "balance", r.n)]
+        if r.temperature > 0:
+            return [self.ids(t) + [self.eos] for t in self.answers(i, "sample", r.n)]
+        if not prefix:
+            text = self.answers(i, "greedy", 1)[0] if role == "draft" else _answer(f"+ {i}")
+            return [self.ids(text) + [self.eos]]
+        rest = None
+        for t in (_answer(f"+ {i}"), *self.answers(i, "sample", 2), *self.answers(i, "balance", 2), _answer(f"- {i}")):
+            a = self.ids(t)
+            if tuple(a[: len(prefix)]) == tuple(prefix):
+                rest = a[len(prefix) :]
+                break
+        assert rest is not None
+        return [rest + [self.eos]]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_models):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_models["target"])
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_models):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_models["target"], dtype=torch.float32).eval()
+
+
+def _readers(hf):
+    import torch
+
+    class Hidden:
+        def __call__(self, seqs):
+            out = []
+            for s in seqs:
+                with torch.no_grad():
+                    h = hf(torch.tensor([s]), output_hidden_states=True).hidden_states[-1][0, -1]
+                out.append(h.numpy().astype(np.float32))
+            return np.stack(out)
+
+        def close(self):
+            pass
+
+    class Logprobs:
+        calls = 0
+
+        def __call__(self, seqs):
+            Logprobs.calls += 1
+            out = []
+            for s in seqs:
+                with torch.no_grad():
+                    lp = torch.log_softmax(hf(torch.tensor([s])).logits[0, :-1], -1)
+                nxt = torch.tensor(s[1:])
+                ev = np.stack([lp.gather(1, nxt[:, None])[:, 0].numpy(), (lp.argmax(-1) != nxt).float().numpy()])
+                out.append(ev.astype(np.float32))
+            return out
+
+        def close(self):
+            pass
+
+    return Hidden(), Logprobs()
+
+
+@pytest.fixture(scope="module")
+def run(tiny_models, tok, hf, tmp_path_factory):
+    from parse_vllm.tools.eval.run import _render
+    from parse_vllm.tools.judge import prompts
+
+    root = tmp_path_factory.mktemp("mbpp")
+    path = _mbpp(root / "mbpp.jsonl")
+    script = Script(tok)
+    for it in prompts.load_mbpp(path, "all").items:
+        script.prompts[tuple(_render(tok, it))] = int(it["id"].split("/")[1])
+    models = tiny_models
+
+    def writer_for(engine):
+        return script.writer("draft" if engine["model"] == str(models["draft"]) else "target")
+
+    hidden, logprobs = _readers(hf)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(jdata, "open_writer", writer_for)
+    mp.setattr(jdata, "open_reader", lambda engine: hidden)
+    mp.setattr(jdata, "open_logprob_reader", lambda engine: logprobs)
+    out = root / "out"
+    base = [
+        "train-judge", "--target", str(models["target"]), "--draft", str(models["draft"]), "--window", "16",
+        "--samples", "2", "--prefixes-passing", "1", "--prefixes-failing", "2", "--max-tokens", "40",
+        "--engine", json.dumps({"kv_cache_memory_bytes": 64 << 20, "max_model_len": 512}), "--out", str(out),
+    ]  # fmt: skip
+    try:
+        rc_train = cli.main(
+            [*base, "--prompts", str(path), "--features", "select", "--balance-samples", "2", "--balance-below", "0"]
+        )
+        head = out / "judge_head.safetensors"
+        rc_eval = cli.main(
+            [*base, "--prompts", f"{path}:test", "--evaluate", str(head), "--old-head", str(head),
+             "--balance-samples", "2", "--balance-below", "0"]
+        )  # fmt: skip
+    finally:
+        mp.undo()
+    return {"root": root, "path": path, "out": out, "rc": (rc_train, rc_eval), "script": script, "lp": logprobs}
+
+
+def test_training_on_mbpp_records_the_set_selects_features_and_chooses_tau(run):
+    import hashlib
+
+    from parse_vllm.judge_head import JudgeHead
+    from parse_vllm.tools.judge import probe
+
+    assert run["rc"] == (0, 0)
+    out = run["out"]
+    head = JudgeHead.load(out / "judge_head.safetensors")
+    digest = hashlib.sha256(run["path"].read_bytes()).hexdigest()
+    (ps,) = head.prompt_sets
+    assert ps["name"] == "mbpp-train+validation+prompt" and ps["split"] == "train+validation+prompt"
+    assert ps["sha256"] == digest and ps["tasks"] == len(TRAIN_IDS) and ps["role"] == "train"
+    assert head.tau in probe.TAU_GRID and head.training["tau_head"]["rule"].startswith("the smallest τ")
+    s = json.loads((out / "summary.json").read_text())
+    assert s["tau_head"] == head.tau and s["features_kept"] == list(head.features)
+    assert head.features[0] == "hidden"
+    fitted = {r["features"] for r in s["feature_ablation"] if r["fitted"]}
+    assert "hidden" in fitted and "hidden,greedy_mismatch" in fitted
+    assert s["feature_comparison"]["hidden"]["score"] is not None
+    md = (out / "summary.md").read_text()
+    assert "Feature ablation" in md and "τ_head" in md and "mbpp_test" in md
+
+
+def test_balance_samples_more_where_the_draft_never_fails(run):
+    d = run["out"] / "data" / "mbpp-train+validation+prompt"
+    answers = [json.loads(x) for x in (d / "answers.jsonl").read_text().splitlines()]
+    balanced = {a["task"] for a in answers if a["source"] == "balance"}
+    assert balanced == {f"MBPP/{i}" for i in NEVER_FAILS & set(TRAIN_IDS)}
+    assert all(sum(1 for a in answers if a["task"] == t and a["source"] == "balance") == 2 for t in balanced)
+    done = json.loads((d / "boundaries.done.json").read_text())
+    assert done["settings"]["balance"] == {"samples": 2, "temperature": 1.1, "below": 0.0}
+    assert sorted(done["balanced_tasks"]) == sorted(balanced)
+
+
+def test_the_evidence_stage_aggregates_the_per_token_values_over_each_window(run):
+    from parse_vllm.tools.judge.data import example_evidence, read_jsonl
+
+    d = run["out"] / "data" / "mbpp-train+validation+prompt"
+    index = read_jsonl(d / "index.jsonl")
+    ev = np.load(d / "evidence.npy")
+    assert ev.shape == (len(index), 4)
+    tokens = {
+        (r["task"], r["answer"]): np.array([r["logprob"], r["mismatch"]])
+        for r in read_jsonl(d / "token_evidence.jsonl")
+    }
+    answers = {(a["task"], a["answer"]): a["token_ids"] for a in read_jsonl(d / "boundaries.jsonl")}
+    assert all(t.shape[1] == len(answers[k]) for k, t in tokens.items())
+    assert np.allclose(ev, example_evidence(index, tokens, 16))
+
+
+def test_evaluate_on_mbpp_test_scores_the_head_and_the_old_head_and_writes_csv(run):
+    out = run["out"]
+    s = json.loads((out / "summary.json").read_text())
+    for key in ("auc_head_whole_mbpp_test", "auc_zero_shot_whole_mbpp_test", "auc_old_head_whole_mbpp_test"):
+        assert key in s, key
+    assert s["auc_old_head_whole_mbpp_test"] == s["auc_head_whole_mbpp_test"]  # the same head twice
+    assert s["prompt_sets"]["mbpp_test"]["split"] == "test" and s["prompt_sets"]["mbpp_test"]["tasks"] == len(TEST_IDS)
+    assert "mbpp_test" in s["pass_rates_at_tau_head"]
+    rows = (out / "scores" / "mbpp_test.csv").read_text().splitlines()
+    assert rows[0].startswith("set,task,answer,kind,length,label,weight,zero_shot,head,old_head")
+    assert len(rows) - 1 == s["mbpp_test_n"]
+    assert (out / "scores" / "mbpp_train_validation_prompt.csv").is_file()
+    md = (out / "summary.md").read_text()
+    assert "Held out, side by side" in md and "old head" in md
