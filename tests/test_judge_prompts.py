@@ -175,3 +175,26 @@ def test_balance_picks_the_tasks_where_the_draft_rarely_fails():
     passed = {("a", 0): True, ("a", 1): True, ("b", 0): True, ("b", 1): False, ("c", 0): True, ("c", 1): False}
     assert rarely_failing(answers, passed, 0.0) == ["a", "c"]
     assert rarely_failing(answers, passed, 0.5) == ["a", "b", "c"]
+
+
+def test_the_report_says_which_held_out_set_has_too_few_failing_prefixes(tmp_path):
+    from parse_vllm.tools.judge import report
+
+    counts = lambda fail: {"counts": {"tasks": 5, "prefix_fail": fail}}  # noqa: E731
+    summary = {
+        "models": {"target": "t", "draft": "d", "question": "Q?", "labels": ["Correct", "Incorrect"],
+                   "boundaries": {}, "window": 16},
+        "train_split": "train", "train_sets": ["even", "mbpp_train_validation_prompt"],
+        "splits": ["train", "even", "mbpp_train_validation_prompt", "odd", "mbpp_test"],
+        "data": {"train": counts(300), "even": counts(80), "mbpp_train_validation_prompt": counts(220),
+                 "odd": counts(79), "mbpp_test": counts(80)},
+        "auc_head_whole_mbpp_test": 0.9, "auc_zero_shot_whole_mbpp_test": 0.6,
+    }  # fmt: skip
+    report.write(tmp_path, summary, {})
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["failing_prefixes"] == {"odd": {"n": 79, "goal": 80, "met": False},
+                                     "mbpp_test": {"n": 80, "goal": 80, "met": True}}  # fmt: skip
+    md = (tmp_path / "summary.md").read_text()
+    assert "odd 79; mbpp_test 80 — short on odd" in md
+    assert "| head | — | — | 0.900 | — |" in md  # the held-out table: odd then MBPP test, whole / prefixes
+    assert s["goals"]["auc_head_whole_mbpp_test"] == {"goal": 0.85, "value": 0.9, "met": True}

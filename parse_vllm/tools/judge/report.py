@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 GOALS = {"auc_head_whole_odd": 0.85, "auc_head_prefix_odd": 0.80, "auc_head_whole_mbpp_test": 0.85}
+MIN_FAILING_PREFIXES = 80  # each held-out set's failing prefixes (issue 37): fewer, and its prefix AUC is loose
 HELD_OUT_JUDGES = (("zero_shot", "zero-shot P(Correct)"), ("old_head", "old head"), ("head", "head"))
 
 
@@ -170,6 +171,19 @@ def markdown(s: dict[str, Any]) -> str:
             + ", ".join(f"{secs.get(k, 0) / 60:.1f}" for k in ("answers", "boundaries", "labels", "features"))
             + " |"
         )
+    short = {sp: g for sp, g in s.get("failing_prefixes", {}).items() if not g["met"]}
+    if s.get("failing_prefixes"):
+        lines += [
+            "",
+            f"Failing prefixes per held-out set (goal ≥ {MIN_FAILING_PREFIXES}): "
+            + "; ".join(f"{sp} {g['n']}" for sp, g in s["failing_prefixes"].items())
+            + (
+                f" — short on {', '.join(short)}: more with --balance-samples or --prefixes-failing"
+                if short
+                else " — met"
+            )
+            + ".",
+        ]
     lines += [
         "",
         "## ROC AUC (95% interval: tasks resampled)",
@@ -424,6 +438,12 @@ def write(out: Path, summary: dict[str, Any], scores: dict[str, Path]) -> list[P
     summary["goals"] = {
         k: {"goal": g, "value": summary.get(k), "met": None if summary.get(k) is None else summary[k] >= g}
         for k, g in GOALS.items()
+    }
+    cv = {summary.get("train_split"), *summary.get("train_sets", [])}
+    summary["failing_prefixes"] = {
+        sp: {"n": n, "goal": MIN_FAILING_PREFIXES, "met": n >= MIN_FAILING_PREFIXES}
+        for sp in summary.get("splits", [])
+        if sp not in cv and (n := summary.get("data", {}).get(sp, {}).get("counts", {}).get("prefix_fail")) is not None
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "summary.md").write_text(markdown(summary))
