@@ -251,3 +251,24 @@ def test_evaluate_on_mbpp_test_scores_the_head_and_the_old_head_and_writes_csv(r
     assert (out / "scores" / "mbpp_train_validation_prompt.csv").is_file()
     md = (out / "summary.md").read_text()
     assert "Held out, side by side" in md and "old head" in md
+
+
+def test_the_vllm_logprob_reader_equals_an_hf_forward(tiny_models, hf):
+    """data.LogprobReader (vLLM prompt_logprobs, the evidence stage's reader) against the
+    tiny target's HF logits: each token's log-probability and whether the argmax differs."""
+    import torch
+    from conftest import engine_kwargs
+
+    reader = jdata.LogprobReader(engine_kwargs(tiny_models["target"], kv_cache_memory_bytes=64 << 20))
+    seqs = [[1, 502, 3312, 77, 9, 4410, 18, 2200], [5, 6, 7, 8, 9, 10]]
+    try:
+        got = reader(seqs)
+    finally:
+        reader.close()
+    for s, ev in zip(seqs, got):
+        with torch.no_grad():
+            lp = torch.log_softmax(hf(torch.tensor([s])).logits[0, :-1], -1)
+        nxt = torch.tensor(s[1:])
+        assert ev.shape == (2, len(s) - 1)
+        assert np.allclose(ev[0], lp.gather(1, nxt[:, None])[:, 0].numpy(), atol=1e-3)
+        assert ev[1].tolist() == (lp.argmax(-1) != nxt).float().tolist()
