@@ -58,14 +58,18 @@ def _rel(*parts: str) -> str:
 
 
 def _cpu_flags() -> list[str]:
-    return sorted(
-        {
-            f
-            for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace")
-            if line.startswith("flags")
-            for f in line.split(":", 1)[1].split()
-        }
-    ) if os.path.exists("/proc/cpuinfo") else []
+    return (
+        sorted(
+            {
+                f
+                for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace")
+                if line.startswith("flags")
+                for f in line.split(":", 1)[1].split()
+            }
+        )
+        if os.path.exists("/proc/cpuinfo")
+        else []
+    )
 
 
 def _compiler_accepts(flags: list[str]) -> bool:
@@ -75,16 +79,24 @@ def _compiler_accepts(flags: list[str]) -> bool:
         with open(src, "w") as f:
             f.write("int main() { return 0; }\n")
         try:
-            r = subprocess.run([cxx, *flags, src, "-o", os.path.join(d, "t")],
-                               capture_output=True, timeout=60)
+            r = subprocess.run([cxx, *flags, src, "-o", os.path.join(d, "t")], capture_output=True, timeout=60)
         except (OSError, subprocess.SubprocessError):
             return False
         return r.returncode == 0
 
 
 _ISA_FLAGS = {
-    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c",
-               "-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"],
+    "avx512": [
+        "-mavx512f",
+        "-mavx512bw",
+        "-mavx512vl",
+        "-mavx512dq",
+        "-mavx2",
+        "-mfma",
+        "-mf16c",
+        "-DCPU_CAPABILITY_AVX512",
+        "-DCPU_CAPABILITY=AVX512",
+    ],
     "avx2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"],
     "default": [],
 }
@@ -99,8 +111,10 @@ def _cpu_isa() -> str:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return "default"
     have = set(_cpu_flags())
-    for isa, need in (("avx512", {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"}),
-                      ("avx2", {"avx2", "fma", "f16c"})):
+    for isa, need in (
+        ("avx512", {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"}),
+        ("avx2", {"avx2", "fma", "f16c"}),
+    ):
         if need <= have and _compiler_accepts(_ISA_FLAGS[isa]):
             return isa
     return "default"
@@ -139,8 +153,7 @@ def _set_cuda_home() -> None:
         return
     cands = [os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))]
     try:
-        r = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull], capture_output=True, text=True, timeout=60)
         for line in (r.stdout + r.stderr).splitlines():
             if "TOP=" in line:
                 cands.insert(0, os.path.normpath(line.split("TOP=", 1)[1].strip().strip('"')))
@@ -173,8 +186,9 @@ def _want_cuda(torch) -> tuple[bool, str]:
         return False, "PARSE_VLLM_BUILD_CUDA=0"
     if force in ("1", "true", "yes", "on"):
         if reasons:
-            raise SystemExit("parse-vllm: PARSE_VLLM_BUILD_CUDA=1 but the CUDA op cannot be built: "
-                             + "; ".join(reasons))
+            raise SystemExit(
+                "parse-vllm: PARSE_VLLM_BUILD_CUDA=1 but the CUDA op cannot be built: " + "; ".join(reasons)
+            )
         return True, f"PARSE_VLLM_BUILD_CUDA=1, nvcc {nvcc}, torch CUDA {torch.version.cuda}"
     if reasons:
         return False, "; ".join(reasons)
@@ -201,25 +215,30 @@ def _extensions():
     isa = _cpu_isa()
     build_cuda, why = _want_cuda(torch)
 
-    sources = [_rel("csrc", "torch_bindings.cpp"), _rel("csrc", "cpu", "prefix_verify_attention.cpp"),
-               _rel("csrc", "cpu", "prefix_verify_tc_emulator.cpp")]
+    sources = [
+        _rel("csrc", "torch_bindings.cpp"),
+        _rel("csrc", "cpu", "prefix_verify_attention.cpp"),
+        _rel("csrc", "cpu", "prefix_verify_tc_emulator.cpp"),
+    ]
     cxx = ["-O3", "-fopenmp", "-Wno-unused-function", "-Wno-maybe-uninitialized", *_ISA_FLAGS[isa]]
     link = ["-fopenmp", *_shared_libstdcxx()]
     if build_cuda:
-        arch_list = os.environ.get("PARSE_VLLM_CUDA_ARCHS") or os.environ.get("TORCH_CUDA_ARCH_LIST") \
-            or DEFAULT_CUDA_ARCHS
+        arch_list = (
+            os.environ.get("PARSE_VLLM_CUDA_ARCHS") or os.environ.get("TORCH_CUDA_ARCH_LIST") or DEFAULT_CUDA_ARCHS
+        )
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
         archs_macro = "-DPARSE_VLLM_CUDA_ARCHS=" + ",".join(re.split(r"[;,\s]+", arch_list.strip()))
-        sources += [_rel("csrc", "cuda", "prefix_verify_attention.cu"),
-                    _rel("csrc", "cuda", "prefix_verify_attention_tc.cu")]
+        sources += [
+            _rel("csrc", "cuda", "prefix_verify_attention.cu"),
+            _rel("csrc", "cuda", "prefix_verify_attention_tc.cu"),
+        ]
         ext = CUDAExtension(
             name="parse_vllm._C",
             sources=sources,
             extra_compile_args={
                 # PARSE_VLLM_WITH_CUDA: the bindings register the CUDA kernel too
                 "cxx": [*cxx, "-DPARSE_VLLM_WITH_CUDA", archs_macro],
-                "nvcc": ["-O3", "--use_fast_math", "-lineinfo",
-                         "--expt-relaxed-constexpr", "-DPARSE_VLLM_WITH_CUDA"],
+                "nvcc": ["-O3", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr", "-DPARSE_VLLM_WITH_CUDA"],
             },
             extra_link_args=link,
         )

@@ -133,10 +133,28 @@ def test_tensor_core_kernel_builds_without_spills_and_uses_hmma(tmp_path):
     (HMMA.16816.F32.BF16 and .F32 for fp16) with no local-memory traffic (LDL/STL)."""
     cu = os.path.join(ROOT, "csrc", "cuda", "prefix_verify_attention_tc.cu")
     obj = tmp_path / "tc.o"
-    cmd = [NVCC, "-c", cu, "-o", str(obj), "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
-           "-O3", "--use_fast_math", "-diag-suppress", "3306", "-Xcompiler", "-Wno-c++20-extensions",
-           "-Xptxas", "-v", "--threads", os.environ.get("PARSE_VLLM_NVCC_THREADS", "2"),
-           f"-I{sysconfig.get_paths()['include']}"]
+    cmd = [
+        NVCC,
+        "-c",
+        cu,
+        "-o",
+        str(obj),
+        "-std=c++17",
+        "-Xcompiler",
+        "-fPIC",
+        "--expt-relaxed-constexpr",
+        "-O3",
+        "--use_fast_math",
+        "-diag-suppress",
+        "3306",
+        "-Xcompiler",
+        "-Wno-c++20-extensions",
+        "-Xptxas",
+        "-v",
+        "--threads",
+        os.environ.get("PARSE_VLLM_NVCC_THREADS", "2"),
+        f"-I{sysconfig.get_paths()['include']}",
+    ]
     for a in TC_ARCHS:
         cmd += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
     cmd += [f"-I{p}" for p in _torch_includes()]
@@ -164,8 +182,9 @@ def test_tensor_core_kernel_builds_without_spills_and_uses_hmma(tmp_path):
         pytest.skip("spills checked; no cuobjdump + nvdisasm here to read the SASS")
     cuobjdump, env = dis
     for a in TC_ARCHS:
-        sass = subprocess.run([cuobjdump, "-sass", "-arch", f"sm_{a}", str(obj)], capture_output=True, text=True,
-                              env=env, timeout=600)
+        sass = subprocess.run(
+            [cuobjdump, "-sass", "-arch", f"sm_{a}", str(obj)], capture_output=True, text=True, env=env, timeout=600
+        )
         assert sass.returncode == 0, sass.stderr[-2000:]
         assert re.search(r"HMMA\.16816\.F32\.BF16", sass.stdout), f"sm_{a}: no bf16 HMMA in the SASS"
         assert re.search(r"HMMA\.16816\.F32\s", sass.stdout), f"sm_{a}: no fp16 HMMA in the SASS"

@@ -472,8 +472,13 @@ def test_costs_step_on_a_gpu_reports_what_gpu_costs_measured_left_out_and_failed
     summary = rep["costs"]
     assert summary["device"]["name"] == "NVIDIA H100 80GB HBM3" and summary["not_measured"] == 1
     want = {str(c["window"]): c["model_ms"] for c in costs["models"]["tiny-target"]["cases"] if "window" in c}
-    want.update({f"{c['window']} @bs{c['batch']}": c["model_ms"]
-                 for c in costs["models"]["tiny-target"].get("batch_cases", []) if "window" in c})
+    want.update(
+        {
+            f"{c['window']} @bs{c['batch']}": c["model_ms"]
+            for c in costs["models"]["tiny-target"].get("batch_cases", [])
+            if "window" in c
+        }
+    )
     assert any("@bs" in k for k in want)  # the batch-8 forwards reach the report
     assert summary["models"]["tiny-target"]["window_forward_ms"] == want
     md = (tmp_path / "gpu_check.md").read_text().split("## Step costs of a PARSE window")[1]
@@ -698,8 +703,17 @@ def test_goal_row_gpu_path_on_cpu(monkeypatch, capsys, shape):
         gpu_path=True,
     )
     assert row["op_ok"] and not row["notes"], row["notes"]
-    methods = {"op", "op_wide", "op_cuda_core", "flex", "flex_gather", "sdpa_lower_right_gqa", "sdpa_mask_gqa",
-               "flash", "flashinfer"}
+    methods = {
+        "op",
+        "op_wide",
+        "op_cuda_core",
+        "flex",
+        "flex_gather",
+        "sdpa_lower_right_gqa",
+        "sdpa_mask_gqa",
+        "flash",
+        "flashinfer",
+    }
     assert set(row["us"]) == methods | {"op_eager", "sdpa"}
     # the table as an entry of the verifier factory's record: accepted by its check, keyed by
     # the version the op reports for bf16, one row per shape with the op and the per-copy times
@@ -711,7 +725,9 @@ def test_goal_row_gpu_path_on_cpu(monkeypatch, capsys, shape):
     assert entry["capability"] == "9.0" and entry["device"] == meta["device_name"]
     (r,) = entry["rows"]
     assert r["op_us"] == round(row["us"]["op"], 1) and r["per_copy_us"] == {
-        "sdpa": round(row["us"]["sdpa"], 1), "flash": round(row["us"]["flash"], 1)}
+        "sdpa": round(row["us"]["sdpa"], 1),
+        "flash": round(row["us"]["flash"], 1),
+    }
     assert bk.kernel_measurement(meta, [dict(row, op_ok=False)]) is None  # a wrong op measures nothing
     assert row["sdpa_form"] in bk.GOAL_SDPA_FORMS and row["us"]["sdpa"] == row["us"]["sdpa_" + row["sdpa_form"]]
     aligned = shape[0] == 256

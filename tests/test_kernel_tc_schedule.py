@@ -94,8 +94,15 @@ def make_case(rng: np.random.Generator, *, D=None, dtype=None, big=False):
         sliding_window=window or None,
         max_prefix_len=max_prefix_len or None,
     )
-    return dict(q=rnd(T, Hq, D), k_new=rnd(T, Hkv, D), v_new=rnd(T, Hkv, D), key_cache=key_cache,
-                value_cache=value_cache, md=md, num_sms=int(rng.choice([1, 3, 16, 132])))
+    return dict(
+        q=rnd(T, Hq, D),
+        k_new=rnd(T, Hkv, D),
+        v_new=rnd(T, Hkv, D),
+        key_cache=key_cache,
+        value_cache=value_cache,
+        md=md,
+        num_sms=int(rng.choice([1, 3, 16, 132])),
+    )
 
 
 def visibility(case) -> np.ndarray:
@@ -216,7 +223,7 @@ def _check(case):
     if not np.array_equal(v, expected):
         bad = np.argwhere(v != expected)[:5]
         raise AssertionError(
-            f"pairs accumulated != visible (first: [t, head, col] -> got, want): "
+            "pairs accumulated != visible (first: [t, head, col] -> got, want): "
             + ", ".join(f"{tuple(b)} -> {v[tuple(b)]}, {expected[tuple(b)]}" for b in bad)
         )
     return out, vis
@@ -270,8 +277,9 @@ def test_the_split_plan_follows_the_real_bound_not_the_table_width():
     rng = np.random.default_rng(5)
     case = make_case(rng, D=32, dtype=torch.bfloat16)
     md = case["md"]
-    wide = torch.zeros((md.block_table.shape[0], 32768 // md.block_table.shape[1] + md.block_table.shape[1]),
-                       dtype=torch.int32)
+    wide = torch.zeros(
+        (md.block_table.shape[0], 32768 // md.block_table.shape[1] + md.block_table.shape[1]), dtype=torch.int32
+    )
     wide[:, : md.block_table.shape[1]] = md.block_table
     exact = dict(case, md=ops.PrefixVerifyMetadata(**{**md.__dict__, "max_prefix_len": int(md.copy_prefix_len.max())}))
     padded = dict(exact, md=ops.PrefixVerifyMetadata(**{**exact["md"].__dict__, "block_table": wide.contiguous()}))
@@ -288,4 +296,6 @@ def test_a_prefix_beyond_max_prefix_len_is_refused():
     if int(md.copy_prefix_len.max()) <= 1:
         pytest.skip("degenerate case")
     with pytest.raises(ValueError, match=r"copy_prefix_len\[\d+\]=\d+ exceeds max_prefix_len=\d+"):
-        ops.prefix_verify_attention(case["q"], case["k_new"], case["v_new"], case["key_cache"], case["value_cache"], bad)
+        ops.prefix_verify_attention(
+            case["q"], case["k_new"], case["v_new"], case["key_cache"], case["value_cache"], bad
+        )
