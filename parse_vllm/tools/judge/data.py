@@ -199,7 +199,11 @@ class LogprobReader:
     and rank, raw logits), as [2, len - 1] float32 per sequence."""
 
     def __init__(self, engine: dict[str, Any]):
-        self.engine = dict(engine, enable_prefix_caching=False)
+        # Every prompt token's logits are computed (and log-softmaxed) in a step: steps of at
+        # most max_model_len tokens (the least a step without chunked prefill may hold) keep
+        # that at ~1k x vocab floats instead of the other engines' 4k.
+        mlen = engine.get("max_model_len")
+        self.engine = dict(engine, enable_prefix_caching=False, **({"max_num_batched_tokens": mlen} if mlen else {}))
         self.llm = None
 
     def __call__(self, sequences: list[list[int]]) -> list[np.ndarray]:
