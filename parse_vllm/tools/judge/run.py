@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "training, test with --evaluate; or name it: mbpp.jsonl:test); several sets, or the flag "
                    "repeated: one head on all of them (or each evaluated)")  # fmt: skip
     p.add_argument("--split", choices=("even", "odd", "all"), default="even", help="humaneval task ids (default even)")
-    p.add_argument("--num-prompts", type=int, help="the first N prompts of the set (default all)")
+    p.add_argument("--num-prompts", type=int, help="the first N prompts of each set (default all)")
     p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="sampled draft answers per prompt, beside "
                    f"the greedy one (default {DEFAULT_SAMPLES})")  # fmt: skip
     p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="of the sampled answers")
