@@ -251,6 +251,14 @@ class JudgeHead:
                 f"{engine.question!r} with labels {list(engine.labels)}: set parse.question and parse.labels "
                 "as the head was trained, or train a head for these"
             )
+        if mine.boundaries and engine.boundaries and dict(mine.boundaries) != dict(engine.boundaries):
+            # its training examples were the prefixes this rule cuts: another rule asks it about
+            # prefixes of another kind, where its τ and its AUC were never measured
+            return (
+                f"it was trained on prefixes cut by another boundary rule ({dict(mine.boundaries)}); this engine "
+                f"cuts {dict(engine.boundaries)}: set parse.boundaries, parse.every and parse.max_boundaries as "
+                "the head was trained, or train a head for this rule"
+            )
         return None
 
     def fingerprint_mismatch(self, engine_fingerprint: np.ndarray) -> str | None:

@@ -64,6 +64,8 @@ def test_the_read_out_is_the_standardised_logistic_model(features, tmp_path):
         ({"architecture": "Qwen2ForCausalLM"}, "architecture"),
         ({"suffix_ids": (5, 6, 8)}, "another verification suffix"),
         ({"label_ids": ((11,), (12,))}, "another verification suffix"),
+        ({"boundaries": {"mode": "sentence", "every": 16, "max_boundaries": 8}}, "another boundary rule"),
+        ({"boundaries": {"mode": "fixed", "every": 32, "max_boundaries": 8}}, "another boundary rule"),
     ],
 )
 def test_a_head_for_another_target_or_suffix_is_refused(change, why):
