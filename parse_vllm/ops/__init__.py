@@ -52,6 +52,21 @@ try:  # registers torch.ops.parse_vllm.* (CPU always, CUDA when it was built)
 except ImportError as e:  # pragma: no cover - depends on the build
     _load_error = f"{type(e).__name__}: {e}"
 
+# The shapes the CUDA kernel is judged at, (context, K, Hq, Hkv): head size 128, a
+# 24-token suffix per copy, one request with K nested prefixes (issue 35's goal table,
+# scripts/bench_kernel.py --goals). The verifier factory's `auto` trusts the kernel only
+# where a recorded measurement shows it faster at every one of them.
+GOAL_SHAPES: tuple[tuple[int, int, int, int], ...] = (
+    (2048, 8, 8, 2),
+    (2048, 16, 8, 2),
+    (8192, 8, 8, 2),
+    (32768, 4, 8, 2),
+    (32768, 8, 8, 2),
+    (32768, 16, 8, 2),
+    (2048, 8, 32, 8),
+    (8192, 8, 32, 8),
+)
+
 # Head sizes the kernels are built for (csrc/ops.h; none without the op).
 SUPPORTED_HEAD_SIZES: tuple[int, ...] = (
     tuple(torch.ops.parse_vllm.supported_head_sizes()) if _load_error is None else ()

@@ -49,20 +49,9 @@ logger = _vllm.init_logger("parse_vllm.verify")
 # one entry per (kernel_version, GPU) run; format in docs/compiled-op.md.
 MEASUREMENTS_PATH = Path(__file__).with_name("kernel_measurements.json")
 MEASUREMENTS_SCHEMA = "parse-vllm/kernel-measurements/1"
-# The shapes that matter, (context, K, Hq, Hkv), at head size 128, a 24-token suffix
-# per copy: the goal table of issue 35 (one request, K nested prefixes, as
-# scripts/bench_kernel.py builds them). The op must be faster than the fastest
-# recorded per-copy baseline at every one of them.
-GOAL_SHAPES: tuple[tuple[int, int, int, int], ...] = (
-    (2048, 8, 8, 2),
-    (2048, 16, 8, 2),
-    (8192, 8, 8, 2),
-    (32768, 4, 8, 2),
-    (32768, 8, 8, 2),
-    (32768, 16, 8, 2),
-    (2048, 8, 32, 8),
-    (8192, 8, 32, 8),
-)
+# The shapes that matter (ops.GOAL_SHAPES, the benchmark's goal table): the op must be
+# faster than the fastest recorded per-copy baseline at every one of them.
+GOAL_SHAPES = _ops.GOAL_SHAPES
 GOAL_HEAD_SIZE, GOAL_SUFFIX = 128, 24
 
 
