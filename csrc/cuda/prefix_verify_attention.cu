@@ -44,6 +44,7 @@
 
 #include "../ops.h"
 #include "../prefix_verify_common.h"
+#include "prefix_verify_params.cuh"
 
 namespace parse_vllm {
 namespace {
@@ -53,31 +54,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kKT = 32;            // keys per shared-memory tile (= warp size)
 constexpr int kMinSplitKeys = 256; // never split a prefix finer than this
 
-template <typename scalar_t>
-struct Params {
-  scalar_t* out;
-  const scalar_t* q;
-  const scalar_t* k_new;
-  const scalar_t* v_new;
-  const scalar_t* kc;
-  const scalar_t* vc;
-  const int32_t* block_table;
-  const int32_t* copy_req;
-  const int32_t* copy_prefix_len;
-  const int32_t* cu;
-  int64_t out_s0, out_s1, q_s0, q_s1, kn_s0, kn_s1, vn_s0, vn_s1, bt_s0;
-  pv::CacheStrides ks, vs;
-  int block_size, C, T, Hq, Hkv, G;
-  float scale, softcap;
-  int window;
-  int num_splits;  // gridDim.z
-  int chunk;       // split s covers cached keys [s * chunk, (s + 1) * chunk)
-  float* ws_m;     // [S, T, Hq]      (num_splits > 1)
-  float* ws_l;     // [S, T, Hq]
-  float* ws_acc;   // [S, T, Hq, D]
-  bool vec_cache;  // 16-byte loads from the caches are aligned
-  bool vec_new;    // 16-byte loads from k_new / v_new are aligned
-};
+using cuda_params::Params;
 
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
@@ -380,8 +357,6 @@ __global__ void __launch_bounds__(128) prefix_verify_merge_kernel(const Params<s
   }
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
-
 template <typename scalar_t, int D>
 void launch(Params<scalar_t>& p, int64_t max_prefix_bound, cudaStream_t stream, const at::Tensor& q) {
   // Rows per CTA: 64 (8 per warp) up to D = 128; 24 for D = 256 so that the
@@ -436,11 +411,8 @@ void prefix_verify_attention_cuda(const PrefixVerifyArgs& a) {
   // Arguments checked by check_prefix_verify_args (csrc/torch_bindings.cpp);
   // index values are not read here (that would synchronise): bad values are
   // undefined behaviour.
-  const at::Tensor &out = a.out, &q = a.q, &k_new = a.k_new, &v_new = a.v_new;
-  const at::Tensor &key_cache = a.key_cache, &value_cache = a.value_cache, &block_table = a.block_table;
-  const at::Tensor &copy_req = a.copy_req, &copy_prefix_len = a.copy_prefix_len, &cu_copy_lens = a.cu_copy_lens;
-  const double scale = a.scale, softcap = a.softcap;
-  const int64_t sliding_window = a.sliding_window;
+  const at::Tensor &q = a.q, &k_new = a.k_new, &v_new = a.v_new;
+  const at::Tensor &key_cache = a.key_cache, &value_cache = a.value_cache;
   TORCH_CHECK(q.is_cuda(), "prefix_verify_attention (CUDA): tensors must be on a CUDA device");
   const c10::cuda::CUDAGuard guard(q.device());
   // bf16 / fp16 with aligned rows: the tensor-core kernel (prefix_verify_attention_tc.cu), unless
@@ -448,52 +420,18 @@ void prefix_verify_attention_cuda(const PrefixVerifyArgs& a) {
   const char* which = std::getenv("PARSE_VLLM_CUDA_KERNEL");
   const bool force_cuda_core = which != nullptr && std::string(which) == "cuda-core";
   if (!force_cuda_core && q.size(0) > 0 && prefix_verify_attention_cuda_tc(a)) return;
-  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_new.size(1);
+  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
   if (T == 0) return;
   TORCH_CHECK(T * Hq < (int64_t{1} << 31) && key_cache.numel() < (int64_t{1} << 62),
               "prefix_verify_attention (CUDA): problem too large");
-  const int64_t C = copy_req.size(0);
-  const int64_t block_size = key_cache.size(1);
-  // The caller's bound of the prefixes; the block table's width only when it gave none (in an
-  // engine that width is max_model_len, which would split a short context as if it were long).
-  const int64_t max_prefix_bound = a.max_prefix_len > 0 ? a.max_prefix_len : block_table.size(1) * block_size;
+  const int64_t max_prefix_bound = cuda_params::prefix_bound(a);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
   auto run = [&](auto* tag) {
     using scalar_t = std::remove_pointer_t<decltype(tag)>;
-    Params<scalar_t> p{};
-    p.out = out.data_ptr<scalar_t>();
-    p.q = q.data_ptr<scalar_t>();
-    p.k_new = k_new.data_ptr<scalar_t>();
-    p.v_new = v_new.data_ptr<scalar_t>();
-    p.kc = key_cache.data_ptr<scalar_t>();
-    p.vc = value_cache.data_ptr<scalar_t>();
-    p.block_table = block_table.data_ptr<int32_t>();
-    p.copy_req = copy_req.data_ptr<int32_t>();
-    p.copy_prefix_len = copy_prefix_len.data_ptr<int32_t>();
-    p.cu = cu_copy_lens.data_ptr<int32_t>();
-    p.out_s0 = out.stride(0); p.out_s1 = out.stride(1);
-    p.q_s0 = q.stride(0); p.q_s1 = q.stride(1);
-    p.kn_s0 = k_new.stride(0); p.kn_s1 = k_new.stride(1);
-    p.vn_s0 = v_new.stride(0); p.vn_s1 = v_new.stride(1);
-    p.bt_s0 = block_table.stride(0);
-    p.ks = pv::CacheStrides{key_cache.stride(0), key_cache.stride(1), key_cache.stride(2)};
-    p.vs = pv::CacheStrides{value_cache.stride(0), value_cache.stride(1), value_cache.stride(2)};
-    p.block_size = static_cast<int>(block_size);
-    p.C = static_cast<int>(C);
-    p.T = static_cast<int>(T);
-    p.Hq = static_cast<int>(Hq);
-    p.Hkv = static_cast<int>(Hkv);
-    p.G = static_cast<int>(Hq / Hkv);
-    p.scale = static_cast<float>(scale);
-    p.softcap = static_cast<float>(softcap);
-    p.window = static_cast<int>(sliding_window);
+    Params<scalar_t> p = cuda_params::make_params<scalar_t>(a);
     const int64_t es = sizeof(scalar_t);
-    auto strides16 = [&](const at::Tensor& t) {
-      bool ok = aligned16(t.data_ptr()) && (D * es) % 16 == 0;
-      for (int64_t i = 0; i + 1 < t.dim(); ++i) ok = ok && (t.stride(i) * es) % 16 == 0;
-      return ok;
-    };
+    auto strides16 = [&](const at::Tensor& t) { return (D * es) % 16 == 0 && cuda_params::rows_aligned16(t); };
     p.vec_cache = strides16(key_cache) && strides16(value_cache);
     p.vec_new = strides16(k_new) && strides16(v_new);
     switch (D) {

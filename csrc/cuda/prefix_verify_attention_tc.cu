@@ -48,6 +48,7 @@
 #include "../ops.h"
 #include "../prefix_verify_common.h"
 #include "../prefix_verify_tiling.h"
+#include "prefix_verify_params.cuh"
 
 namespace parse_vllm {
 namespace {
@@ -56,29 +57,7 @@ using pv::kTcRows;
 using pv::kTcThreads;
 using pv::kTcWarps;
 
-template <typename scalar_t>
-struct TcParams {
-  scalar_t* out;
-  const scalar_t* q;
-  const scalar_t* k_new;
-  const scalar_t* v_new;
-  const scalar_t* kc;
-  const scalar_t* vc;
-  const int32_t* block_table;
-  const int32_t* copy_req;
-  const int32_t* copy_prefix_len;
-  const int32_t* cu;
-  int64_t out_s0, out_s1, q_s0, q_s1, kn_s0, kn_s1, vn_s0, vn_s1, bt_s0;
-  pv::CacheStrides ks, vs;
-  int block_size, C, T, Hq, Hkv, G;
-  float scale, softcap;
-  int window;
-  int num_splits;
-  int chunk;
-  float* ws_m;    // [S, T, Hq]      (num_splits > 1), m in log2 units
-  float* ws_l;    // [S, T, Hq]
-  float* ws_acc;  // [S, T, Hq, D]
-};
+using cuda_params::Params;
 
 // ---------------------------------------------------------------- PTX wrappers
 
@@ -192,7 +171,7 @@ struct TcSmem {
 
 template <typename scalar_t, int D>
 __global__ void __launch_bounds__(kTcThreads, 1)
-    prefix_verify_tc_kernel(const TcParams<scalar_t> p) {
+    prefix_verify_tc_kernel(const Params<scalar_t> p) {
   using Shape = pv::TcShape<D>;
   using SM = TcSmem<D>;
   using Mma = MmaOp<scalar_t>;
@@ -493,7 +472,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 // split wrote a state for every row of every row tile that exists (an empty one
 // with m = -inf, l = 0 when the split held nothing for the row).
 template <typename scalar_t, int D>
-__global__ void __launch_bounds__(128) prefix_verify_tc_merge_kernel(const TcParams<scalar_t> p) {
+__global__ void __launch_bounds__(128) prefix_verify_tc_merge_kernel(const Params<scalar_t> p) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= static_cast<int64_t>(p.T) * p.Hq) return;
@@ -514,10 +493,8 @@ __global__ void __launch_bounds__(128) prefix_verify_tc_merge_kernel(const TcPar
   }
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
-
 template <typename scalar_t, int D>
-void launch_tc(TcParams<scalar_t>& p, int64_t max_prefix_len, const at::Tensor& q, cudaStream_t stream) {
+void launch_tc(Params<scalar_t>& p, int64_t max_prefix_len, const at::Tensor& q, cudaStream_t stream) {
   using SM = TcSmem<D>;
   int device = 0, sms = 0, smem_optin = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
@@ -556,50 +533,12 @@ void launch_tc(TcParams<scalar_t>& p, int64_t max_prefix_len, const at::Tensor& 
 
 template <typename scalar_t>
 bool run_tc(const PrefixVerifyArgs& a) {
-  const at::Tensor &out = a.out, &q = a.q, &k_new = a.k_new, &v_new = a.v_new;
-  const at::Tensor &key_cache = a.key_cache, &value_cache = a.value_cache, &block_table = a.block_table;
-  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_new.size(1);
+  const at::Tensor& q = a.q;
   // 16-byte loads and 4-byte stores everywhere: pointers and row strides aligned
-  auto rows16 = [&](const at::Tensor& t) {
-    bool ok = aligned16(t.data_ptr());
-    for (int64_t i = 0; i + 1 < t.dim(); ++i) ok = ok && (t.stride(i) * 2) % 16 == 0;
-    return ok;
-  };
-  if (!(rows16(q) && rows16(k_new) && rows16(v_new) && rows16(key_cache) && rows16(value_cache) && rows16(out)))
-    return false;
-  TcParams<scalar_t> p{};
-  p.out = out.data_ptr<scalar_t>();
-  p.q = q.data_ptr<scalar_t>();
-  p.k_new = k_new.data_ptr<scalar_t>();
-  p.v_new = v_new.data_ptr<scalar_t>();
-  p.kc = key_cache.data_ptr<scalar_t>();
-  p.vc = value_cache.data_ptr<scalar_t>();
-  p.block_table = block_table.data_ptr<int32_t>();
-  p.copy_req = a.copy_req.data_ptr<int32_t>();
-  p.copy_prefix_len = a.copy_prefix_len.data_ptr<int32_t>();
-  p.cu = a.cu_copy_lens.data_ptr<int32_t>();
-  p.out_s0 = out.stride(0);
-  p.out_s1 = out.stride(1);
-  p.q_s0 = q.stride(0);
-  p.q_s1 = q.stride(1);
-  p.kn_s0 = k_new.stride(0);
-  p.kn_s1 = k_new.stride(1);
-  p.vn_s0 = v_new.stride(0);
-  p.vn_s1 = v_new.stride(1);
-  p.bt_s0 = block_table.stride(0);
-  p.ks = pv::CacheStrides{key_cache.stride(0), key_cache.stride(1), key_cache.stride(2)};
-  p.vs = pv::CacheStrides{value_cache.stride(0), value_cache.stride(1), value_cache.stride(2)};
-  p.block_size = static_cast<int>(key_cache.size(1));
-  p.C = static_cast<int>(a.copy_req.size(0));
-  p.T = static_cast<int>(T);
-  p.Hq = static_cast<int>(Hq);
-  p.Hkv = static_cast<int>(Hkv);
-  p.G = static_cast<int>(Hq / Hkv);
-  p.scale = static_cast<float>(a.scale);
-  p.softcap = static_cast<float>(a.softcap);
-  p.window = static_cast<int>(a.sliding_window);
-  const int64_t max_prefix_len =
-      a.max_prefix_len > 0 ? a.max_prefix_len : block_table.size(1) * key_cache.size(1);
+  for (const at::Tensor* t : {&a.q, &a.k_new, &a.v_new, &a.key_cache, &a.value_cache, &a.out})
+    if (!cuda_params::rows_aligned16(*t)) return false;
+  Params<scalar_t> p = cuda_params::make_params<scalar_t>(a);
+  const int64_t D = q.size(2), max_prefix_len = cuda_params::prefix_bound(a);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   switch (D) {
     case 32: launch_tc<scalar_t, 32>(p, max_prefix_len, q, stream); break;
