@@ -130,17 +130,6 @@ PV_HD RowBounds empty_bounds() {
   return RowBounds{2147483647, -2147483647 - 1, 2147483647, 0, 2147483647, -1, 2147483647};
 }
 
-PV_HD void add_row(RowBounds& b, const RowInfo& x) {
-  if (!x.valid) return;
-  b.lo_min = x.lo < b.lo_min ? x.lo : b.lo_min;
-  b.lo_max = x.lo > b.lo_max ? x.lo : b.lo_max;
-  b.hi_min = x.P < b.hi_min ? x.P : b.hi_min;
-  b.hi_max = x.P > b.hi_max ? x.P : b.hi_max;
-  b.t_min = x.t < b.t_min ? x.t : b.t_min;
-  b.t_max = x.t > b.t_max ? x.t : b.t_max;
-  b.tok0_min = x.tok0 < b.tok0_min ? x.tok0 : b.tok0_min;
-}
-
 PV_HD RowBounds merge_bounds(RowBounds a, const RowBounds& b) {
   a.lo_min = b.lo_min < a.lo_min ? b.lo_min : a.lo_min;
   a.lo_max = b.lo_max > a.lo_max ? b.lo_max : a.lo_max;
@@ -150,6 +139,10 @@ PV_HD RowBounds merge_bounds(RowBounds a, const RowBounds& b) {
   a.t_max = b.t_max > a.t_max ? b.t_max : a.t_max;
   a.tok0_min = b.tok0_min < a.tok0_min ? b.tok0_min : a.tok0_min;
   return a;
+}
+
+PV_HD void add_row(RowBounds& b, const RowInfo& x) {
+  if (x.valid) b = merge_bounds(b, RowBounds{x.lo, x.lo, x.P, x.P, x.t, x.t, x.tok0});
 }
 
 enum TileKind : int { kTileSkip = 0, kTilePartial = 1, kTileFull = 2 };
