@@ -22,6 +22,14 @@ def get_stats(llm) -> dict:
     return llm.collective_rpc("parse_stats")[0]
 
 
+def get_step_costs(llm) -> dict | None:
+    """With `on_reject: adaptive`, the window policy's step costs: {"seconds": {feature:
+    s}, "fixed": bool, "steps": steps learnt from}. "seconds", read from an engine warmed on
+    the serving machine, can be given back as parse option `adaptive_step_costs` to fix
+    them. None without the adaptive policy."""
+    return llm.collective_rpc("parse_step_costs")[0]
+
+
 def reset_stats(llm) -> None:
     llm.collective_rpc("parse_reset_stats")
 

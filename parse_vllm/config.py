@@ -74,6 +74,13 @@ class ParseConfig:
     # from what the judge has taken and what a window costs on this engine.
     on_reject: str = "continue"
     spec_tokens: int = 0
+    # on_reject "adaptive": the cost model's seconds per unit of each of
+    # window_policy.FEATURES ("step", "target_forward", "target_tokens",
+    # "draft_forwards", "draft_tokens", "verify_passes", "verify_tokens"),
+    # fixed instead of fitted online to this engine's step times. For decisions
+    # that do not move with the machine's load (benchmarks, tests), or costs
+    # measured once on the serving GPU. A feature not named costs 0.
+    adaptive_step_costs: dict | None = None
     # Who writes the token-level drafts (`spec_tokens` tokens: after a
     # rejection, between redraft rounds, for PARSE-off requests and τ > 1):
     # None = the draft model that writes the windows; or a second proposer in
@@ -155,6 +162,7 @@ class ParseConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise bad(name, "must be an integer >= 1")
         _check_token_proposer(self.token_proposer, self.spec_tokens)
+        _check_step_costs(self.adaptive_step_costs, self.on_reject)
         if self.judge_head is not None and not (isinstance(self.judge_head, str) and self.judge_head.strip()):
             raise bad("judge_head", "must be a path to a judge head (or the name of a shipped one)")
         if self.verifier not in VERIFIERS:
@@ -196,6 +204,27 @@ def _check_token_proposer(proposer: Any, spec_tokens: int) -> None:
         raise ParseConfigError(
             f"{name} is set but parse.spec_tokens is 0: say how many tokens it proposes per step (e.g. 3)"
         )
+
+
+def _check_step_costs(costs: Any, on_reject: str) -> None:
+    """parse.adaptive_step_costs: None, or seconds (finite, >= 0) by window_policy.FEATURES name."""
+    from parse_vllm.window_policy import FEATURES
+
+    if costs is None:
+        return
+    name = "parse.adaptive_step_costs"
+    if on_reject != "adaptive":
+        raise ParseConfigError(f'{name} is read only by on_reject "adaptive", and on_reject is {on_reject!r}')
+    if not isinstance(costs, dict) or not costs:
+        raise ParseConfigError(
+            f"{name} must be a non-empty object of seconds by feature {list(FEATURES)}, got {costs!r}"
+        )
+    unknown = sorted(set(costs) - set(FEATURES))
+    if unknown:
+        raise ParseConfigError(f"{name}: unknown feature(s) {unknown}; known: {list(FEATURES)}")
+    for key, value in costs.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ParseConfigError(f"{name}[{key!r}] must be a finite number of seconds >= 0, got {value!r}")
 
 
 def _check_threshold(value: Any, name: str) -> float:

@@ -85,7 +85,11 @@ class ParseController:
         if self.config.on_reject == "adaptive":
             copies = 1 if self.config.two_stage else self.config.max_boundaries
             self.policy = WindowPolicy(
-                self.window, self.config.spec_tokens, self.config.draft_chunk, copies * self.template.suffix_len
+                self.window,
+                self.config.spec_tokens,
+                self.config.draft_chunk,
+                copies * self.template.suffix_len,
+                step_costs=self.config.adaptive_step_costs,
             )
         self._step_x = np.zeros(len(WINDOW_COST_FEATURES))  # what the step ran (window_policy.FEATURES)
         self._step_start: float | None = None

@@ -84,17 +84,23 @@ class CostModel:
     """Step time ≈ θ · x over FEATURES, θ ≥ 0, fitted by recursive least squares with
     forgetting (`forget` per step) from a weak prior: every token free, the fixed cost
     unknown. A step much slower than predicted (an engine that sat idle between steps) is
-    not learnt from."""
+    not learnt from. `fixed` (seconds by FEATURES name, parse.adaptive_step_costs): θ given,
+    never fitted."""
 
-    def __init__(self, forget: float = 0.98, prior_weight: float = 1.0):
+    def __init__(self, forget: float = 0.98, prior_weight: float = 1.0, fixed: dict[str, float] | None = None):
         self.forget = forget
         self.theta = np.zeros(len(FEATURES))
         self.P = np.eye(len(FEATURES)) / prior_weight
         self.P[0, 0] = 1e6  # the fixed cost is unknown until the first step
         self.steps = 0
+        self.fixed = fixed is not None
+        if fixed is not None:
+            self.theta = np.array([float(fixed.get(name, 0.0)) for name in FEATURES])
 
     def update(self, x: np.ndarray, seconds: float) -> None:
         """One step of `seconds` that ran x (FEATURES)."""
+        if self.fixed:
+            return
         x = np.asarray(x, dtype=np.float64)
         if self.steps >= 8 and seconds > 20 * max(self.cost(x), 1e-6):
             return
@@ -103,6 +109,13 @@ class CostModel:
         self.theta = self.theta + gain * (seconds - x @ self.theta)
         self.P = (self.P - np.outer(gain, Px)) / self.forget
         self.steps += 1
+
+    def as_dict(self) -> dict:
+        """What the model holds: seconds by FEATURES name (negative ones as 0, as `cost`
+        reads them; a valid parse.adaptive_step_costs), fixed or fitted, and the steps it
+        learnt from."""
+        seconds = {name: float(max(t, 0.0)) for name, t in zip(FEATURES, self.theta)}
+        return {"seconds": seconds, "fixed": self.fixed, "steps": self.steps}
 
     def cost(self, x: np.ndarray) -> float:
         """Predicted seconds of x (negative coefficients, from noise, count as 0)."""
@@ -148,13 +161,21 @@ class RequestPolicy:
 class WindowPolicy:
     """The engine's policy: its cost model, the engine-wide record, and the decision."""
 
-    def __init__(self, window: int, spec_tokens: int, chunk: int, verify_tokens_per_window: float, sizes=None):
+    def __init__(
+        self,
+        window: int,
+        spec_tokens: int,
+        chunk: int,
+        verify_tokens_per_window: float,
+        sizes=None,
+        step_costs: dict[str, float] | None = None,
+    ):
         self.window = window  # W, the longest window
         self.spec_tokens = spec_tokens  # k of the token-level arm (0: the target alone)
         self.chunk = chunk  # draft tokens per engine step of a window (0: the whole window)
         self.verify_tokens = verify_tokens_per_window  # copies x suffix tokens of a window's judgment
         self.sizes = sizes or window_sizes(window)
-        self.costs = CostModel()
+        self.costs = CostModel(fixed=step_costs)  # step_costs: parse.adaptive_step_costs
         # The engine's record, by request key (τ and guard: a judge takes far more at τ 0
         # than at 0.9), the prior of a request's own.
         self.engine: dict[tuple, ArmStats] = {}

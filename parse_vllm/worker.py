@@ -3,6 +3,7 @@
 started with VLLM_SERVER_DEV_MODE=1, `POST /collective_rpc {"method": ...}`):
 
   parse_stats, parse_judgments, parse_reset_stats   PARSE counters
+  parse_step_costs    on_reject adaptive: the window policy's step costs
   parse_kv_blocks, parse_reset_kv_audit   the worker's view of the KV blocks
                     (leak checks; high-water marks with audit_kv_blocks)
   parse_scratch_ids   the scratch KV block ids this rank holds back (with
@@ -28,6 +29,10 @@ class _StatsRPC:
 
     def parse_judgments(self) -> list[dict]:
         return [] if self._parse is None else list(self._parse.judgments)
+
+    def parse_step_costs(self) -> dict | None:
+        policy = getattr(self._parse, "policy", None)
+        return None if policy is None else policy.costs.as_dict()
 
     def parse_reset_stats(self) -> None:
         if self._parse is not None:

@@ -16,6 +16,19 @@ W = 64
 REJECT_ALL = {"parse_threshold": 1.0}  # judged, and every prefix fails
 ACCEPT_ALL = {"parse_threshold": 0.0}
 LOSSLESS = {"parse_threshold": 1.0, "parse_guard": 1}
+# The policy's step costs fixed (parse.adaptive_step_costs), GPU-like: a forward costs the
+# same for 1 or 100 tokens, a draft forward a tenth of the target's. Its choices then follow
+# from the judge's alone, whatever load this machine is under (fitted, a loaded 2-core CPU
+# can price every window out).
+GPU_COSTS = {
+    "step": 1e-3,
+    "target_forward": 0.02,
+    "target_tokens": 1e-5,
+    "draft_forwards": 2e-3,
+    "draft_tokens": 1e-6,
+    "verify_passes": 0.02,
+    "verify_tokens": 1e-5,
+}
 
 
 def sp(max_tokens, **extra_args):
@@ -30,7 +43,8 @@ def ids(outs):
 
 @pytest.fixture(scope="module")
 def adaptive(tiny_models, ref):  # the reference first: one engine at a time
-    llm = make_llm(**parse_kwargs(tiny_models, window=W, on_reject="adaptive"), disable_log_stats=False)
+    kw = parse_kwargs(tiny_models, window=W, on_reject="adaptive", adaptive_step_costs=GPU_COSTS)
+    llm = make_llm(**kw, disable_log_stats=False)
     yield llm
     close_llm(llm)
 
@@ -60,6 +74,30 @@ def test_a_judge_that_takes_every_window_grows_them_to_w(adaptive):
     assert st["rejections"] == 0 and st["tokens_accepted_semantic"] > 200
 
 
+def test_given_step_costs_stay_as_given(adaptive):
+    costs = parse_vllm.get_step_costs(adaptive)
+    assert costs == {"seconds": GPU_COSTS, "fixed": True, "steps": 0}
+
+
+def test_an_engine_fits_its_step_costs_and_they_can_be_given_back(tiny_models, ref):
+    """Without adaptive_step_costs the policy fits its cost model to the steps it times
+    (what it then chooses depends on this machine's load, so only the fit is checked); what
+    get_step_costs reads is a valid adaptive_step_costs."""
+    from parse_vllm.config import ParseConfig
+
+    llm = make_llm(**parse_kwargs(tiny_models, window=W, on_reject="adaptive"))
+    try:
+        outs = llm.generate(PROMPTS[:2], sp(48, **ACCEPT_ALL))
+        assert all(len(o.outputs[0].token_ids) == 48 for o in outs)
+        costs = parse_vllm.get_step_costs(llm)
+    finally:
+        close_llm(llm)
+    assert costs["fixed"] is False and costs["steps"] >= 2  # engine steps timed (windows make them few)
+    assert set(costs["seconds"]) == set(GPU_COSTS) and sum(costs["seconds"].values()) > 0
+    cfg = ParseConfig.from_dict({"on_reject": "adaptive", "adaptive_step_costs": costs["seconds"]})
+    assert cfg.adaptive_step_costs == costs["seconds"]
+
+
 def test_lossless_settings_are_the_target_in_a_mixed_batch(adaptive, ref):
     prompts = PROMPTS[:6]
     kinds = [LOSSLESS, {"parse_threshold": 1.5}, {"parse": False}, LOSSLESS, ACCEPT_ALL, REJECT_ALL]
@@ -72,7 +110,7 @@ def test_lossless_settings_are_the_target_in_a_mixed_batch(adaptive, ref):
 @pytest.fixture(scope="module")
 def adaptive_tight(tiny_models, ref):
     # about 21 blocks of 32 tokens (2 held as PARSE scratch); 6 requests of ~190 tokens need ~36
-    kw = parse_kwargs(tiny_models, window=W, on_reject="adaptive")
+    kw = parse_kwargs(tiny_models, window=W, on_reject="adaptive", adaptive_step_costs=GPU_COSTS)
     llm = make_llm(**{**kw, "kv_cache_memory_bytes": 2 << 20, "max_model_len": 384}, disable_log_stats=False)
     yield llm
     close_llm(llm)

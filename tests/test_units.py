@@ -46,6 +46,11 @@ def test_defaults_are_valid_and_documented():
         ({"guard": -1}, "integer >= 0"),
         ({"guard": 2.5}, "integer >= 0"),
         ({"guard": True}, "integer >= 0"),
+        ({"adaptive_step_costs": {"step": 0.01}}, 'read only by on_reject "adaptive"'),
+        ({"on_reject": "adaptive", "adaptive_step_costs": {}}, "non-empty object of seconds"),
+        ({"on_reject": "adaptive", "adaptive_step_costs": {"steps": 0.01}}, r"unknown feature\(s\) \['steps'\]"),
+        ({"on_reject": "adaptive", "adaptive_step_costs": {"step": -1}}, r"\['step'\] must be a finite number"),
+        ({"on_reject": "adaptive", "adaptive_step_costs": {"step": "1ms"}}, "finite number of seconds"),
     ],
 )
 def test_bad_engine_options_are_refused(raw, needle):

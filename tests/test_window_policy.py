@@ -207,3 +207,21 @@ def test_expected_taken_is_the_geometric_mean_run():
     assert expected_taken(0.9, 3) == pytest.approx(0.9 + 0.81 + 0.729)
     assert expected_taken(1.0, 64) == pytest.approx(64, rel=1e-6)
     assert window_sizes(128) == [16, 32, 64, 128] and window_sizes(48) == [16, 32, 48]
+
+
+def test_given_step_costs_are_used_and_never_refitted():
+    """parse.adaptive_step_costs: θ as named (features not named cost 0), whatever steps the
+    engine then times, so the GPU-like first decision of the test above holds on any load."""
+    named = dict(step=1e-3, target_forward=0.02, target_tokens=1e-5, draft_forwards=2e-3, draft_tokens=1e-6)
+    policy = WindowPolicy(
+        W,
+        spec_tokens=4,
+        chunk=2,
+        verify_tokens_per_window=30,
+        step_costs={**named, "verify_passes": 0.02, "verify_tokens": 1e-5},
+    )
+    assert np.array_equal(policy.costs.theta, GPU_THETA)
+    cpu_like(policy)  # steps timed as a compute-bound CPU: not learnt from
+    assert np.array_equal(policy.costs.theta, GPU_THETA)
+    assert policy.decide(RequestPolicy(), room=500).window == 16
+    assert CostModel(fixed={"draft_tokens": 0.5}).theta.tolist() == [0, 0, 0, 0, 0.5, 0, 0]
