@@ -324,7 +324,7 @@ def section(rows: list[dict], noise: dict[str, dict] | None = None) -> str:
                 "`on_reject: adaptive` against today's `continue` (`scripts/bench_adaptive.py`, `bench/adaptive/`): each "
                 "row is one `parse-vllm eval` run's, beside the target alone and token-level speculation measured in the "
                 "same run (the Coder pair: W 128, k 4 by the draft as the token-level arm, two-stage judging, greedy, "
-                "384 tokens; the even rows judge zero-shot, the odd rows with the shipped judge head; SmolLM2: W 48, its EAGLE-3 head k 3, τ 0.9, 8 MT-Bench + 8 checkable prompts, batch 1). "
+                "384 tokens; the even rows judge zero-shot, the odd rows with the shipped judge head; SmolLM2: W 48, its EAGLE-3 head k 3, τ 0.9, MT-Bench and checkable prompts, batch 1; the tasks column counts them). "
                 + how,
                 "",
                 render(rows).rstrip("\n"),
