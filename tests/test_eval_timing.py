@@ -277,8 +277,9 @@ def test_bench_adaptive_and_judge_e2e_label_zero_window_rows_and_give_intervals(
     assert "| adaptive (no window opened: token-level) |" in section and "Noise floor of each run" in section
     cont = next(r for r in s["rows"] if r["config"] == "continue" and r["batch"] == 8)
     assert cont["label"] == "continue" and cont["verdict"] == "slower"  # 1/1.1 of token-level's speed
-    # beside the committed SmolLM2 run, timed before per-task timing: its rows keep tok/s, say so
-    old = ROOT / "bench" / "adaptive" / "smollm2-eagle3"
+    # beside a SmolLM2 run timed before per-task timing (the one committed until 2026-11-27):
+    # its rows keep tok/s, and say so
+    old = ROOT / "tests" / "fixtures" / "smollm2-eagle3-before-timing"
     assert ba.main(["--coder", str(runs), "--smollm2", str(old), "--out", str(tmp_path / "mixed")]) == 0
     section = (tmp_path / "mixed" / "section.md").read_text()
     line = next(x for x in section.splitlines() if x.startswith("| smollm2 | — | 1 | 0.9 | adaptive"))
