@@ -31,8 +31,9 @@ $(PAIR): $(STAMP) parse_vllm/tools/prepare_models.py parse_vllm/tools/chunked_gg
 	$(VENV)/bin/parse-vllm prepare-models --pair
 	touch $@
 
+# PARSE over the first 4 even HumanEval tasks beside the target alone (tools/demo.py)
 demo: setup pair
-	$(VENV)/bin/parse-vllm demo --compare
+	$(VENV)/bin/parse-vllm demo --compare --tasks 4
 
 test: setup models
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -265,9 +265,19 @@ def demo(argv: list[str]) -> int:
         action="store_true",
         help="also run the target alone: both answers side by side with speed and quality",
     )
+    ap.add_argument(
+        "--tasks",
+        type=int,
+        metavar="N",
+        help="instead of one question, the first N even HumanEval tasks (the split this pair was tuned on, "
+        "not picked by result), one at a time: each window's judgments, where the tokens came from, tests "
+        "and time per task, then the totals",
+    )
     ap.add_argument("--target", help="another target model folder")
     ap.add_argument("--draft", help="another draft model folder")
     args = ap.parse_args(argv)
+    if args.tasks is not None and (args.tasks < 1 or args.prompt is not None):
+        ap.error("--tasks takes a number of tasks >= 1, and not with --prompt")
     pair = dict(DEMO_PAIRS[args.pair])
     for key in ("prompt", "max_tokens", "window", "threshold", "guard"):
         if getattr(args, key) is not None:
@@ -298,6 +308,8 @@ def demo(argv: list[str]) -> int:
     )
     setting = f"τ = {pair['threshold']:g}, guard {pair['guard'] or 'off'}"
     print(f"engine: {mode['description']}")
+    if args.tasks is not None:
+        return _demo_tasks(pair, args, common, draft, setting)
     llm = _vllm.LLM(
         **common,
         speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": pair["window"]},
@@ -378,6 +390,49 @@ def demo(argv: list[str]) -> int:
             "the target would not have written. `parse-vllm eval` measures what each setting costs "
             '(README, "Quality").'
         )
+    return 0
+
+
+def _demo_tasks(pair: dict, args, common: dict, draft: Path, setting: str) -> int:
+    """`demo --tasks N` (tools/demo.py): PARSE over the first N even HumanEval tasks, and
+    with --compare the target alone over the same tasks."""
+    from parse_vllm import _vllm
+    from parse_vllm.tools import demo as demo_tasks
+    from parse_vllm.tools.engine import close
+    from parse_vllm.tools.eval.tasks import humaneval_set
+
+    tasks = humaneval_set("even").take(args.tasks)
+    params = _vllm.SamplingParams(temperature=0.0, max_tokens=pair["max_tokens"])
+    warm = _vllm.SamplingParams(temperature=0.0, max_tokens=4)
+    parse_options = {**pair["parse"], "threshold": pair["threshold"], "guard": pair["guard"]}
+    print(
+        f"tasks: the first {len(tasks)} even HumanEval ids ({', '.join(t['id'] for t in tasks)}), the split this "
+        f"pair was tuned on, not picked by result; W = {pair['window']}, {setting}, {pair['max_tokens']} tokens at most"
+    )
+    llm = _vllm.LLM(
+        **common,
+        speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": pair["window"]},
+        additional_config={"parse": {**parse_options, "record_judgments": 1 << 16}},
+    )
+    llm.chat([{"role": "user", "content": "Hello"}], warm, use_tqdm=False)
+    parse = demo_tasks.run_tasks(llm, tasks, params, pair["threshold"], parse=True)
+    close(llm)
+    target = None
+    if args.compare:
+        base = _vllm.LLM(**common)
+        base.chat([{"role": "user", "content": "Hello"}], warm, use_tqdm=False)
+        target = demo_tasks.run_tasks(base, tasks, params, pair["threshold"], parse=False)
+        close(base)
+    print()
+    for i, task in enumerate(tasks):
+        print("\n".join(demo_tasks.task_lines(task["id"], parse[i], None if target is None else target[i])))
+    print()
+    print("\n".join(demo_tasks.total_lines(parse, target)))
+    print(
+        "\nP(correct): the judge's probability that the answer so far is correct (the judge head's, where the "
+        "pair ships one); ✓ passes τ. Tokens taken semantically are the draft's, kept because the judge passed "
+        "them; token-level ones are draft tokens the target would have written itself."
+    )
     return 0
 
 

@@ -65,3 +65,44 @@ def test_demo_runs_the_bundled_pair_under_parse(capsys):
     assert stats["drafts"] > 0 and stats["copies"] > 0 and stats["verification_passes"] > 0, text
     assert stats["tokens_accepted_token_level"] + stats["tokens_accepted_semantic"] > 0, text
     assert re.search(r"PARSE answer \(W = 48, τ = 0\.5, guard off; \d+ tokens", text), text
+
+
+def test_demo_tasks_shows_each_windows_judgments_and_the_totals(tiny_models, capsys):
+    """`make demo`'s form (`--tasks N --compare`) on the tiny models at τ 0.01 (judged, unlike
+    τ 0, which takes windows unjudged): each task's block with its windows and the totals;
+    per task, the tokens the counters call semantic are at most what its printed windows
+    took."""
+    from parse_vllm import cli
+
+    common = ["demo", "--pair", "smollm2", "--target", str(tiny_models["target"]), "--draft", str(tiny_models["draft"])]
+    argv = common + ["--tasks", "2", "--compare", "--max-tokens", "40", "--window", "16", "--threshold", "0.01"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "tasks: the first 2 even HumanEval ids (HumanEval/0, HumanEval/2)" in text
+    blocks = re.split(r"^(?=HumanEval/\d+: )", text.split("\ntotals over")[0], flags=re.M)[1:]
+    assert [b.split(":")[0] for b in blocks] == ["HumanEval/0", "HumanEval/2"], text
+    opened = 0
+    for block in blocks:
+        n = int(re.match(r"HumanEval/\d+: (\d+) window\(s\) judged", block).group(1))
+        verdicts = re.findall(r"^  window at answer token \d+: P\(correct\) at boundary \S.* → (.*)$", block, re.M)
+        assert len(verdicts) == n, block
+        taken = sum(int(re.search(r"(\d+)(?: of \d+)? tokens$", v).group(1)) for v in verdicts)
+        semantic = int(re.search(r"^  PARSE's \d+ tokens: (\d+) taken semantically", block, re.M).group(1))
+        assert semantic <= taken, block
+        assert re.search(r"^  tests: PARSE (pass|FAIL), target alone (pass|FAIL)$", block, re.M), block
+        opened += n
+    assert opened > 0, text
+    assert re.search(
+        rf"^totals over 2 tasks: {opened} windows judged \(\d+ taken whole, \d+ cut, \d+ rejected", text, re.M
+    )
+    assert re.search(r"^  time: PARSE [\d.]+ s, target alone [\d.]+ s: [\d.]+x on the same tasks", text, re.M), text
+
+
+def test_demo_tasks_refuses_a_prompt_beside_it(capsys):
+    from parse_vllm import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["demo", "--tasks", "2", "--prompt", "hi"])
+    assert (
+        e.value.code == 2 and "--tasks takes a number of tasks >= 1, and not with --prompt" in capsys.readouterr().err
+    )
