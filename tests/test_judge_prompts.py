@@ -198,3 +198,18 @@ def test_the_report_says_which_held_out_set_has_too_few_failing_prefixes(tmp_pat
     assert "odd 79; mbpp_test 80 — short on odd" in md
     assert "| head | — | — | 0.900 | — |" in md  # the held-out table: odd then MBPP test, whole / prefixes
     assert s["goals"]["auc_head_whole_mbpp_test"] == {"goal": 0.85, "value": 0.9, "met": True}
+
+
+def test_the_eval_reads_an_mbpp_file_with_its_split(tmp_path):
+    """`parse-vllm eval --prompts PATH:test` (tools/eval/tasks.py): the same tasks and checks
+    the judge reads, named by split; the whole file without one; a bad split says why."""
+    from parse_vllm.tools.eval import tasks
+
+    path = _mbpp_file(tmp_path / "mbpp.jsonl")
+    (test,) = tasks.load_sets([f"{path}:test"], checkable_n=4)
+    assert test.name == "mbpp-test" and test.items == prompts.load_mbpp(path, "test").items
+    assert [it["id"] for it in test.take(1)] == ["MBPP/11"] and test.checkable
+    (whole,) = tasks.load_sets([str(path)], checkable_n=4)
+    assert whole.name == "mbpp-all" and len(whole.items) == len(EDGES)
+    with pytest.raises(tasks.PromptSetError, match="each part must be one of"):
+        tasks.load_sets([f"{path}:dev"], checkable_n=4)

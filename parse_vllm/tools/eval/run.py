@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=["mtbench", "checkable"],
         metavar="SET",
-        help="mtbench, checkable, and/or JSONL files (prompt or messages; optional id, reference, test)",
+        help="mtbench, checkable, humaneval, an MBPP file (PATH[:SPLIT], e.g. mbpp.jsonl:test, MBPP's official "
+        "split by task id), and/or JSONL files (prompt or messages; optional id, reference, test)",
     )
     p.add_argument(
         "--split",

