@@ -22,6 +22,15 @@ def get_stats(llm) -> dict:
     return llm.collective_rpc("parse_stats")[0]
 
 
+def get_request_stats(llm) -> dict[str, dict]:
+    """Per request, by the id it was given (`LLM.generate` numbers them "0", "1", ...): drafts
+    judged, rejections, draft tokens offered, tokens taken semantically and token-level, for
+    the requests in flight and the last 4,096 finished since `reset_stats`."""
+    from parse_vllm import _vllm
+
+    return {_vllm.external_request_id(k): v for k, v in llm.collective_rpc("parse_request_stats")[0].items()}
+
+
 def get_step_costs(llm) -> dict | None:
     """With `on_reject: adaptive`, the window policy's step costs: {"seconds": {feature:
     s}, "fixed": bool, "steps": steps learnt from}. "seconds", read from an engine warmed on

@@ -31,7 +31,7 @@ from parse_vllm.acceptance import cut_at_stop
 from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
 from parse_vllm.config import ParseConfig, ParseConfigError, RequestOptions, request_options
 from parse_vllm.drafting import DraftRows, RowStates
-from parse_vllm.metrics import KvAudit, ParseStats, PromExporter
+from parse_vllm.metrics import KvAudit, ParseStats, PromExporter, RequestCounts
 from parse_vllm.policy import Phase, RequestState
 from parse_vllm.step import DraftBatch, StepResult, StepSettings, judged_drafts
 from parse_vllm.templates import VerificationTemplate, build_template
@@ -40,6 +40,8 @@ from parse_vllm.verify import CopyBatch, Verifier
 from parse_vllm.window_policy import FEATURES as WINDOW_COST_FEATURES
 from parse_vllm.window_policy import RequestPolicy, WindowPolicy
 from parse_vllm.windows import OpenWindow, StepReport, advance_windows
+
+FINISHED_KEPT = 4096  # finished requests whose counters parse_vllm.get_request_stats still reads
 
 
 @dataclass
@@ -79,6 +81,8 @@ class ParseController:
         # every copy between host and device of a step, counted
         self.host = HostCopies(self.device, watch_pageable=self.config.audit_transfers)
         self.states: dict[str, RequestState] = {}
+        # the counters of the last FINISHED_KEPT finished requests, by request id
+        self.finished: collections.OrderedDict[str, RequestCounts] = collections.OrderedDict()
         self.windows: dict[str, OpenWindow] = {}  # windows drafted over several steps, by request
         self.step: StepScratch | None = None
         self.policy: WindowPolicy | None = None  # on_reject adaptive
@@ -186,7 +190,10 @@ class ParseController:
         KV, and any window being drafted: it drafts again), and a window whose request is
         scheduled again is dropped too."""
         for req_id in finished | (new & self.states.keys()):  # (a known id new again: a session's next turn)
-            self.states.pop(req_id, None)
+            if (state := self.states.pop(req_id, None)) is not None:
+                self.finished[req_id] = state.counts
+                if len(self.finished) > FINISHED_KEPT:
+                    self.finished.popitem(last=False)
             self.windows.pop(req_id, None)
         for req_id in resumed & self.states.keys():
             self.states[req_id].draft_kv_len = self.states[req_id].draft_ahead = 0
@@ -442,6 +449,10 @@ class ParseController:
         proposer that wrote them."""
         plain = num_draft > 0
         plain[judged_rows] = False
+        req_ids = self.step.batch.req_ids
+        for i in np.flatnonzero(plain):
+            if (state := self.states.get(req_ids[i])) is not None:
+                state.counts.token_level += int(accepted[i])
         if plain.any():
             self.stats.token_level(
                 proposers.writer(self.token_proposer),
@@ -471,12 +482,18 @@ class ParseController:
             stats.drafts += 1
             stats.draft_tokens += text_len
             stats.tokens_accepted_token_level += l_tok
+            counts = state.counts
+            counts.draft_tokens += text_len
+            counts.token_level += l_tok
             if not result.judged[k]:  # token-level verification took it whole
                 stats.drafts_accepted_whole += 1
                 continue
             accepted = int(result.accepted[k])
             stats.tokens_accepted_semantic += max(0, accepted - l_tok)
             stats.guard_cuts += int(result.guard_cut[k])
+            counts.drafts_judged += 1
+            counts.semantic += max(0, accepted - l_tok)
+            counts.rejections += int(result.rejected[k])
             if result.rejected[k]:
                 stats.reject_at(max(0, int(result.first_fail[k])))
             elif accepted >= text_len:
@@ -497,6 +514,15 @@ class ParseController:
     def reset_stats(self) -> None:
         self.stats = ParseStats()
         self._exported = ParseStats()
+        self.finished.clear()
+        for state in self.states.values():
+            state.counts = RequestCounts()
+
+    def request_stats(self) -> dict[str, dict]:
+        """Each request's counters, by vLLM's request id: the last FINISHED_KEPT finished
+        ones and those in flight (a request's last step is seen finished only at the next)."""
+        live = {req_id: state.counts for req_id, state in self.states.items()}
+        return {req_id: dataclasses.asdict(c) for req_id, c in {**self.finished, **live}.items()}
 
     def export(self) -> None:
         """Add what the counters gained since the last export to Prometheus."""

@@ -46,6 +46,17 @@ def _counter(text: str):
 
 
 @dataclass
+class RequestCounts:
+    """One request's PARSE counters (parse_vllm.get_request_stats): where its tokens came from."""
+
+    drafts_judged: int = 0  # drafts judged semantically
+    rejections: int = 0  # of them, rejected
+    draft_tokens: int = 0  # draft tokens offered to the judge
+    semantic: int = 0  # tokens accepted semantically (past token-level acceptance)
+    token_level: int = 0  # draft tokens accepted token by token, in judged drafts and plain ones
+
+
+@dataclass
 class ParseStats:
     """PARSE's counters, each monotonically increasing; the help texts are
     the Prometheus series' (parse:<name>_total)."""

@@ -36,11 +36,12 @@ as the next step accepts stays valid and is not passed again.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from parse_vllm.config import ParseConfig, RequestOptions
+from parse_vllm.metrics import RequestCounts
 from parse_vllm.window_policy import RequestPolicy
 
 GUARD_MIN_WINDOW = 8
@@ -65,6 +66,7 @@ class RequestState:
     draft_ahead: int = 0
     adaptive: RequestPolicy | None = None  # on_reject adaptive: the request's window policy state
     arm_window: int = 0  # adaptive: the window in flight (0: the token-level arm, or not decided)
+    counts: RequestCounts = field(default_factory=RequestCounts)  # parse_vllm.get_request_stats
 
     def __post_init__(self) -> None:
         if self.options.enabled and self.options.threshold > 1:

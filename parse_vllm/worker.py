@@ -4,6 +4,7 @@ started with VLLM_SERVER_DEV_MODE=1, `POST /collective_rpc {"method": ...}`):
 
   parse_stats, parse_judgments, parse_reset_stats   PARSE counters
   parse_step_costs    on_reject adaptive: the window policy's step costs
+  parse_request_stats  per request: drafts judged, tokens taken semantically / token-level
   parse_kv_blocks, parse_reset_kv_audit   the worker's view of the KV blocks
                     (leak checks; high-water marks with audit_kv_blocks)
   parse_scratch_ids   the scratch KV block ids this rank holds back (with
@@ -29,6 +30,9 @@ class _StatsRPC:
 
     def parse_judgments(self) -> list[dict]:
         return [] if self._parse is None else list(self._parse.judgments)
+
+    def parse_request_stats(self) -> dict:
+        return {} if self._parse is None else self._parse.request_stats()
 
     def parse_step_costs(self) -> dict | None:
         policy = getattr(self._parse, "policy", None)

@@ -375,6 +375,34 @@ def test_spec_decode_metrics_and_parse_stats(parse):
     assert metrics["vllm:spec_decode_num_accepted_tokens"].value > 0
 
 
+def test_request_stats_add_up_to_the_engines_and_go_by_the_callers_ids(parse):
+    """parse_vllm.get_request_stats: per request, under the id the caller gave it (vLLM's
+    suffix taken off), counters whose sums over a mixed batch (judged at τ 0.5, lossless
+    τ > 1, PARSE off, accept-all τ 0) are the engine's."""
+    import parse_vllm
+
+    parse_vllm.reset_stats(parse)
+    kinds = [{"parse_threshold": 0.5}, {"parse_threshold": 1.5}, {"parse": False}, {"parse_threshold": 0.0}]
+    outs = parse.generate(PROMPTS[:4], [sp(40, extra_args=k) for k in kinds])
+    stats, per = parse_vllm.get_stats(parse), parse_vllm.get_request_stats(parse)
+    mine = [per[o.request_id] for o in outs]  # the ids LLM.generate gave them
+    assert sum(r["semantic"] for r in per.values()) == stats["tokens_accepted_semantic"] > 0
+    token_level = stats["tokens_accepted_token_level"] + sum(stats["token_level_accepted_tokens"].values())
+    assert sum(r["token_level"] for r in per.values()) == token_level
+    assert sum(r["drafts_judged"] for r in per.values()) <= stats["drafts"]
+    assert mine[0]["drafts_judged"] > 0 and mine[3]["semantic"] > 0
+    assert mine[1]["drafts_judged"] == mine[1]["semantic"] == 0  # τ > 1: never judged
+    assert mine[2] == {
+        "drafts_judged": 0,
+        "rejections": 0,
+        "draft_tokens": 0,
+        "semantic": 0,
+        "token_level": mine[2]["token_level"],
+    }
+    for o, r in zip(outs, mine):
+        assert r["semantic"] + r["token_level"] <= len(o.outputs[0].token_ids)
+
+
 def test_plugin_installed_but_not_named_changes_nothing(ref, tiny_models, tmp_path):
     """The same target-only run with vLLM's plugins disabled (VLLM_PLUGINS='')
     gives the same tokens as with parse-vllm installed (the `ref` engine)."""
@@ -454,6 +482,12 @@ def test_long_window_redraft_lossless(ref, parse_long):
     parse_long.generate(PROMPTS, [sp(48, extra_args={"parse_threshold": 0.5}) for _ in PROMPTS])
     stats = parse_vllm.get_stats(parse_long)
     assert stats["rejections"] > 0 and stats["copies"] > stats["drafts"] - stats["drafts_accepted_whole"]
+    # per request (get_request_stats), the token-level drafts of the rewrites (k 3) included
+    per = parse_vllm.get_request_stats(parse_long).values()
+    token_level = stats["tokens_accepted_token_level"] + sum(stats["token_level_accepted_tokens"].values())
+    assert sum(stats["token_level_drafts"].values()) > 0 and sum(r["token_level"] for r in per) == token_level
+    assert sum(r["rejections"] for r in per) == stats["rejections"]
+    assert sum(r["semantic"] for r in per) == stats["tokens_accepted_semantic"]
 
 
 def test_long_window_accept_all(ref, draft, parse_long):

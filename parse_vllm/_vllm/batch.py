@@ -148,3 +148,11 @@ def batch_request_block_ids(input_batch) -> set[int]:
         for row in range(input_batch.num_reqs):
             held.update(int(b) for b in ids[row, : table.num_blocks_per_row[row]])
     return held
+
+
+def external_request_id(request_id: str) -> str:
+    """The id a caller gave a request, from the engine's: vLLM's InputProcessor
+    (vllm.v1.engine.input_processor) appends "-" and 8 random characters to make ids unique,
+    keeping the caller's as EngineCoreRequest.external_req_id."""
+    head, sep, tail = request_id.rpartition("-")
+    return head if sep and len(tail) == 8 else request_id

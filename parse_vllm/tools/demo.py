@@ -171,9 +171,8 @@ def run_tasks(llm, tasks: list[dict], params, tau: float, *, parse: bool) -> lis
         out = result.outputs[0]
         run = TaskRun(len(out.token_ids), secs, checks.check(out.text, task.get("check")))
         if parse:
-            stats = parse_vllm.get_stats(llm)
-            run.semantic = int(stats.get("tokens_accepted_semantic", 0))
-            run.token_level = int(stats.get("tokens_accepted_token_level", 0))
+            counts = parse_vllm.get_request_stats(llm)[result.request_id]
+            run.semantic, run.token_level = counts["semantic"], counts["token_level"]
             run.windows = windows_of(parse_vllm.get_judgments(llm)[seen:], tau, len(result.prompt_token_ids))
         runs.append(run)
     return runs
