@@ -83,10 +83,13 @@ eval: setup models
 CODER_ODD_TAU ?= 0.8
 CODER_ODD_GUARD ?= 0
 PARSE_VLLM_CACHE_DIR ?= $(or $(PARSE_VLLM_CACHE),$(HOME)/.cache/parse-vllm)
-CODER := --target $(PARSE_VLLM_CACHE_DIR)/models/qwen2.5-coder-1.5b-instruct \
-	--draft $(PARSE_VLLM_CACHE_DIR)/models/qwen2.5-coder-0.5b-instruct --prompts humaneval --batch 8 \
+CODER_PAIR := --target $(PARSE_VLLM_CACHE_DIR)/models/qwen2.5-coder-1.5b-instruct \
+	--draft $(PARSE_VLLM_CACHE_DIR)/models/qwen2.5-coder-0.5b-instruct --batch 8 \
 	--max-tokens 384 --windows 128 --variants k4 --no-nll --engine '{"dtype": "float32"}' \
 	--parse '{"two_stage": true}' --save-outputs
+CODER := $(CODER_PAIR) --prompts humaneval
+# MBPP (google-research/google-research mbpp/mbpp.jsonl, not shipped: docs/judge-head.md)
+MBPP ?= $(PARSE_VLLM_CACHE_DIR)/data/mbpp.jsonl
 .PHONY: eval-coder
 eval-coder: setup pair
 	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts 41 --bs1-prompts 12 --draft-alone \
@@ -102,10 +105,11 @@ eval-coder: setup pair
 # the Coder pair on HumanEval's first ADAPTIVE_PROMPTS even ids (target, token-level k 4, PARSE W 128
 # continue and adaptive, both with k 4 as the token-level arm, at each of ADAPTIVE_TAUS; batch 8),
 # the odd ids once with the shipped judge head at its τ (JUDGE_TAU, chosen on even: target, k 4,
-# accept-all τ 0, the head at τ with continue and with adaptive; batch 1 on the first 12 odd ids,
-# batch 8 on the first 48), and SmolLM2 with its EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone,
+# accept-all τ 0, the head at τ with continue and with adaptive, and the draft alone, whose
+# passing answers mark where accepting is right; batch 1 on the first 12 odd ids, batch 8 on all
+# 82), MBPP's test split (its first 100 tasks, batch 8: target, k 4, accept-all, the head), and SmolLM2 with its EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone,
 # PARSE + EAGLE-3 continue and adaptive; batch 1, 12 prompts). Every configuration twice,
-# interleaved, each timed job from an emptied prefix cache (docs/benchmarks.md). ~4-5 h here,
+# interleaved, each timed job from an emptied prefix cache (docs/benchmarks.md). ~8 h here,
 # one engine at a time; a cut run resumes where it stopped.
 ADAPTIVE_TAUS ?= 0 0.5 0.8 0.9
 ADAPTIVE_PROMPTS ?= 16
@@ -114,10 +118,12 @@ CODER_HEAD := --parse '{"two_stage": true, "judge_head": "qwen2.5-coder-1.5b-ins
 bench-adaptive: setup models pair
 	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts $(ADAPTIVE_PROMPTS) --bs1-prompts 0 \
 	  --spec-k 4 --taus $(ADAPTIVE_TAUS) --variants k4 adaptive-k4 --out bench/adaptive/coder-even
-	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --num-prompts 48 --bs1-prompts 12 \
+	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --num-prompts 82 --bs1-prompts 12 \
 	  --spec-k 4 --taus 0 $(JUDGE_TAU) --variant-taus adaptive-k4=$(JUDGE_TAU) --variants k4 adaptive-k4 \
-	  --out bench/judge-coder/e2e-odd
-	$(PY) scripts/judge_e2e.py bench/judge-coder/e2e-odd --tau $(JUDGE_TAU)
+	  --draft-alone --out bench/judge-coder/e2e-odd
+	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --num-prompts 100 \
+	  --bs1-prompts 0 --spec-k 4 --taus 0 $(JUDGE_TAU) --out bench/judge-coder/e2e-mbpp-test
+	$(PY) scripts/judge_e2e.py bench/judge-coder/e2e-odd --tau $(JUDGE_TAU) --mbpp bench/judge-coder/e2e-mbpp-test
 	$(VENV)/bin/parse-vllm eval --out bench/adaptive/smollm2-eagle3 --prompts mtbench checkable --batch 1 \
 	  --num-prompts 12 --max-tokens 128 --window 48 --spec-k 3 --eagle3 $(EAGLE3_HEAD) --eagle3-k 3 \
 	  --variants continue e3 adaptive-e3 --taus 0.9 --engine '{"dtype": "float32"}' --no-nll

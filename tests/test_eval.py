@@ -365,7 +365,13 @@ def test_eval_lossless_settings_give_the_targets_text_and_tau_zero_takes_drafts(
             assert r["acceptance"]["tokens_accepted_semantic"] == 0
         if r["config"] == "parse" and r["tau"] == 0.0 and r["guard"] == 0:
             assert r["acceptance"]["tokens_accepted_semantic"] > 0 and r["acceptance"]["draft_tokens"] > 0, r
+            # per task, its request's counters (get_request_stats), adding up to the row's
+            per_task = r["task_acceptance"]
+            assert len(per_task) == len(r["item_ids"]) == r["n_prompts"] and None not in per_task, r
+            assert sum(a["semantic"] for a in per_task) == r["acceptance"]["tokens_accepted_semantic"], r
             assert r["exact"] < 1.0 and r["nll_vs_target"] > 1.0, r  # random drafts: the target finds them unlikely
+        if r["config"] in ("target", "token-k4"):
+            assert r["task_acceptance"] is None
         if r["config"] == "token-k4":
             assert r["acceptance"]["vllm_draft_tokens"] > 0
         if r["config"] != "target":  # one definition for all: vLLM's accepted / proposed draft tokens
@@ -392,6 +398,10 @@ def test_eval_scores_the_users_answers(run):
     wrong = [x for x in lines if x["set"] == "mine" and x["id"] == "wrong"]
     free = [x for x in lines if x["set"] == "mine" and x["id"] == "free"]
     assert wrong and all(x["correct"] is False for x in wrong) and all(x["correct"] is None for x in free)
+    for x in lines:  # each answer's tokens, and where PARSE's came from
+        assert x["tokens"] > 0 and (x["semantic_tokens"] is None) == (x["config"] != "parse"), x
+        if x["semantic_tokens"] is not None:
+            assert x["semantic_tokens"] + x["token_level_tokens"] <= x["tokens"], x
     right = [x for x in lines if x["set"] == "mine" and x["id"] == "right" and x["config"] == "target"]
     assert right and all(x["correct"] is True for x in right)
 

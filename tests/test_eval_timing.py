@@ -504,3 +504,45 @@ def test_a_cut_run_resumes_at_the_first_job_not_saved(timed, monkeypatch, capsys
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "other settings (args" in err and "--fresh" in err
+
+
+def test_judge_e2e_issue_37_keys_by_hand(tmp_path):
+    """scripts/judge_e2e.py: the head's time per task at batch 1 over the faster of the target
+    and token-level k 4, with its interval; the head's semantic share over the tasks whose
+    draft-alone answer passes (per-task counters); MBPP test's n and pass@1 (--mbpp)."""
+    je = _script("judge_e2e")
+    ids = [f"HumanEval/{2 * i + 1}" for i in range(12)]
+    t = np.linspace(4.0, 8.0, 12)
+
+    def row(config, tau, task_s, batch, **kw):
+        r = _row(config, tau, task_s, 1200, {"tokens_accepted_semantic": 600}, batch=batch)
+        return {**r, "item_ids": ids, **kw}
+
+    per_task = [{"semantic": 80 if i < 6 else 20, "token_level": 5} for i in range(12)]
+    rows = [
+        row("target", None, t, 1),
+        row("token-k4", None, t / 1.2, 1),  # the faster baseline at batch 1
+        row("parse W=128 k4", 0.7, t / 1.5, 1),  # the head: 1.2 / 1.5 = 0.8 of k 4's time
+        row("parse W=128 k4", 0.0, t / 1.6, 1),
+        row("target", None, t, 8),
+        row("parse W=128 k4", 0.7, t, 8, task_acceptance=per_task),  # 100 tokens a task (_row)
+        row("draft", None, t, 8, correct=[i % 2 == 0 for i in range(12)]),  # passes on 0, 2, ..., 10
+    ]
+    run = tmp_path / "odd"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"rows": rows}))
+    mbpp = tmp_path / "mbpp"
+    mbpp.mkdir()
+    m_rows = [dict(row("target", None, t, 8), pass_at_1=0.5), dict(row("parse W=128 k4", 0.7, t, 8), pass_at_1=0.45)]
+    (mbpp / "summary.json").write_text(json.dumps({"rows": m_rows}))
+    (tmp_path / "judge.json").write_text("{}")
+    assert je.main([str(run), "--tau", "0.7", "--summary", str(tmp_path / "judge.json"), "--mbpp", str(mbpp)]) == 0
+    j = json.loads((tmp_path / "judge.json").read_text())
+    assert j["odd_time_per_task_head_over_best_bs1"] == pytest.approx(1.2 / 1.5)
+    lo, hi = j["odd_time_per_task_head_over_best_bs1_ci"]
+    assert lo <= 0.8 <= hi and j["odd_time_per_task_head_best_baseline_bs1"] == "token-k4"
+    # tasks 0, 2, 4 (80 semantic each) and 6, 8, 10 (20 each) of 100 tokens: 300 / 600
+    assert j["odd_semantic_share_head_where_draft_passes"] == pytest.approx(0.5)
+    assert j["odd_tasks_where_draft_passes"] == 6
+    assert j["mbpp_test_e2e_n"] == 12 and j["mbpp_test_pass_at_1_target"] == 0.5
+    assert j["mbpp_test_pass_at_1_head"] == 0.45

@@ -30,6 +30,7 @@ def run_batch(llm, prompts: list[list[int]], params_list: list, batch: int, cloc
     latency: dict[int, float] = {}
     share = [0.0] * len(prompts)
     live: dict[str, int] = {}  # request id -> task, added and not finished
+    ids: dict[int, str] = {}  # task -> its request id
     t0 = last = clock()
     while pending or engine.has_unfinished_requests():
         while pending and len(live) < batch:
@@ -37,7 +38,7 @@ def run_batch(llm, prompts: list[list[int]], params_list: list, batch: int, cloc
             rid = f"r{i}-{time.monotonic_ns()}"
             engine.add_request(rid, {"prompt_token_ids": prompts[i]}, params_list[i])
             started[rid] = clock()
-            live[rid] = i
+            live[rid], ids[i] = i, rid
         outs = engine.step()
         now = clock()
         if live:
@@ -60,6 +61,7 @@ def run_batch(llm, prompts: list[list[int]], params_list: list, batch: int, cloc
         "tokens": tokens,
         "tok_s": tokens / wall,
         "outputs": [outputs[i] for i in range(len(prompts))],
+        "request_ids": [ids[i] for i in range(len(prompts))],
         "task_s": share,
         "latency_s": [latency[i] for i in range(len(prompts))],
         "latency_p50_s": statistics.median(lat),

@@ -79,6 +79,9 @@ ROW_KEYS = (
     "latency_p50_s",
     "latency_p90_s",
     "acceptance",
+    "item_ids",  # per task, in order: its id, its tests' verdict, PARSE's counters of its request
+    "correct",
+    "task_acceptance",
 )
 
 

@@ -478,6 +478,7 @@ def run_engine(
                 res = run_batch(_Tracked(llm, bar), job["prompts"], params, job["batch"])
             spec1, cache1 = spec_counters(llm), prefix_cache_counters(llm)
             stats = parse_vllm.get_stats(llm) if is_parse else None
+            per_request = parse_vllm.get_request_stats(llm) if is_parse else {}
             record = {
                 **{k: job[k] for k in ("config", "set", "batch", "tau", "guard", "repeat", "order", "item_ids")},
                 "engine": "fresh" if i == 0 else "reused, prefix cache emptied",
@@ -487,6 +488,8 @@ def run_engine(
                 },
                 "outputs": res["outputs"],
                 "acceptance": _acceptance(config, {k: spec1[k] - spec0[k] for k in spec1}, stats),
+                # per task: PARSE's counters of its request (parse_vllm.get_request_stats)
+                "task_acceptance": [per_request.get(rid) for rid in res["request_ids"]] if is_parse else None,
                 "prefix_cache": {"emptied": True, **{k: int(cache1[k] - cache0[k]) for k in cache1}},
             }
             progress.write(
@@ -594,6 +597,7 @@ def build_row(records: list[dict]) -> dict:
     s_per_task = statistics.fmean(task_s)
     return {
         **{k: first[k] for k in ("set", "config", "tau", "guard", "batch", "item_ids", "outputs", "acceptance")},
+        "task_acceptance": first.get("task_acceptance"),  # the first repeat's (greedy: each repeat's alike)
         "n_prompts": n,
         "repeats": len(recs),
         "order": [r["order"] for r in recs],
@@ -930,7 +934,8 @@ def _main(args: argparse.Namespace) -> int:
     if args.save_outputs:
         with open(args.out / "outputs.jsonl", "w") as f:
             for r in rows:
-                for item_id, text, ok in zip(r["item_ids"], r["texts"], r["correct"]):
+                per_task = r.get("task_acceptance") or [None] * len(r["item_ids"])
+                for item_id, text, ok, out, acc in zip(r["item_ids"], r["texts"], r["correct"], r["outputs"], per_task):
                     f.write(
                         json.dumps(
                             {
@@ -941,6 +946,9 @@ def _main(args: argparse.Namespace) -> int:
                                 "batch": r["batch"],
                                 "id": item_id,
                                 "correct": ok,
+                                "tokens": len(out),
+                                "semantic_tokens": None if acc is None else acc["semantic"],
+                                "token_level_tokens": None if acc is None else acc["token_level"],
                                 "text": text,
                             }
                         )
