@@ -34,6 +34,7 @@
 
 #include "../ops.h"
 #include "../prefix_verify_common.h"
+#include "../prefix_verify_operands.h"
 
 namespace parse_vllm {
 
@@ -228,16 +229,7 @@ inline void load_row(const scalar_t* src, float* dst, int64_t D) {
 }
 
 template <typename scalar_t>
-struct Args {
-  scalar_t* out;
-  const scalar_t* q;
-  const scalar_t* k_new;
-  const scalar_t* v_new;
-  const scalar_t* kc;
-  const scalar_t* vc;
-  const int32_t* block_table;
-  int64_t out_s0, out_s1, q_s0, q_s1, kn_s0, kn_s1, vn_s0, vn_s1, bt_s0;
-  pv::CacheStrides ks, vs;
+struct Args : Operands<scalar_t> {
   int64_t block_size, Hq, Hkv, G, D, Dp;
   float scale, softcap;
   int64_t window;
@@ -559,8 +551,7 @@ bool cpu_uses_brgemm(at::ScalarType dt) { return use_lowp(dt); }
 void prefix_verify_attention_cpu(const PrefixVerifyArgs& a) {
   // Arguments checked by check_prefix_verify_args (csrc/torch_bindings.cpp),
   // index values included: they are on the host here.
-  const at::Tensor &out = a.out, &q = a.q, &k_new = a.k_new, &v_new = a.v_new;
-  const at::Tensor &key_cache = a.key_cache, &value_cache = a.value_cache, &block_table = a.block_table;
+  const at::Tensor &q = a.q, &k_new = a.k_new, &key_cache = a.key_cache;
   const double scale = a.scale, softcap = a.softcap;
   const int64_t sliding_window = a.sliding_window;
   TORCH_CHECK(q.device().is_cpu(), "prefix_verify_attention (CPU): tensors must be on the CPU");
@@ -571,8 +562,6 @@ void prefix_verify_attention_cpu(const PrefixVerifyArgs& a) {
   const int32_t* req = a.copy_req.data_ptr<int32_t>();
   const int32_t* plen = a.copy_prefix_len.data_ptr<int32_t>();
   const int32_t* cu = a.cu_copy_lens.data_ptr<int32_t>();
-  const int32_t* bt = block_table.data_ptr<int32_t>();
-  const int64_t bt_s0 = block_table.stride(0);
   if (T == 0) return;
 
   // ---- groups: runs of copies of one request, copies sorted longest prefix first
@@ -636,28 +625,15 @@ void prefix_verify_attention_cpu(const PrefixVerifyArgs& a) {
 
   auto launch = [&](auto* tag) {
     using scalar_t = std::remove_pointer_t<decltype(tag)>;
-    Args<scalar_t> a;
-    a.out = out.data_ptr<scalar_t>();
-    a.q = q.data_ptr<scalar_t>();
-    a.k_new = k_new.data_ptr<scalar_t>();
-    a.v_new = v_new.data_ptr<scalar_t>();
-    a.kc = key_cache.data_ptr<scalar_t>();
-    a.vc = value_cache.data_ptr<scalar_t>();
-    a.block_table = bt;
-    a.out_s0 = out.stride(0); a.out_s1 = out.stride(1);
-    a.q_s0 = q.stride(0); a.q_s1 = q.stride(1);
-    a.kn_s0 = k_new.stride(0); a.kn_s1 = k_new.stride(1);
-    a.vn_s0 = v_new.stride(0); a.vn_s1 = v_new.stride(1);
-    a.bt_s0 = bt_s0;
-    a.ks = pv::CacheStrides{key_cache.stride(0), key_cache.stride(1), key_cache.stride(2)};
-    a.vs = pv::CacheStrides{value_cache.stride(0), value_cache.stride(1), value_cache.stride(2)};
-    a.block_size = block_size;
-    a.lp = lp;
-    a.Hq = Hq; a.Hkv = Hkv; a.G = G; a.D = D; a.Dp = Dp;
-    a.scale = static_cast<float>(scale);
-    a.softcap = static_cast<float>(softcap);
-    a.window = sliding_window;
-    run<scalar_t>(a, groups, items, ws_size, split_items);
+    Args<scalar_t> p;
+    fill_operands<scalar_t>(p, a);
+    p.block_size = block_size;
+    p.lp = lp;
+    p.Hq = Hq; p.Hkv = Hkv; p.G = G; p.D = D; p.Dp = Dp;
+    p.scale = static_cast<float>(scale);
+    p.softcap = static_cast<float>(softcap);
+    p.window = sliding_window;
+    run<scalar_t>(p, groups, items, ws_size, split_items);
   };
   switch (q.scalar_type()) {
     case at::kFloat: launch(static_cast<float*>(nullptr)); break;

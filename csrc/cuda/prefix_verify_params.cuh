@@ -1,5 +1,6 @@
-// The kernels' view of one call: raw pointers, element strides and sizes, built once from
-// the checked PrefixVerifyArgs (ops.h) by make_params.  Shared by the CUDA-core kernel
+// The kernels' view of one call: the operands (prefix_verify_operands.h, shared with the CPU
+// op), the copy indices, sizes and scalars, built once from the checked PrefixVerifyArgs
+// (ops.h) by make_params.  Shared by the CUDA-core kernel
 // (prefix_verify_attention.cu) and the tensor-core kernel (prefix_verify_attention_tc.cu);
 // each launcher sets the split fields, and the CUDA-core one its vector-load flags.
 #pragma once
@@ -10,24 +11,16 @@
 
 #include "../ops.h"
 #include "../prefix_verify_common.h"
+#include "../prefix_verify_operands.h"
 
 namespace parse_vllm {
 namespace cuda_params {
 
 template <typename scalar_t>
-struct Params {
-  scalar_t* out;
-  const scalar_t* q;
-  const scalar_t* k_new;
-  const scalar_t* v_new;
-  const scalar_t* kc;
-  const scalar_t* vc;
-  const int32_t* block_table;
+struct Params : Operands<scalar_t> {
   const int32_t* copy_req;
   const int32_t* copy_prefix_len;
   const int32_t* cu;
-  int64_t out_s0, out_s1, q_s0, q_s1, kn_s0, kn_s1, vn_s0, vn_s1, bt_s0;
-  pv::CacheStrides ks, vs;
   int block_size, C, T, Hq, Hkv, G;
   float scale, softcap;
   int window;
@@ -43,27 +36,10 @@ struct Params {
 template <typename scalar_t>
 Params<scalar_t> make_params(const PrefixVerifyArgs& a) {
   Params<scalar_t> p{};
-  p.out = a.out.data_ptr<scalar_t>();
-  p.q = a.q.data_ptr<scalar_t>();
-  p.k_new = a.k_new.data_ptr<scalar_t>();
-  p.v_new = a.v_new.data_ptr<scalar_t>();
-  p.kc = a.key_cache.data_ptr<scalar_t>();
-  p.vc = a.value_cache.data_ptr<scalar_t>();
-  p.block_table = a.block_table.data_ptr<int32_t>();
+  fill_operands<scalar_t>(p, a);
   p.copy_req = a.copy_req.data_ptr<int32_t>();
   p.copy_prefix_len = a.copy_prefix_len.data_ptr<int32_t>();
   p.cu = a.cu_copy_lens.data_ptr<int32_t>();
-  p.out_s0 = a.out.stride(0);
-  p.out_s1 = a.out.stride(1);
-  p.q_s0 = a.q.stride(0);
-  p.q_s1 = a.q.stride(1);
-  p.kn_s0 = a.k_new.stride(0);
-  p.kn_s1 = a.k_new.stride(1);
-  p.vn_s0 = a.v_new.stride(0);
-  p.vn_s1 = a.v_new.stride(1);
-  p.bt_s0 = a.block_table.stride(0);
-  p.ks = pv::CacheStrides{a.key_cache.stride(0), a.key_cache.stride(1), a.key_cache.stride(2)};
-  p.vs = pv::CacheStrides{a.value_cache.stride(0), a.value_cache.stride(1), a.value_cache.stride(2)};
   p.block_size = static_cast<int>(a.key_cache.size(1));
   p.C = static_cast<int>(a.copy_req.size(0));
   p.T = static_cast<int>(a.q.size(0));
