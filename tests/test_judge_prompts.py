@@ -190,7 +190,7 @@ def test_the_report_says_which_held_out_set_has_too_few_failing_prefixes(tmp_pat
                  "odd": counts(79), "mbpp_test": counts(80)},
         "auc_head_whole_mbpp_test": 0.9, "auc_zero_shot_whole_mbpp_test": 0.6,
     }  # fmt: skip
-    report.write(tmp_path, summary, {})
+    report.write(tmp_path, summary)
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["failing_prefixes"] == {"odd": {"n": 79, "goal": 80, "met": False},
                                      "mbpp_test": {"n": 80, "goal": 80, "met": True}}  # fmt: skip

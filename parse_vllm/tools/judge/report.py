@@ -1,12 +1,9 @@
 """The judge report: ``summary.json``, ``summary.md`` and the plots (``roc.png``,
 ``reliability.png``, ``data_size.png``) in the output folder.
 
-The scores behind the plots (per example: task, kind, label, zero-shot and head log-odds)
-are kept beside the data (``scores-<split>.npz``), one file per split: the tuning split's are
-out-of-fold, the held-out split's from the shipped head. The same per-example scores are
-written as small CSV files to commit (``scores/<split>.csv``: set, task, answer, kind,
-length, label, weight, zero-shot, head and, where scored, the older head's log-odds, and the
-evidence features when built).
+The plots and every score figure come from the per-example score tables the folder keeps
+(``scores/<split>.csv``, scores.py): the training split's out of fold, a held-out split's from
+the evaluated head.
 """
 
 from __future__ import annotations
@@ -20,43 +17,6 @@ import numpy as np
 GOALS = {"auc_head_whole_odd": 0.85, "auc_head_prefix_odd": 0.80, "auc_head_whole_mbpp_test": 0.85}
 MIN_FAILING_PREFIXES = 80  # each held-out set's failing prefixes (issue 37): fewer, and its prefix AUC is loose
 HELD_OUT_JUDGES = (("zero_shot", "zero-shot P(Correct)"), ("old_head", "old head"), ("head", "head"))
-
-
-def save_scores(path: Path, ex, head_logit: np.ndarray) -> None:
-    np.savez(
-        path,
-        task=ex.task.astype(str),
-        whole=ex.whole,
-        label=ex.label,
-        weight=ex.weight,
-        zero_shot=ex.zero_shot,
-        head=head_logit,
-    )
-
-
-def save_scores_csv(path: Path, ex, head_logit: np.ndarray, extra: dict[str, np.ndarray]) -> Path:
-    """Per-example scores as CSV (module docstring); log-odds to 5 decimals."""
-    import csv
-
-    from parse_vllm.evidence import EVIDENCE_FEATURES
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    cols = ["set", "task", "answer", "kind", "length", "label", "weight", "zero_shot", "head", *extra]
-    if ex.evidence is not None:
-        cols += list(EVIDENCE_FEATURES)
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(cols)
-        for i in range(len(ex)):
-            row = [
-                "" if ex.source is None else ex.source[i], ex.task[i], int(ex.answer[i]),
-                "whole" if ex.whole[i] else "prefix", int(ex.length[i]), int(ex.label[i]), f"{ex.weight[i]:.5g}",
-                f"{ex.zero_shot[i]:.5f}", f"{head_logit[i]:.5f}", *(f"{v[i]:.5f}" for v in extra.values()),
-            ]  # fmt: skip
-            if ex.evidence is not None:
-                row += [f"{x:.5f}" for x in ex.evidence[i]]
-            w.writerow(row)
-    return path
 
 
 def old_head_scores(z: np.ndarray, ex, split: str) -> dict[str, Any]:
@@ -367,28 +327,28 @@ def _reliability(y: np.ndarray, p: np.ndarray, w: np.ndarray, bins: int = 10) ->
     return np.array(frac), np.array(mean_p)
 
 
-def plots(out: Path, scores: dict[str, Path], summary: dict[str, Any]) -> list[Path]:
+def plots(out: Path, summary: dict[str, Any]) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from sklearn.metrics import roc_curve
 
-    from . import probe
+    from . import probe, scores
 
-    data = {sp: np.load(p) for sp, p in scores.items() if p.is_file()}
+    tables = {sp: scores.read(out / rel) for sp, rel in summary.get("score_files", {}).items()}
     written = []
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     fig2, axes2 = plt.subplots(1, 2, figsize=(11, 4.5))
     for col, kind in enumerate(("whole", "prefix")):
         ax, ax2 = axes[col], axes2[col]
-        for i, (sp, d) in enumerate(data.items()):
-            m = d["whole"] if kind == "whole" else ~d["whole"]
-            y, w = d["label"][m], d["weight"][m]
+        for i, (sp, t) in enumerate(tables.items()):
+            m = t.ex.whole if kind == "whole" else ~t.ex.whole
+            y, w = t.ex.label[m], t.ex.weight[m]
             if y.all() or not y.any():
                 continue
             for name, style in (("zero_shot", "--"), ("head", "-")):
-                z = d[name][m]
+                z = (t.ex.zero_shot if name == "zero_shot" else t.head)[m]
                 fpr, tpr, _ = roc_curve(y, z, sample_weight=w)
                 tag = f"{sp}{' CV' if sp == summary.get('train_split') else ''} {name.replace('_', '-')}"
                 ax.plot(fpr, tpr, style, color=f"C{i}", label=f"{tag} (AUC {probe.auc(z, y, w):.3f})")
@@ -432,7 +392,7 @@ def plots(out: Path, scores: dict[str, Path], summary: dict[str, Any]) -> list[P
     return written
 
 
-def write(out: Path, summary: dict[str, Any], scores: dict[str, Path]) -> list[Path]:
+def write(out: Path, summary: dict[str, Any]) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     summary = dict(summary)
     summary["goals"] = {
@@ -447,4 +407,4 @@ def write(out: Path, summary: dict[str, Any], scores: dict[str, Path]) -> list[P
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "summary.md").write_text(markdown(summary))
-    return [out / "summary.json", out / "summary.md", *plots(out, scores, summary)]
+    return [out / "summary.json", out / "summary.md", *plots(out, summary)]

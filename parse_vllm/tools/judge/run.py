@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "rate of accepting failing whole answers is <= this (default 0.10)")  # fmt: skip
     o.add_argument("--old-head", metavar="HEAD", type=Path, help="with --evaluate: score this (older) head too, "
                    "for the report's comparison")  # fmt: skip
+    o.add_argument("--report-only", action="store_true", help="no models: recompute OUT's summary (every score "
+                   "figure, from OUT/scores/*.csv), summary.md and plots")  # fmt: skip
     o.add_argument("--ship", action="store_true", help=f"copy the head to {SHIPPED}/<target name>/{HEAD_FILE}")
     return ap
 
@@ -211,7 +213,28 @@ def log(msg: str) -> None:
     print(f"[train-judge {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def report_only(out: Path) -> int:
+    """The report regenerated from the folder's summary and score tables (scores.py)."""
+    from . import report, scores
+
+    path = out / "summary.json"
+    if not path.is_file():
+        raise JudgeError(f"{path}: no report here to regenerate")
+    try:
+        summary = scores.rescore(out, json.loads(path.read_text()))
+    except scores.ScoresError as e:
+        raise JudgeError(str(e)) from None
+    paths = report.write(out, summary)
+    log("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
 def _main(args) -> int:
+    if args.report_only:
+        given = [f for f in ("evaluate", "old_head", "data_only", "ship", "prompts", "config") if getattr(args, f)]
+        if given:
+            raise JudgeError(f"--report-only reads OUT alone: leave out --{given[0].replace('_', '-')}")
+        return report_only(args.out)
     from transformers import AutoTokenizer
 
     from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
@@ -325,12 +348,10 @@ def _main(args) -> int:
     if args.data_only:
         return 0
 
-    from . import probe, report
+    from . import probe, report, scores
 
     ident = identity(target, tok, template, parse)
     summary_path = args.out / "summary.json"
-    scores_path = args.out / "data"
-    scores_path.mkdir(parents=True, exist_ok=True)
     per_set = [(pset, job, split_name(pset.name)) for (pset, _), job in zip(sets, jobs)]
     loaded = {sp: probe.Examples.load(job.folder, source=sp) for _, job, sp in per_set}
     if args.evaluate:
@@ -355,30 +376,16 @@ def _main(args) -> int:
         summary = json.loads(summary_path.read_text())
         for pset, job, split in per_set:
             ex = loaded[split]
-            z = probe.head_logits(heads["head"], ex)
-            summary.update(probe.scores_report(z, ex, split))
-            summary[f"{split}_n"] = len(ex)
             summary.setdefault("split_roles", {})[split] = (
                 f"held out: evaluated once with {args.evaluate.name}, trained on `{summary.get('train_split')}`"
             )
-            summary.setdefault("pass_rates", {})[split] = {
-                "head": probe.pass_rates(z, ex),
-                "zero_shot": probe.pass_rates(ex.zero_shot, ex),
-            }
-            summary.setdefault("tasks", {})[split] = report.per_task(ex, z)
-            summary.setdefault("prefix_position", {})[split] = report.by_position(ex, z)
             summary.setdefault("prompt_sets", {})[split] = pset.meta("held out", len(job.items))
-            extra = {}
-            if "old_head" in heads:
-                zo = probe.head_logits(heads["old_head"], ex)
-                summary.update(report.old_head_scores(zo, ex, split))
-                extra["old_head"] = zo
-            tau = heads["head"].tau
-            if tau is not None:
-                summary.setdefault("pass_rates_at_tau_head", {})[split] = report.rates_at(z, ex, tau)
+            if heads["head"].tau is not None:
+                summary.setdefault("pass_rates_at_tau_head", {})[split] = {"tau": heads["head"].tau}
             summary.setdefault("data", {})[split] = data_summary(job, ex)
-            report.save_scores(scores_path / f"scores-{split}.npz", ex, z)
-            report.save_scores_csv(args.out / "scores" / f"{split}.csv", ex, z, extra)
+            old = probe.head_logits(heads["old_head"], ex) if "old_head" in heads else None
+            scores.write(scores.path_of(args.out, split), ex, probe.head_logits(heads["head"], ex), old)
+            summary.setdefault("score_files", {})[split] = str(scores.path_of(Path(), split))
     else:
         ex = probe.Examples.concat(list(loaded.values()))
         split = per_set[0][2] if len(per_set) == 1 else "train"
@@ -431,13 +438,8 @@ def _main(args) -> int:
             "feature_comparison": result["feature_comparison"],
             "training_labels_comparison": result["training_labels_comparison"],
             "data_size_curve": result["data_size_curve"],
-            **result["scores"],
-            "pass_rates": {split: {"head": result["pass_rates_head"], "zero_shot": result["pass_rates_zero_shot"]}},
-            "tasks": {split: report.per_task(ex, z)},
-            "prefix_position": {split: report.by_position(ex, z)},
             "head_bytes": head_path.stat().st_size,
-            "tau_head": result["tau"]["tau"],
-            "tau_head_rule": result["tau"],
+            "tau_head_rule": {"max_wrong": result["tau"]["max_wrong"]},  # the rule, applied by scores.figures
             "prompt_sets": {p["name"]: p for p in prompt_sets},
         }
         if result["feature_ablation"] is not None:
@@ -457,8 +459,10 @@ def _main(args) -> int:
             log(f"shipped to {dest}")
         summary.setdefault("data", {})[split] = data_summary(jobs[0], ex) if len(per_set) == 1 else {
             "counts": ex.counts(), "sets": [sp for _, _, sp in per_set]}  # fmt: skip
-        report.save_scores(scores_path / f"scores-{split}.npz", ex, z)
-        report.save_scores_csv(args.out / "scores" / f"{split}.csv", ex, z, {})
+        for stale in (args.out / scores.FOLDER).glob("*.csv"):
+            stale.unlink()  # a new head: the held-out tables of the old one no longer describe it
+        scores.write(scores.path_of(args.out, split), ex, z)
+        summary["score_files"] = {split: str(scores.path_of(Path(), split))}
     summary["models"] = {
         "target": str(target),
         "draft": str(res["draft"]),
@@ -470,7 +474,8 @@ def _main(args) -> int:
     }
     splits = list(dict.fromkeys([summary["train_split"], *summary.get("data", {})]))
     summary["splits"] = splits
-    paths = report.write(args.out, summary, {sp: scores_path / f"scores-{sp}.npz" for sp in splits})
+    summary = scores.rescore(args.out, summary)
+    paths = report.write(args.out, summary)
     print(report.markdown(json.loads(summary_path.read_text())))
     log("wrote " + ", ".join(str(p) for p in paths))
     return 0
