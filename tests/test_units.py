@@ -29,6 +29,16 @@ def test_defaults_are_valid_and_documented():
         assert f"`{name}`" in readme, f"option {name} is not documented in README"
 
 
+def test_every_metric_is_documented():
+    from parse_vllm.metrics import COUNTERS, LABELLED
+
+    doc = (ROOT / "docs" / "serving.md").read_text()
+    for name in COUNTERS:
+        assert f"| `parse:{name}_total` |" in doc, f"metric {name} is not in docs/serving.md"
+    for name, (label, _) in LABELLED.items():
+        assert f"| `parse:{name}_total{{{label}}}` |" in doc, f"metric {name} is not in docs/serving.md"
+
+
 @pytest.mark.parametrize(
     "raw, needle",
     [
