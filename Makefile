@@ -10,7 +10,7 @@ MODELS  := $(VENV)/.parse-vllm-models
 TEST_JOBS   ?= $(shell n=$$(nproc); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST_ARGS ?= -n $(TEST_JOBS) --dist loadfile
 
-.PHONY: setup models pair demo test test-fast bench bench-full bench-eagle3 bench-adaptive eval-coder judge-coder clean
+.PHONY: setup models pair demo test test-fast bench bench-full bench-eagle3 bench-adaptive eval-coder judge-coder judge-coder-train clean
 
 setup: $(STAMP)
 $(STAMP): pyproject.toml $(wildcard setup.py) scripts/setup_env.sh $(wildcard csrc/*.h csrc/*/*.cpp csrc/*/*.cu csrc/*.cpp)
@@ -104,7 +104,8 @@ eval-coder: setup pair
 # The adaptive window policy against `continue` (bench/adaptive/, BENCHMARKS.md "Adaptive windows"):
 # the Coder pair on HumanEval's first ADAPTIVE_PROMPTS even ids (target, token-level k 4, PARSE W 128
 # continue and adaptive, both with k 4 as the token-level arm, at each of ADAPTIVE_TAUS; batch 8),
-# the odd ids once with the shipped judge head at its τ (JUDGE_TAU, chosen on even: target, k 4,
+# the odd ids once with the shipped judge head at its τ_head (recorded in the head by the rule its
+# training ran on the training data; `--taus head`: target, k 4,
 # accept-all τ 0, the head at τ with continue and with adaptive, and the draft alone, whose
 # passing answers mark where accepting is right; batch 1 on the first 12 odd ids, batch 8 on all
 # 82), MBPP's test split (its first 100 tasks, batch 8: target, k 4, accept-all, the head), and SmolLM2 with its EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone,
@@ -113,17 +114,16 @@ eval-coder: setup pair
 # one engine at a time; a cut run resumes where it stopped.
 ADAPTIVE_TAUS ?= 0 0.5 0.8 0.9
 ADAPTIVE_PROMPTS ?= 16
-JUDGE_TAU ?= 0.7
 CODER_HEAD := --parse '{"two_stage": true, "judge_head": "qwen2.5-coder-1.5b-instruct"}'
 bench-adaptive: setup models pair
 	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts $(ADAPTIVE_PROMPTS) --bs1-prompts 0 \
 	  --spec-k 4 --taus $(ADAPTIVE_TAUS) --variants k4 adaptive-k4 --out bench/adaptive/coder-even
 	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --num-prompts 82 --bs1-prompts 12 \
-	  --spec-k 4 --taus 0 $(JUDGE_TAU) --variant-taus adaptive-k4=$(JUDGE_TAU) --variants k4 adaptive-k4 \
+	  --spec-k 4 --taus 0 head --variant-taus adaptive-k4=head --variants k4 adaptive-k4 \
 	  --draft-alone --out bench/judge-coder/e2e-odd
 	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --num-prompts 100 \
-	  --bs1-prompts 0 --spec-k 4 --taus 0 $(JUDGE_TAU) --out bench/judge-coder/e2e-mbpp-test
-	$(PY) scripts/judge_e2e.py bench/judge-coder/e2e-odd --tau $(JUDGE_TAU) --mbpp bench/judge-coder/e2e-mbpp-test
+	  --bs1-prompts 0 --spec-k 4 --taus 0 head --out bench/judge-coder/e2e-mbpp-test
+	$(PY) scripts/judge_e2e.py bench/judge-coder/e2e-odd --mbpp bench/judge-coder/e2e-mbpp-test
 	$(VENV)/bin/parse-vllm eval --out bench/adaptive/smollm2-eagle3 --prompts mtbench checkable --batch 1 \
 	  --num-prompts 12 --max-tokens 128 --window 48 --spec-k 3 --eagle3 $(EAGLE3_HEAD) --eagle3-k 3 \
 	  --variants continue e3 adaptive-e3 --taus 0.9 --engine '{"dtype": "float32"}' --no-nll
@@ -131,20 +131,33 @@ bench-adaptive: setup models pair
 	  --smollm2 bench/adaptive/smollm2-eagle3 --out bench/adaptive
 	$(PY) scripts/bench_report.py --results bench/full
 
-# The judge head of the Qwen2.5-Coder pair (bench/judge-coder/, parse_vllm/judges/): the data of
-# HumanEval's even task ids (all 82) and odd ones (the first 41) -- the draft's answers (greedy and
-# 2 sampled), cut at the runtime's boundaries, labelled by their tests and by the target's greedy
-# continuations, and the target's hidden states at the verification suffix -- then the head trained
-# and cross-validated on even (shipped), then odd evaluated once with it. Data in
+# The judge head's report (bench/judge-coder/): summary.json, summary.md and the plots recomputed
+# from the committed score tables (scores/*.csv), byte for byte, without models (seconds).
+judge-coder: setup
+	$(VENV)/bin/parse-vllm train-judge --out bench/judge-coder --report-only
+
+# The judge head of the Qwen2.5-Coder pair from scratch (docs/judge-head.md, hours here): the data
+# of HumanEval's even ids and MBPP's train + validation + prompt split (its first 300 tasks), then of
+# the held-out sets, HumanEval's odd ids and MBPP's test split (its first 200 tasks, 4 more sampled
+# answers on the tasks where the draft rarely fails) -- the draft's answers (greedy and 2 sampled),
+# cut at the runtime's boundaries, labelled by their tests and by the target's greedy
+# continuations, the target's hidden states at the verification suffix and the evidence features --
+# then the head trained (nested CV, forward feature selection, τ_head by its rule) and shipped, and
+# the held-out sets evaluated once with it beside the previous head (OLD_HEAD). Data in
 # bench/judge-coder/data/ (not committed); every stage resumes where a killed run stopped.
 JUDGE_CODER := --config configs/qwen2.5-coder-1.5b-0.5b-cpu.yaml --out bench/judge-coder --samples 2 \
-	--prefixes-passing 1 --prefixes-failing 2
-judge-coder: setup pair
-	$(VENV)/bin/parse-vllm train-judge $(JUDGE_CODER) --split even --data-only
-	$(VENV)/bin/parse-vllm train-judge $(JUDGE_CODER) --split odd --num-prompts 41 --data-only
-	$(VENV)/bin/parse-vllm train-judge $(JUDGE_CODER) --split even --ship
-	$(VENV)/bin/parse-vllm train-judge $(JUDGE_CODER) --split odd --num-prompts 41 \
-	  --evaluate bench/judge-coder/judge_head.safetensors
+	--prefixes-passing 1 --prefixes-failing 2 --evidence
+JUDGE_TRAIN := --prompts humaneval:even $(MBPP) --num-prompts 300
+JUDGE_HELD_OUT := --prompts humaneval:odd $(MBPP):test --num-prompts 200 --balance-samples 4
+OLD_HEAD_COMMIT := b9daeed7e4765c033e9f5f525b1e7fe9de53881e
+OLD_HEAD ?= $(PARSE_VLLM_CACHE_DIR)/old-judge-head.safetensors
+judge-coder-train: setup pair
+	git show $(OLD_HEAD_COMMIT):parse_vllm/judges/qwen2.5-coder-1.5b-instruct/judge_head.safetensors > $(OLD_HEAD)
+	$(VENV)/bin/parse-vllm train-judge $(JUDGE_CODER) $(JUDGE_TRAIN) --data-only
+	$(VENV)/bin/parse-vllm train-judge $(JUDGE_CODER) $(JUDGE_HELD_OUT) --data-only
+	$(VENV)/bin/parse-vllm train-judge $(JUDGE_CODER) $(JUDGE_TRAIN) --features select --ship
+	$(VENV)/bin/parse-vllm train-judge $(JUDGE_CODER) $(JUDGE_HELD_OUT) \
+	  --evaluate bench/judge-coder/judge_head.safetensors --old-head $(OLD_HEAD)
 
 clean:
 	rm -rf build *.egg-info parse_vllm/*.so

@@ -5,10 +5,11 @@ bench/judge-coder/summary.json (odd_pass_at_1_target, odd_pass_at_1_head,
 odd_semantic_share_head, odd_speed_head_over_accept_all_bs1, tau_head) and the rows in
 `e2e_odd`.
 
-    python scripts/judge_e2e.py bench/judge-coder/e2e-odd --tau 0.7 --summary bench/judge-coder/summary.json
+    python scripts/judge_e2e.py bench/judge-coder/e2e-odd --summary bench/judge-coder/summary.json
 
 The head's configuration is PARSE `continue` with k 4 after a rejection (eval config
-"parse W=… k4") at --tau; accept-all is the same configuration at τ 0.
+"parse W=… k4") at the head's τ_head (the run's `tau_head`, recorded when it was given `--taus
+head`; or --tau); accept-all is the same configuration at τ 0.
 
 Speed figures come from wall time per task on the same tasks (parse_vllm/tools/eval/timing.py):
 ``odd_speed_head_over_accept_all_bs1`` is accept-all's mean time per task over the head's (> 1:
@@ -154,7 +155,7 @@ def _e2e_row(r: dict) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="the eval run's folder (summary.json)")
-    ap.add_argument("--tau", type=float, required=True, help="the head's τ, chosen on the even ids")
+    ap.add_argument("--tau", type=float, help="the head's τ (default: the run's τ_head, from `eval --taus head`)")
     ap.add_argument("--summary", type=Path, default=Path("bench/judge-coder/summary.json"))
     ap.add_argument("--mbpp", type=Path, help="the eval run on MBPP's test split (summary.json), run likewise")
     args = ap.parse_args(argv)
@@ -162,9 +163,19 @@ def main(argv=None) -> int:
         print(f"judge_e2e: {args.run / 'summary.json'} or {args.summary} is missing", file=sys.stderr)
         return 2
     summary = json.loads(args.summary.read_text())
-    summary.update(figures(json.loads((args.run / "summary.json").read_text()), args.tau))
+    run = json.loads((args.run / "summary.json").read_text())
+    tau = args.tau if args.tau is not None else (run.get("tau_head") or {}).get("tau")
+    if tau is None:
+        print(f"judge_e2e: {args.run} records no τ_head (run it with --taus head): give --tau", file=sys.stderr)
+        return 2
+    summary.update(figures(run, tau))
     if args.mbpp is not None:
-        summary.update(mbpp_figures(json.loads((args.mbpp / "summary.json").read_text()), args.tau))
+        mbpp = json.loads((args.mbpp / "summary.json").read_text())
+        used = (mbpp.get("tau_head") or {}).get("tau", tau)
+        if used != tau:
+            print(f"judge_e2e: {args.mbpp} ran the head at τ {used}, {args.run} at τ {tau}", file=sys.stderr)
+            return 2
+        summary.update(mbpp_figures(mbpp, tau))
     args.summary.write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k.startswith(("odd_", "mbpp_test_", "tau_head"))}, indent=1))
     for r in summary["e2e_odd"]:

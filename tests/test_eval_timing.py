@@ -333,10 +333,9 @@ def test_too_few_batch1_tasks_and_a_single_repeat_are_refused(tiny_models, tmp_p
     assert rc == 2 and "--repeats must be >= 2" in capsys.readouterr().err
 
 
-def test_a_variant_can_run_its_own_taus(tiny_models, tmp_path, monkeypatch, capsys):
-    """--variant-taus adaptive-k4=0.7: the adaptive engine runs τ 0.7 only, the others --taus;
-    engines faked (each job's record made up), so the schedule and the rows are what is tested."""
-    ran = []
+def _made_up_engine(ran: list):
+    """A stand-in for run.run_engine: each job's record made up (identical timings), each job
+    noted in `ran` as (config, τ, batch, repeat)."""
 
     def fake(config, kw, jobs, *, max_tokens, is_parse, progress, warmup, on_done=None):
         out = []
@@ -355,7 +354,14 @@ def test_a_variant_can_run_its_own_taus(tiny_models, tmp_path, monkeypatch, caps
                 on_done(rec)
         return out
 
-    monkeypatch.setattr(run, "run_engine", fake)
+    return fake
+
+
+def test_a_variant_can_run_its_own_taus(tiny_models, tmp_path, monkeypatch, capsys):
+    """--variant-taus adaptive-k4=0.7: the adaptive engine runs τ 0.7 only, the others --taus;
+    engines faked (each job's record made up), so the schedule and the rows are what is tested."""
+    ran = []
+    monkeypatch.setattr(run, "run_engine", _made_up_engine(ran))
     argv = _argv(tiny_models, tmp_path / "v", "--prompts", "mtbench", "--bs1-prompts", "0", "--num-prompts", "3",
                  "--batch", "2", "--variants", "k4", "adaptive-k4", "--taus", "0", "0.7",
                  "--variant-taus", "adaptive-k4=0.7", "--no-nll")  # fmt: skip
@@ -372,6 +378,44 @@ def test_a_variant_can_run_its_own_taus(tiny_models, tmp_path, monkeypatch, caps
     capsys.readouterr()
     bad = argv[:-3] + ["--variant-taus", "adaptive-k8=0.7", "--no-nll"]
     assert cli.main(bad) == 2 and "not one of --variants" in capsys.readouterr().err
+
+
+def test_tau_head_runs_the_tau_the_judge_head_records(tiny_models, tmp_path, monkeypatch, capsys):
+    """--taus head / --variant-taus V=head: the τ_head the named judge head's training chose
+    (engines faked: the schedule is what is tested); no head, or one without τ_head, is refused."""
+    from parse_vllm.judge_head import HeadIdentity, JudgeHead
+
+    ident = HeadIdentity(target="tiny", architecture="LlamaForCausalLM", hidden_size=4, num_layers=1,
+                         vocab_size=10, suffix_ids=(1,), question="Q?", labels=("Correct", "Incorrect"),
+                         label_ids=((2,), (3,)), boundaries={"mode": "sentence", "every": 32, "max_boundaries": 8},
+                         lm_head_fingerprint=((0.5,), (-0.5,)))  # fmt: skip
+
+    def head(training):
+        return JudgeHead(np.ones(4), 0.0, np.zeros(4), np.ones(4), ("hidden",), ident, training=training)
+
+    with_tau = head({"tau_head": {"tau": 0.65, "rule": "…"}}).save(tmp_path / "h.safetensors")
+    without = head({}).save(tmp_path / "old.safetensors")
+    ran = []
+    monkeypatch.setattr(run, "run_engine", _made_up_engine(ran))
+
+    def argv(head_path, *extra):
+        return _argv(tiny_models, tmp_path / "v", "--prompts", "mtbench", "--bs1-prompts", "0", "--num-prompts",
+                     "3", "--batch", "2", "--variants", "k4", "adaptive-k4", "--no-nll",
+                     *(["--parse", json.dumps({"judge_head": str(head_path)})] if head_path else []), *extra)  # fmt: skip
+
+    assert cli.main(argv(with_tau, "--taus", "0", "head", "--variant-taus", "adaptive-k4=head")) == 0
+    assert sorted({t for c, t, *_ in ran if c.startswith("parse")}) == [0.0, 0.65]
+    assert {t for c, t, *_ in ran if "adaptive" in c} == {0.65}
+    s = json.loads((tmp_path / "v" / "summary.json").read_text())
+    assert s["tau_head"] == {"tau": 0.65, "judge_head": str(with_tau)} and s["args"]["taus"] == [0.0, 0.65]
+    capsys.readouterr()
+    assert cli.main(argv(without, "--taus", "head")) == 2
+    assert "records no τ_head" in capsys.readouterr().err
+    assert cli.main(argv(None, "--taus", "head")) == 2
+    assert "name no judge_head" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # argparse's own refusal, saying what τ may be
+        cli.main(argv(with_tau, "--taus", "hed"))
+    assert e.value.code == 2 and "the judge head's τ_head" in capsys.readouterr().err
 
 
 # -- the whole command on the tiny models ------------------------------------------------------
@@ -546,3 +590,13 @@ def test_judge_e2e_issue_37_keys_by_hand(tmp_path):
     assert j["odd_tasks_where_draft_passes"] == 6
     assert j["mbpp_test_e2e_n"] == 12 and j["mbpp_test_pass_at_1_target"] == 0.5
     assert j["mbpp_test_pass_at_1_head"] == 0.45
+    # without --tau the head's τ is the one the runs recorded (`eval --taus head`)
+    (tmp_path / "judge.json").write_text("{}")
+    assert je.main([str(run), "--summary", str(tmp_path / "judge.json")]) == 2  # the run records none
+    (run / "summary.json").write_text(json.dumps({"rows": rows, "tau_head": {"tau": 0.7, "judge_head": "h"}}))
+    (mbpp / "summary.json").write_text(json.dumps({"rows": m_rows, "tau_head": {"tau": 0.7, "judge_head": "h"}}))
+    assert je.main([str(run), "--summary", str(tmp_path / "judge.json"), "--mbpp", str(mbpp)]) == 0
+    assert json.loads((tmp_path / "judge.json").read_text())["odd_time_per_task_head_over_best_bs1"] == j[
+        "odd_time_per_task_head_over_best_bs1"]  # fmt: skip
+    (mbpp / "summary.json").write_text(json.dumps({"rows": m_rows, "tau_head": {"tau": 0.75, "judge_head": "h"}}))
+    assert je.main([str(run), "--summary", str(tmp_path / "judge.json"), "--mbpp", str(mbpp)]) == 2

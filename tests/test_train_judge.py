@@ -311,6 +311,12 @@ def test_the_report_is_recomputed_from_its_score_tables(trained, tmp_path, capsy
     assert (out / "summary.json").read_bytes() == kept
     assert cli.main(["train-judge", "--out", str(tmp_path / "none"), "--report-only"]) == 2
     assert "no report here" in capsys.readouterr().err
+    (tmp_path / "older").mkdir()  # a report from before the score tables: nothing to recompute it from
+    (tmp_path / "older" / "summary.json").write_text(
+        json.dumps({k: v for k, v in before.items() if k != "score_files"})
+    )
+    assert cli.main(["train-judge", "--out", str(tmp_path / "older"), "--report-only"]) == 2
+    assert "names no score tables" in capsys.readouterr().err
     assert cli.main(["train-judge", "--out", str(out), "--report-only", "--ship"]) == 2
     assert "leave out --ship" in capsys.readouterr().err
 

@@ -86,18 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
     s = ap.add_argument_group("sweep")
     s.add_argument(
         "--taus",
-        type=float,
+        type=_tau_arg,
         nargs="*",
         default=list(DEFAULT_TAUS),
         metavar="τ",
-        help="τ values of the PARSE rows (default: 0 0.5 0.9 1.5; none: no PARSE engine)",
+        help="τ values of the PARSE rows (default: 0 0.5 0.9 1.5; none: no PARSE engine); head: the "
+        "τ_head recorded in the judge head the PARSE options name",
     )
     s.add_argument(
         "--variant-taus",
         nargs="+",
         default=[],
         metavar="V=τ,τ",
-        help="τ values for one variant instead of --taus, e.g. adaptive-k4=0.7 (the others keep --taus)",
+        help="τ values for one variant instead of --taus, e.g. adaptive-k4=0.7 or adaptive-k4=head (the others "
+        "keep --taus)",
     )
     s.add_argument(
         "--guards",
@@ -248,12 +250,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise EvalError("--judge scores the draft-alone answers: add --draft-alone")
     if args.bs1_prompts < 0 or (args.window is not None and args.window < 1):
         raise EvalError("--bs1-prompts must be >= 0 and --window >= 1")
-    if any(t < 0 for t in args.taus):
+    if any(t != HEAD_TAU and t < 0 for t in args.taus):
         raise EvalError("--taus: τ must be >= 0")
     for v, taus in variant_taus(args).items():
         if v not in (args.variants or []):
             raise EvalError(f"--variant-taus {v}: not one of --variants {args.variants or []}")
-        if not taus or any(t < 0 for t in taus):
+        if not taus or any(t != HEAD_TAU and t < 0 for t in taus):
             raise EvalError(f"--variant-taus {v}: give τ values >= 0, e.g. {v}=0.7")
     if args.guards is not None and any(g < 0 for g in args.guards):
         raise EvalError("--guards: a guard is an integer >= 0 (0 = off)")
@@ -359,16 +361,54 @@ def parse_engines(args: argparse.Namespace, res: dict) -> list[tuple[str, int, d
     return out
 
 
-def variant_taus(args: argparse.Namespace) -> dict[str, list[float]]:
+HEAD_TAU = "head"  # a τ given as this word: the judge head's own τ_head (head_tau)
+
+
+def _tau_arg(value: str) -> float | str:
+    if value == HEAD_TAU:
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: a number, or {HEAD_TAU} (the judge head's τ_head)") from None
+
+
+def variant_taus(args: argparse.Namespace) -> dict[str, list[float | str]]:
     """--variant-taus V=τ,τ ... -> {V: [τ, ...]}."""
     out = {}
     for item in getattr(args, "variant_taus", None) or []:
         v, sep, rest = item.partition("=")
         try:
-            out[v] = [float(t) for t in rest.split(",") if t.strip()] if sep else []
-        except ValueError:
+            out[v] = [_tau_arg(t.strip()) for t in rest.split(",") if t.strip()] if sep else []
+        except argparse.ArgumentTypeError:
             raise EvalError(f"--variant-taus {item}: expected VARIANT=τ[,τ...], e.g. adaptive-k4=0.7") from None
     return out
+
+
+def head_tau(args: argparse.Namespace, res: dict[str, Any]) -> dict[str, Any] | None:
+    """Where --taus or --variant-taus say `head`: the τ_head that the judge head named by the
+    PARSE options records (the rule it was trained with chose it), put in their place. Returns
+    {"tau", "judge_head"}, or None when no τ says `head`."""
+    given = [*args.taus, *(t for ts in variant_taus(args).values() for t in ts)]
+    if HEAD_TAU not in given:
+        return None
+    from parse_vllm.judge_head import JudgeHead, JudgeHeadError, resolve_head_path
+
+    name = res["parse"].get("judge_head")
+    if not name:
+        raise EvalError(f"τ {HEAD_TAU}: the PARSE options name no judge_head (--parse or the preset)")
+    try:
+        tau = JudgeHead.load(resolve_head_path(str(name))).tau
+    except JudgeHeadError as e:
+        raise EvalError(f"τ {HEAD_TAU}: {e}") from None
+    if tau is None:
+        raise EvalError(f"τ {HEAD_TAU}: judge head {name} records no τ_head (give τ as a number)")
+    args.taus = [tau if t == HEAD_TAU else t for t in args.taus]
+    args.variant_taus = [
+        f"{v}=" + ",".join(f"{tau!r}" if t == HEAD_TAU else f"{t!r}" for t in ts)
+        for v, ts in variant_taus(args).items()
+    ]
+    return {"tau": tau, "judge_head": str(name)}
 
 
 def _variant_of(name: str, window: int) -> str:
@@ -726,6 +766,7 @@ def _main(args: argparse.Namespace) -> int:
         return combine(args)
     check_args(args)
     res = resolve(args)
+    tau_head = head_tau(args, res)
     batches = sorted({b for b, n in ((1, args.bs1_prompts), (args.batch, args.num_prompts)) if n > 0})
     counts = {1: args.bs1_prompts, args.batch: args.num_prompts} if args.batch != 1 else {1: args.num_prompts}
     sets = tasks.load_sets(args.prompts, checkable_n=max(counts.values()), seed=args.seed, split=args.split)
@@ -915,6 +956,7 @@ def _main(args: argparse.Namespace) -> int:
             "engine": {k: v for k, v in base.items() if k != "model"},
         },
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "tau_head": tau_head,
         "sets": [s.name for s in sets],
         "prompts": {s.name: {str(b): [it["id"] for it in chosen[(s.name, b)]] for b in batches} for s in sets},
         "rows": [{k: r.get(k) for k in report.ROW_KEYS} for r in rows],

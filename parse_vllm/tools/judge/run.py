@@ -220,8 +220,11 @@ def report_only(out: Path) -> int:
     path = out / "summary.json"
     if not path.is_file():
         raise JudgeError(f"{path}: no report here to regenerate")
+    summary = json.loads(path.read_text())
+    if not summary.get("score_files"):
+        raise JudgeError(f"{path}: this report names no score tables (it predates them): train again to write them")
     try:
-        summary = scores.rescore(out, json.loads(path.read_text()))
+        summary = scores.rescore(out, summary)
     except scores.ScoresError as e:
         raise JudgeError(str(e)) from None
     paths = report.write(out, summary)
