@@ -104,8 +104,9 @@ eval-coder: setup pair
 # The adaptive window policy against `continue` (bench/adaptive/, BENCHMARKS.md "Adaptive windows"):
 # the Coder pair on HumanEval's first ADAPTIVE_PROMPTS even ids (target, token-level k 4, PARSE W 128
 # continue and adaptive, both with k 4 as the token-level arm, at each of ADAPTIVE_TAUS; batch 8),
-# the odd ids once with the shipped judge head at its τ_head (recorded in the head by the rule its
-# training ran on the training data; `--taus head`: target, k 4,
+# the odd ids once with the shipped judge head at its τ_head (JUDGE_TAU = head: the τ the rule of its
+# training chose on the training data, recorded in the head; a head trained before the rule records
+# none: give JUDGE_TAU=0.7 to run it): target, k 4,
 # accept-all τ 0, the head at τ with continue and with adaptive, and the draft alone, whose
 # passing answers mark where accepting is right; batch 1 on the first 12 odd ids, batch 8 on all
 # 82), MBPP's test split (its first 100 tasks, batch 8: target, k 4, accept-all, the head), and SmolLM2 with its EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone,
@@ -114,16 +115,18 @@ eval-coder: setup pair
 # one engine at a time; a cut run resumes where it stopped.
 ADAPTIVE_TAUS ?= 0 0.5 0.8 0.9
 ADAPTIVE_PROMPTS ?= 16
+JUDGE_TAU ?= head
 CODER_HEAD := --parse '{"two_stage": true, "judge_head": "qwen2.5-coder-1.5b-instruct"}'
 bench-adaptive: setup models pair
 	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts $(ADAPTIVE_PROMPTS) --bs1-prompts 0 \
 	  --spec-k 4 --taus $(ADAPTIVE_TAUS) --variants k4 adaptive-k4 --out bench/adaptive/coder-even
 	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --num-prompts 82 --bs1-prompts 12 \
-	  --spec-k 4 --taus 0 head --variant-taus adaptive-k4=head --variants k4 adaptive-k4 \
+	  --spec-k 4 --taus 0 $(JUDGE_TAU) --variant-taus adaptive-k4=$(JUDGE_TAU) --variants k4 adaptive-k4 \
 	  --draft-alone --out bench/judge-coder/e2e-odd
 	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --num-prompts 100 \
-	  --bs1-prompts 0 --spec-k 4 --taus 0 head --out bench/judge-coder/e2e-mbpp-test
-	$(PY) scripts/judge_e2e.py bench/judge-coder/e2e-odd --mbpp bench/judge-coder/e2e-mbpp-test
+	  --bs1-prompts 0 --spec-k 4 --taus 0 $(JUDGE_TAU) --out bench/judge-coder/e2e-mbpp-test
+	$(PY) scripts/judge_e2e.py bench/judge-coder/e2e-odd --mbpp bench/judge-coder/e2e-mbpp-test \
+	  $(if $(filter head,$(JUDGE_TAU)),,--tau $(JUDGE_TAU))
 	$(VENV)/bin/parse-vllm eval --out bench/adaptive/smollm2-eagle3 --prompts mtbench checkable --batch 1 \
 	  --num-prompts 12 --max-tokens 128 --window 48 --spec-k 3 --eagle3 $(EAGLE3_HEAD) --eagle3-k 3 \
 	  --variants continue e3 adaptive-e3 --taus 0.9 --engine '{"dtype": "float32"}' --no-nll
@@ -131,8 +134,9 @@ bench-adaptive: setup models pair
 	  --smollm2 bench/adaptive/smollm2-eagle3 --out bench/adaptive
 	$(PY) scripts/bench_report.py --results bench/full
 
-# The judge head's report (bench/judge-coder/): summary.json, summary.md and the plots recomputed
-# from the committed score tables (scores/*.csv), byte for byte, without models (seconds).
+# The judge head's report (bench/judge-coder/) recomputed from the committed score tables
+# (scores/*.csv) without models, in seconds: summary.json and summary.md byte for byte, the plots
+# redrawn. A report written before the score tables is refused (judge-coder-train writes them).
 judge-coder: setup
 	$(VENV)/bin/parse-vllm train-judge --out bench/judge-coder --report-only
 

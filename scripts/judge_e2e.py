@@ -2,7 +2,7 @@
 """The judge head end to end: a `parse-vllm eval` run on HumanEval's odd ids with the head
 (`make bench-adaptive` writes bench/judge-coder/e2e-odd/) -> the issue's keys in
 bench/judge-coder/summary.json (odd_pass_at_1_target, odd_pass_at_1_head,
-odd_semantic_share_head, odd_speed_head_over_accept_all_bs1, tau_head) and the rows in
+odd_semantic_share_head, odd_speed_head_over_accept_all_bs1, e2e_tau: the τ the head ran at) and the rows in
 `e2e_odd`.
 
     python scripts/judge_e2e.py bench/judge-coder/e2e-odd --summary bench/judge-coder/summary.json
@@ -76,7 +76,7 @@ def figures(summary: dict, tau: float) -> dict:
     all1 = one(r"parse W=\d+ k4", 1, 0.0)
     target8 = one("target", 8)
     out = {
-        "tau_head": tau,
+        "e2e_tau": tau,
         "odd_pass_at_1_target": target8["pass_at_1"],
         "odd_pass_at_1_head": head8["pass_at_1"],
         "odd_e2e_n": head8["n"],
@@ -164,20 +164,22 @@ def main(argv=None) -> int:
         return 2
     summary = json.loads(args.summary.read_text())
     run = json.loads((args.run / "summary.json").read_text())
-    tau = args.tau if args.tau is not None else (run.get("tau_head") or {}).get("tau")
-    if tau is None:
-        print(f"judge_e2e: {args.run} records no τ_head (run it with --taus head): give --tau", file=sys.stderr)
+    mbpp = None if args.mbpp is None else json.loads((args.mbpp / "summary.json").read_text())
+    recorded = {
+        str(d): t for d, s in ((args.run, run), (args.mbpp, mbpp)) if s and (t := (s.get("tau_head") or {}).get("tau")) is not None
+    }  # fmt: skip
+    taus = set(recorded.values()) | ({args.tau} if args.tau is not None else set())
+    if len(taus) != 1:
+        why = "records no τ_head (run it with --taus head): give --tau" if not taus else (
+            f"the head ran at different τ: {recorded}{'' if args.tau is None else f', --tau {args.tau}'}")  # fmt: skip
+        print(f"judge_e2e: {args.run}: {why}", file=sys.stderr)
         return 2
+    tau = taus.pop()
     summary.update(figures(run, tau))
-    if args.mbpp is not None:
-        mbpp = json.loads((args.mbpp / "summary.json").read_text())
-        used = (mbpp.get("tau_head") or {}).get("tau", tau)
-        if used != tau:
-            print(f"judge_e2e: {args.mbpp} ran the head at τ {used}, {args.run} at τ {tau}", file=sys.stderr)
-            return 2
+    if mbpp is not None:
         summary.update(mbpp_figures(mbpp, tau))
     args.summary.write_text(json.dumps(summary, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in summary.items() if k.startswith(("odd_", "mbpp_test_", "tau_head"))}, indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k.startswith(("odd_", "mbpp_test_", "e2e_tau"))}, indent=1))
     for r in summary["e2e_odd"]:
         speed = timing.describe_ratio(r.get("speedup"), r.get("speedup_ci")) if r["config"] != "target" else "—"
         s_task = "—" if r.get("s_per_task") is None else f"{r['s_per_task']:.2f} s/task"

@@ -358,7 +358,7 @@ def test_the_judge_heads_end_to_end_keys_come_from_the_odd_eval_run(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"auc_head_whole_odd": 0.7}))
     assert mod.main([str(run), "--tau", "0.7", "--summary", str(tmp_path / "summary.json")]) == 0
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["auc_head_whole_odd"] == 0.7 and s["tau_head"] == 0.7
+    assert s["auc_head_whole_odd"] == 0.7 and s["e2e_tau"] == 0.7 and "tau_head" not in s
     assert (s["odd_pass_at_1_target"], s["odd_pass_at_1_head"]) == (0.875, 0.8333)
     assert s["odd_semantic_share_head"] == pytest.approx(0.7)
     assert s["odd_speed_head_over_accept_all_bs1"] == pytest.approx(0.75)

@@ -403,8 +403,11 @@ def test_tau_head_runs_the_tau_the_judge_head_records(tiny_models, tmp_path, mon
                      "3", "--batch", "2", "--variants", "k4", "adaptive-k4", "--no-nll",
                      *(["--parse", json.dumps({"judge_head": str(head_path)})] if head_path else []), *extra)  # fmt: skip
 
-    assert cli.main(argv(with_tau, "--taus", "0", "head", "--variant-taus", "adaptive-k4=head")) == 0
-    assert sorted({t for c, t, *_ in ran if c.startswith("parse")}) == [0.0, 0.65]
+    # τ 0.65 given twice, once as a number and once as head: one job each
+    assert cli.main(argv(with_tau, "--taus", "0", "0.65", "head", "--variant-taus", "adaptive-k4=head,.65")) == 0
+    parse_jobs = [(c, t) for c, t, *_ in ran if c.startswith("parse")]
+    assert len(parse_jobs) == len(set(parse_jobs)) * 2  # two repeats, nothing else twice
+    assert sorted({t for c, t in parse_jobs}) == [0.0, 0.65]
     assert {t for c, t, *_ in ran if "adaptive" in c} == {0.65}
     s = json.loads((tmp_path / "v" / "summary.json").read_text())
     assert s["tau_head"] == {"tau": 0.65, "judge_head": str(with_tau)} and s["args"]["taus"] == [0.0, 0.65]
@@ -598,5 +601,6 @@ def test_judge_e2e_issue_37_keys_by_hand(tmp_path):
     assert je.main([str(run), "--summary", str(tmp_path / "judge.json"), "--mbpp", str(mbpp)]) == 0
     assert json.loads((tmp_path / "judge.json").read_text())["odd_time_per_task_head_over_best_bs1"] == j[
         "odd_time_per_task_head_over_best_bs1"]  # fmt: skip
+    assert je.main([str(run), "--tau", "0.75", "--summary", str(tmp_path / "judge.json")]) == 2  # not the run's τ
     (mbpp / "summary.json").write_text(json.dumps({"rows": m_rows, "tau_head": {"tau": 0.75, "judge_head": "h"}}))
     assert je.main([str(run), "--summary", str(tmp_path / "judge.json"), "--mbpp", str(mbpp)]) == 2

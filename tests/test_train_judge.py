@@ -270,6 +270,53 @@ def trained(tiny_models, script, tmp_path_factory):
     return {"root": root, "prompts": prompts, "out": out, "data": out / "data" / "tune", "calls": list(script.calls)}
 
 
+def _examples(n: int, seed: int = 0):
+    from parse_vllm.tools.judge import probe
+
+    rng = np.random.default_rng(seed)
+    whole = np.arange(n) % 3 == 0
+    return probe.Examples(
+        hidden=np.zeros((n, 0), dtype=np.float32), zero_shot=rng.normal(size=n), label=rng.random(n) < 0.5,
+        whole=whole, task=np.array([f"t{i // 3}" for i in range(n)]), answer=np.zeros(n, dtype=int),
+        length=np.where(whole, 30, 10), how=[""] * n, weight=np.where(whole, 1.0, rng.uniform(0.5, 1.5, n)),
+        source=np.array(["held"] * n),
+    )  # fmt: skip
+
+
+def test_score_tables_read_back_exactly_and_refuse_what_they_cannot_read(tmp_path):
+    from parse_vllm.tools.judge import scores
+
+    ex, z = _examples(30), np.random.default_rng(1).normal(size=30) / 3
+    path = scores.write(tmp_path / "held.csv", ex, z, old_head=z + 1e-17 + 1 / 3)
+    t = scores.read(path)
+    assert np.array_equal(t.head, z) and np.array_equal(t.old_head, z + 1e-17 + 1 / 3)
+    for k in ("zero_shot", "label", "whole", "weight", "length", "task"):
+        assert np.array_equal(getattr(t.ex, k), getattr(ex, k)), k
+    text = path.read_text().splitlines()
+    for lines, needle in (
+        ([*text[:3], text[3].rsplit(",", 1)[0], *text[4:]], "line 4 has"),  # a field short
+        ([*text[:2], text[2].replace(",whole,", ",hole,").replace(",prefix,", ",prefx,"), *text[3:]], "column kind"),
+        ([text[0], text[1].replace(",0,", ",x,", 1), *text[2:]], "held.csv"),  # answer not a number
+    ):
+        path.write_text("\n".join(lines) + "\n")
+        with pytest.raises(scores.ScoresError, match=needle):
+            scores.read(path)
+
+
+def test_evaluating_again_without_the_older_head_drops_its_figures(tmp_path):
+    from parse_vllm.tools.judge import scores
+
+    ex, z = _examples(30), np.random.default_rng(2).normal(size=30)
+    scores.write(scores.path_of(tmp_path, "held"), ex, z, old_head=-z)
+    summary = {"train_split": "tune", "score_files": {"held": "scores/held.csv"}}
+    first = scores.rescore(tmp_path, summary)
+    assert first["auc_old_head_whole_held"] is not None and "brier_old_head_prefix_held" in first
+    assert "auc_old_head_whole_held_ci" in first
+    scores.write(scores.path_of(tmp_path, "held"), ex, z)  # the same split scored again, no older head
+    again = scores.rescore(tmp_path, first)
+    assert not [k for k in again if "old_head" in k] and again["auc_head_whole_held"] == first["auc_head_whole_held"]
+
+
 def test_the_report_is_recomputed_from_its_score_tables(trained, tmp_path, capsys):
     """--report-only: every score figure from scores/<split>.csv; an edited table moves the
     figures by the hand computation, a broken one is refused with its path."""
@@ -279,6 +326,10 @@ def test_the_report_is_recomputed_from_its_score_tables(trained, tmp_path, capsy
     shutil.copytree(trained["out"], out, ignore=shutil.ignore_patterns("data"))
     before = json.loads((out / "summary.json").read_text())
     assert before["score_files"] == {"tune": "scores/tune.csv"}
+    (out / "summary.md").unlink()
+    assert cli.main(["train-judge", "--out", str(out), "--report-only"]) == 0  # the training report, unchanged
+    for name in ("summary.json", "summary.md"):
+        assert (out / name).read_bytes() == (trained["out"] / name).read_bytes(), name
     rows = list(csv.DictReader(open(out / "scores" / "tune.csv")))
     whole = [r for r in rows if r["kind"] == "whole"]
     z, y = [float(r["head"]) for r in whole], [r["label"] == "1" for r in whole]
@@ -316,7 +367,7 @@ def test_the_report_is_recomputed_from_its_score_tables(trained, tmp_path, capsy
         json.dumps({k: v for k, v in before.items() if k != "score_files"})
     )
     assert cli.main(["train-judge", "--out", str(tmp_path / "older"), "--report-only"]) == 2
-    assert "names no score tables" in capsys.readouterr().err
+    assert "no score table of its training split" in capsys.readouterr().err
     assert cli.main(["train-judge", "--out", str(out), "--report-only", "--ship"]) == 2
     assert "leave out --ship" in capsys.readouterr().err
 

@@ -387,28 +387,30 @@ def variant_taus(args: argparse.Namespace) -> dict[str, list[float | str]]:
 
 def head_tau(args: argparse.Namespace, res: dict[str, Any]) -> dict[str, Any] | None:
     """Where --taus or --variant-taus say `head`: the τ_head that the judge head named by the
-    PARSE options records (the rule it was trained with chose it), put in their place. Returns
-    {"tau", "judge_head"}, or None when no τ says `head`."""
+    PARSE options records (the rule it was trained with chose it), put in their place. Both
+    lists come back as numbers, each τ once (a cut run then resumes whichever way its τ were
+    written). Returns {"tau", "judge_head"}, or None when no τ says `head`."""
     given = [*args.taus, *(t for ts in variant_taus(args).values() for t in ts)]
-    if HEAD_TAU not in given:
-        return None
-    from parse_vllm.judge_head import JudgeHead, JudgeHeadError, resolve_head_path
+    tau = name = None
+    if HEAD_TAU in given:
+        from parse_vllm.judge_head import JudgeHead, JudgeHeadError, resolve_head_path
 
-    name = res["parse"].get("judge_head")
-    if not name:
-        raise EvalError(f"τ {HEAD_TAU}: the PARSE options name no judge_head (--parse or the preset)")
-    try:
-        tau = JudgeHead.load(resolve_head_path(str(name))).tau
-    except JudgeHeadError as e:
-        raise EvalError(f"τ {HEAD_TAU}: {e}") from None
-    if tau is None:
-        raise EvalError(f"τ {HEAD_TAU}: judge head {name} records no τ_head (give τ as a number)")
-    args.taus = [tau if t == HEAD_TAU else t for t in args.taus]
-    args.variant_taus = [
-        f"{v}=" + ",".join(f"{tau!r}" if t == HEAD_TAU else f"{t!r}" for t in ts)
-        for v, ts in variant_taus(args).items()
-    ]
-    return {"tau": tau, "judge_head": str(name)}
+        name = res["parse"].get("judge_head")
+        if not name:
+            raise EvalError(f"τ {HEAD_TAU}: the PARSE options name no judge_head (--parse or the preset)")
+        try:
+            tau = JudgeHead.load(resolve_head_path(str(name))).tau
+        except JudgeHeadError as e:
+            raise EvalError(f"τ {HEAD_TAU}: {e}") from None
+        if tau is None:
+            raise EvalError(f"τ {HEAD_TAU}: judge head {name} records no τ_head (give τ as a number)")
+
+    def numbers(taus):
+        return list(dict.fromkeys(float(tau if t == HEAD_TAU else t) for t in taus))
+
+    args.taus = numbers(args.taus)
+    args.variant_taus = [f"{v}=" + ",".join(map(repr, numbers(ts))) for v, ts in variant_taus(args).items()]
+    return None if tau is None else {"tau": tau, "judge_head": str(name)}
 
 
 def _variant_of(name: str, window: int) -> str:

@@ -221,8 +221,10 @@ def report_only(out: Path) -> int:
     if not path.is_file():
         raise JudgeError(f"{path}: no report here to regenerate")
     summary = json.loads(path.read_text())
-    if not summary.get("score_files"):
-        raise JudgeError(f"{path}: this report names no score tables (it predates them): train again to write them")
+    if summary.get("train_split") not in summary.get("score_files", {}):
+        raise JudgeError(
+            f"{path}: this report names no score table of its training split (it predates them): train again"
+        )
     try:
         summary = scores.rescore(out, summary)
     except scores.ScoresError as e:
@@ -234,7 +236,11 @@ def report_only(out: Path) -> int:
 
 def _main(args) -> int:
     if args.report_only:
-        given = [f for f in ("evaluate", "old_head", "data_only", "ship", "prompts", "config") if getattr(args, f)]
+        given = [
+            f
+            for f in ("evaluate", "old_head", "data_only", "ship", "prompts", "config", "tau_max_wrong")
+            if getattr(args, f) is not None and getattr(args, f) is not False
+        ] + (["features"] if args.features != "auto" else [])
         if given:
             raise JudgeError(f"--report-only reads OUT alone: leave out --{given[0].replace('_', '-')}")
         return report_only(args.out)
@@ -385,6 +391,8 @@ def _main(args) -> int:
             summary.setdefault("prompt_sets", {})[split] = pset.meta("held out", len(job.items))
             if heads["head"].tau is not None:
                 summary.setdefault("pass_rates_at_tau_head", {})[split] = {"tau": heads["head"].tau}
+            else:  # a head without τ_head: no rates at another head's τ
+                summary.get("pass_rates_at_tau_head", {}).pop(split, None)
             summary.setdefault("data", {})[split] = data_summary(job, ex)
             old = probe.head_logits(heads["old_head"], ex) if "old_head" in heads else None
             scores.write(scores.path_of(args.out, split), ex, probe.head_logits(heads["head"], ex), old)

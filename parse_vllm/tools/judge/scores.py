@@ -78,14 +78,23 @@ def read(path: Path) -> ScoreTable:
         rows = list(csv.reader(f))
     if not rows or tuple(rows[0][: len(COLUMNS)]) != COLUMNS:
         raise ScoresError(f"{path}: not a score table (its header must start with {','.join(COLUMNS)})")
+    for line, r in enumerate(rows[1:], start=2):
+        if len(r) != len(rows[0]):
+            raise ScoresError(f"{path}: line {line} has {len(r)} fields, the header {len(rows[0])}")
     cols = {name: [r[i] for r in rows[1:]] for i, name in enumerate(rows[0])}
-    if any(len(r) != len(rows[0]) for r in rows[1:]):
-        raise ScoresError(f"{path}: a row has {len(rows[0])} fields in the header but not in every row")
+    try:
+        return _table(cols, len(rows) - 1)
+    except ValueError as e:
+        raise ScoresError(f"{path}: {e}") from None
 
+
+def _table(cols: dict[str, list[str]], n: int) -> ScoreTable:
     def floats(name: str) -> np.ndarray:
         return np.array([float(x) for x in cols[name]], dtype=np.float64)
 
-    n = len(rows) - 1
+    for name, allowed in (("kind", {"whole", "prefix"}), ("label", {"0", "1"})):
+        if bad := set(cols[name]) - allowed:
+            raise ValueError(f"column {name}: {sorted(bad)[0]!r} is not one of {sorted(allowed)}")
     has_ev = all(f in cols for f in EVIDENCE_FEATURES)
     ex = probe.Examples(
         hidden=np.zeros((n, 0), dtype=np.float32),
@@ -135,8 +144,14 @@ def figures(table: ScoreTable, split: str, summary: dict[str, Any]) -> dict[str,
 
 def rescore(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
     """`summary` with every figure recomputed from the tables it names (``score_files``:
-    split -> path relative to `out`), in that order."""
+    split -> path relative to `out`), in that order. A held-out split's older-head figures go
+    when its table has no older head's scores (it was evaluated again without one)."""
     summary = dict(summary)
     for split, rel in summary.get("score_files", {}).items():
-        summary.update(figures(read(out / rel), split, summary))
+        table = read(out / rel)
+        if table.old_head is None and split != summary.get("train_split"):
+            for key in [k for k in summary if k.startswith(("auc_old_head_", "brier_old_head_"))]:
+                if key.removesuffix("_ci").endswith(f"_{split}"):
+                    del summary[key]
+        summary.update(figures(table, split, summary))
     return summary
