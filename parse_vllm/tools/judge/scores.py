@@ -117,12 +117,10 @@ def figures(table: ScoreTable, split: str, summary: dict[str, Any]) -> dict[str,
     `summary`. The training split (``summary["train_split"]``) gets τ_head by the rule whose
     bound the summary records (``tau_head_rule.max_wrong``) and its sets' figures one by one;
     a held-out split gets the rates at the τ it was evaluated at and the older head's figures."""
-    from . import report
-
     ex, z = table.ex, table.head
     up: dict[str, Any] = dict(probe.scores_report(z, ex, split))
     nested = {"pass_rates": {"head": probe.pass_rates(z, ex), "zero_shot": probe.pass_rates(ex.zero_shot, ex)},
-              "tasks": report.per_task(ex, z), "prefix_position": report.by_position(ex, z)}  # fmt: skip
+              "tasks": per_task(ex, z), "prefix_position": by_position(ex, z)}  # fmt: skip
     if split == summary.get("train_split"):
         for sp in [] if ex.source is None else list(dict.fromkeys(ex.source.tolist())):
             if sp != split:
@@ -133,13 +131,75 @@ def figures(table: ScoreTable, split: str, summary: dict[str, Any]) -> dict[str,
     else:
         up[f"{split}_n"] = len(ex)
         if table.old_head is not None:
-            up.update(report.old_head_scores(table.old_head, ex, split))
+            up.update(old_head_scores(table.old_head, ex, split))
         tau = summary.get("pass_rates_at_tau_head", {}).get(split, {}).get("tau")
         if tau is not None:
-            nested["pass_rates_at_tau_head"] = report.rates_at(z, ex, tau)
+            nested["pass_rates_at_tau_head"] = rates_at(z, ex, tau)
     for key, value in nested.items():
         up[key] = {**summary.get(key, {}), split: value}
     return up
+
+
+def old_head_scores(z: np.ndarray, ex, split: str) -> dict[str, Any]:
+    """The older head's AUCs (with task-bootstrap intervals) and Brier scores on a split."""
+    out: dict[str, Any] = {}
+    for kind, mask in (("whole", ex.whole), ("prefix", ~ex.whole)):
+        y, t, w = ex.label[mask], ex.task[mask], ex.weight[mask]
+        out[f"auc_old_head_{kind}_{split}"] = probe.auc(z[mask], y, w)
+        out[f"auc_old_head_{kind}_{split}_ci"] = probe.bootstrap_auc(z[mask], y, w, t)
+        out[f"brier_old_head_{kind}_{split}"] = probe.brier(probe.sigmoid(z[mask]), y, w)
+    return out
+
+
+def rates_at(z: np.ndarray, ex, tau: float) -> dict[str, Any]:
+    """What τ accepts of a split: share of passing / failing whole answers and prefixes."""
+    return {"tau": tau, **probe.pass_rates(z, ex, taus=(tau,))[f"{tau:g}"]}
+
+
+def per_task(ex, z: np.ndarray) -> list[dict[str, Any]]:
+    """Per task: counts, the head's mean judgment of passing and failing examples, and how
+    often a failing example outranks a passing one of the same task (within-task 1 - AUC)."""
+    rows = []
+    for t in dict.fromkeys(ex.task):
+        m = ex.task == t
+        y, s = ex.label[m], z[m]
+        row = {
+            "task": str(t),
+            "whole_pass": int((ex.whole[m] & y).sum()),
+            "whole_fail": int((ex.whole[m] & ~y).sum()),
+            "prefix_pass": int((~ex.whole[m] & y).sum()),
+            "prefix_fail": int((~ex.whole[m] & ~y).sum()),
+            "mean_p_pass": float(probe.sigmoid(s[y]).mean()) if y.any() else None,
+            "mean_p_fail": float(probe.sigmoid(s[~y]).mean()) if (~y).any() else None,
+        }
+        a = probe.auc(s, y, ex.weight[m])
+        row["misranked"] = None if a is None else round(1 - a, 3)
+        rows.append(row)
+    return rows
+
+
+POSITION_BINS = ((0.0, 1 / 3, "first third"), (1 / 3, 2 / 3, "middle third"), (2 / 3, 1.0, "last third"))
+
+
+def by_position(ex, z: np.ndarray) -> list[dict[str, Any]]:
+    """Prefix AUCs of the head and the zero-shot judge by where the prefix ends in its answer
+    (prefix length / answer length): can a failure be seen before it is written?"""
+    full = {(t, a): n for t, a, n, w in zip(ex.task, ex.answer, ex.length, ex.whole) if w}
+    rel = np.array([n / full[(t, a)] for t, a, n in zip(ex.task, ex.answer, ex.length)])
+    rows = []
+    for lo, hi, name in POSITION_BINS:
+        m = ~ex.whole & (rel > lo) & (rel <= hi)
+        y, w = ex.label[m], ex.weight[m]
+        rows.append(
+            {
+                "position": name,
+                "pass": int(y.sum()),
+                "fail": int((~y).sum()),
+                "auc_head": probe.auc(z[m], y, w),
+                "auc_zero_shot": probe.auc(ex.zero_shot[m], y, w),
+            }
+        )
+    return rows
 
 
 def rescore(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
