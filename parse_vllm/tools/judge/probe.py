@@ -300,14 +300,22 @@ def scores_report(z_head: np.ndarray, ex: Examples, split: str) -> dict[str, Any
     head, whole answers and prefixes, counts; keys suffixed with the split."""
     out: dict[str, Any] = {}
     for kind, mask in (("whole", ex.whole), ("prefix", ~ex.whole)):
-        y, t, w = ex.label[mask], ex.task[mask], ex.weight[mask]
+        y = ex.label[mask]
         for name, z in (("zero_shot", ex.zero_shot), ("head", z_head)):
-            out[f"auc_{name}_{kind}_{split}"] = auc(z[mask], y, w)
-            out[f"auc_{name}_{kind}_{split}_ci"] = bootstrap_auc(z[mask], y, w, t)
-            out[f"brier_{name}_{kind}_{split}"] = brier(sigmoid(z[mask]), y, w)
+            out.update(judge_figures(name, kind, split, z, ex, mask))
         out[f"n_{kind}_pass_{split}"] = int(y.sum())
         out[f"n_{kind}_fail_{split}"] = int((~y).sum())
     return out
+
+
+def judge_figures(name: str, kind: str, split: str, z: np.ndarray, ex: Examples, mask: np.ndarray) -> dict[str, Any]:
+    """One judge's AUC (with its task-bootstrap interval) and Brier score over the `mask` rows."""
+    y, t, w = ex.label[mask], ex.task[mask], ex.weight[mask]
+    return {
+        f"auc_{name}_{kind}_{split}": auc(z[mask], y, w),
+        f"auc_{name}_{kind}_{split}_ci": bootstrap_auc(z[mask], y, w, t),
+        f"brier_{name}_{kind}_{split}": brier(sigmoid(z[mask]), y, w),
+    }
 
 
 def pass_rates(z: np.ndarray, ex: Examples, taus=(0.5, 0.7, 0.8, 0.9, 0.95)) -> dict[str, dict]:
@@ -597,13 +605,6 @@ def train(ex: Examples, split: str, features: str = "auto", log=print, ablation:
     ablation_rows = None
     if ablation if ablation is not None else forward:
         ablation_rows = feature_ablation(ex, keep, cache, log=log)
-    scores = scores_report(z_oof, ex, split)
-    by_source = {}
-    for sp in sources:
-        m = ex.source == sp
-        if sp != split:
-            scores.update(scores_report(z_oof[m], ex.subset(m), sp))
-        by_source[sp] = int(m.sum())
     return {
         "pipe": pipe,
         "features": keep,
@@ -616,11 +617,10 @@ def train(ex: Examples, split: str, features: str = "auto", log=print, ablation:
         "training_labels_comparison": by_labels,
         "data_size_curve": curve,
         "data_size_curves": curves,
-        "scores": scores,
-        "examples_by_source": by_source,
+        # the cross-validated AUCs the head records; the report's figures are scores.figures'
+        "aucs": {"head": kind_aucs(z_oof, ex), "zero_shot": kind_aucs(ex.zero_shot, ex)},
+        "examples_by_source": {sp: int((ex.source == sp).sum()) for sp in sources},
         "tau": choose_tau(z_oof, ex),
-        "pass_rates_head": pass_rates(z_oof, ex),
-        "pass_rates_zero_shot": pass_rates(ex.zero_shot, ex),
     }
 
 

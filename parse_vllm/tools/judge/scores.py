@@ -144,10 +144,7 @@ def old_head_scores(z: np.ndarray, ex, split: str) -> dict[str, Any]:
     """The older head's AUCs (with task-bootstrap intervals) and Brier scores on a split."""
     out: dict[str, Any] = {}
     for kind, mask in (("whole", ex.whole), ("prefix", ~ex.whole)):
-        y, t, w = ex.label[mask], ex.task[mask], ex.weight[mask]
-        out[f"auc_old_head_{kind}_{split}"] = probe.auc(z[mask], y, w)
-        out[f"auc_old_head_{kind}_{split}_ci"] = probe.bootstrap_auc(z[mask], y, w, t)
-        out[f"brier_old_head_{kind}_{split}"] = probe.brier(probe.sigmoid(z[mask]), y, w)
+        out.update(probe.judge_figures("old_head", kind, split, z, ex, mask))
     return out
 
 
