@@ -31,6 +31,10 @@ def _ci(x) -> str:
     return "—" if not x else f"[{x[0]:.3f}, {x[1]:.3f}]"
 
 
+def _summed(dicts: list[dict]) -> dict:
+    return {k: sum(d.get(k, 0) for d in dicts) for k in dict.fromkeys(k for d in dicts for k in d)}
+
+
 def markdown(s: dict[str, Any]) -> str:
     m = s["models"]
     splits = s.get("splits", [])
@@ -46,19 +50,22 @@ def markdown(s: dict[str, Any]) -> str:
         "## Data",
         "",
         "| split | tasks | target passes | distinct answers | whole pass / fail | prefixes pass / fail | "
-        "prefix labels (target answer / own / shared continuation) | answers, boundaries, labels, features (min) |",
+        "prefix labels (target answer / own / shared continuation) | answers, boundaries, labels, features, evidence (min) |",
         "|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for sp in splits:
         d = s["data"].get(sp, {})
         c = d.get("counts", {})
-        how = d.get("prefix_label_sources", {})
-        secs = d.get("stage_seconds", {})
+        how, secs = d.get("prefix_label_sources", {}), d.get("stage_seconds", {})
+        if d.get("sets"):  # a split made of sets: their sums
+            parts = [s["data"].get(x, {}) for x in d["sets"]]
+            d = {k: sum(x.get(k) or 0 for x in parts) for k in ("target_passes", "answers")}
+            how, secs = (_summed([x.get(f, {}) for x in parts]) for f in ("prefix_label_sources", "stage_seconds"))
         lines.append(
             f"| {sp} | {c.get('tasks')} | {d.get('target_passes')} | {d.get('answers')} | "
             f"{c.get('whole_pass')} / {c.get('whole_fail')} | {c.get('prefix_pass')} / {c.get('prefix_fail')} | "
             f"{how.get('target answer', 0)} / {how.get('own continuation', 0)} / {how.get('shared continuation', 0)} | "
-            + ", ".join(f"{secs.get(k, 0) / 60:.1f}" for k in ("answers", "boundaries", "labels", "features"))
+            + ", ".join(f"{secs.get(k, 0) / 60:.1f}" for k in ("answers", "boundaries", "labels", "features", "evidence"))
             + " |"
         )
     short = {sp: g for sp, g in s.get("failing_prefixes", {}).items() if not g["met"]}
@@ -117,7 +124,7 @@ def markdown(s: dict[str, Any]) -> str:
         "",
         f"Features kept: `{', '.join(s.get('features_kept', []))}`; C = {_fmt(s.get('C'), 4)}; "
         f"{s.get('n_train')} training examples. Nested-CV AUC by feature set "
-        f"(zero_shot_logit kept only if it raises the mean of both AUCs by ≥ {s.get('min_feature_gain')}):",
+        f"(a scalar feature is added only if it raises the mean of the two AUCs by ≥ {s.get('min_feature_gain')}):",
         "",
         "| features | whole | prefixes | C per outer fold |",
         "|---|---:|---:|---|",
