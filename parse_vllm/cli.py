@@ -183,7 +183,7 @@ DEMO_PAIRS = {
         draft="qwen2.5-coder-0.5b-instruct",
         # the preset's settings (configs/qwen2.5-coder-1.5b-0.5b-cpu.yaml, README "Quality")
         window=128,
-        threshold=0.7,
+        threshold="head",  # the judge head's τ_head
         guard=0,
         parse={
             "on_reject": "continue",
@@ -286,6 +286,15 @@ def demo(argv: list[str]) -> int:
         pair["test"] = None  # the pair's tests are for its own question
     if args.target is not None:  # a shipped judge head is for its own target only
         pair["parse"] = {k: v for k, v in pair["parse"].items() if k != "judge_head"}
+    if pair["threshold"] == "head":
+        from parse_vllm.judge_head import JudgeHeadError, head_tau
+
+        if "judge_head" not in pair["parse"]:
+            ap.error("--target leaves out the pair's judge head, whose τ_head is the pair's τ: give --threshold")
+        try:
+            pair["threshold"] = head_tau(pair["parse"]["judge_head"])
+        except JudgeHeadError as e:
+            ap.error(str(e))
 
     from parse_vllm import _vllm
     from parse_vllm.tools.benchmarks.common import cpu_engine_setup

@@ -37,7 +37,7 @@ class ParseConfig:
 
     # τ: a prefix passes when P(Correct) / (P(Correct) + P(Incorrect)) >= τ.
     # τ > 1 never passes (pure token-level speculation, lossless); τ = 0
-    # accepts every draft whole.
+    # accepts every draft whole. "head" (from_dict): the τ_head the judge head records.
     threshold: float = 0.5
     # Where the draft is cut for judging: "sentence" (sentence or line ends in
     # the detokenized draft), "tokens" (every `every` tokens), or "both".
@@ -137,6 +137,8 @@ class ParseConfig:
             ):
                 raise ParseConfigError(f"parse.labels must be two non-empty strings, got {labels!r}")
             raw["labels"] = (labels[0], labels[1])
+        if raw.get("threshold") == HEAD_THRESHOLD:
+            raw["threshold"] = _head_threshold(raw.get("judge_head"))
         cfg = cls(**raw)
         cfg.validate()
         return cfg
@@ -227,9 +229,24 @@ def _check_step_costs(costs: Any, on_reject: str) -> None:
             raise ParseConfigError(f"{name}[{key!r}] must be a finite number of seconds >= 0, got {value!r}")
 
 
+HEAD_THRESHOLD = "head"  # parse.threshold: the judge head's τ_head
+
+
+def _head_threshold(judge_head: Any) -> float:
+    if not judge_head:
+        raise ParseConfigError(f'parse.threshold="{HEAD_THRESHOLD}" takes τ_head from parse.judge_head: name one')
+    from parse_vllm.judge_head import JudgeHeadError, head_tau
+
+    try:
+        return head_tau(str(judge_head))
+    except JudgeHeadError as e:
+        raise ParseConfigError(f'parse.threshold="{HEAD_THRESHOLD}": {e}') from None
+
+
 def _check_threshold(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ParseConfigError(f"{name} must be a number, got {value!r}")
+        head = f' (or "{HEAD_THRESHOLD}" in parse.threshold)' if name == "parse.threshold" else ""
+        raise ParseConfigError(f"{name} must be a number{head}, got {value!r}")
     value = float(value)
     if math.isnan(value) or value < 0:
         raise ParseConfigError(f"{name} must be >= 0 (values above 1 never pass), got {value}")

@@ -331,6 +331,18 @@ def resolve_head_path(value: str) -> Path:
     raise JudgeHeadError(f"parse.judge_head: no file {value!r} (nor a head shipped with parse-vllm by that name)")
 
 
+def head_tau(value: str) -> float:
+    """τ_head of the head `value` names (resolve_head_path): the τ its training rule chose on
+    the training data; raises JudgeHeadError for a head trained before the rule."""
+    path = resolve_head_path(value)
+    tau = JudgeHead.load(path).tau
+    if tau is None:
+        raise JudgeHeadError(
+            f"judge head {value!r} ({path}) records no τ_head (trained before its rule): give τ as a number"
+        )
+    return tau
+
+
 def judgment_passes(z: np.ndarray, tau: float) -> np.ndarray:
     """[C] bool: judgments of log-odds `z` that pass τ. τ >= 1 passes none, even a judgment
     whose log-odds are infinite; τ <= 0 passes all."""

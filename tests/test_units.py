@@ -68,6 +68,38 @@ def test_bad_engine_options_are_refused(raw, needle):
         ParseConfig.from_dict(raw)
 
 
+def test_threshold_head_is_the_judge_heads_tau_head(tmp_path):
+    """parse.threshold "head": the τ_head the named head records; refused, saying why, without
+    a head, with a head trained before the rule, or per request (a number there)."""
+    from parse_vllm.judge_head import HeadIdentity, JudgeHead, resolve_head_path
+
+    ident = HeadIdentity(target="tiny", architecture="LlamaForCausalLM", hidden_size=4, num_layers=1,
+                         vocab_size=10, suffix_ids=(1,), question="Q?", labels=("Correct", "Incorrect"),
+                         label_ids=((2,), (3,)), boundaries={"mode": "sentence", "every": 32, "max_boundaries": 8})  # fmt: skip
+
+    def head(training, name):
+        h = JudgeHead(np.ones(4), 0.0, np.zeros(4), np.ones(4), ("hidden",), ident, training=training)
+        return str(h.save(tmp_path / name))
+
+    with_tau = head({"tau_head": {"tau": 0.625, "rule": "r"}}, "h.safetensors")
+    assert ParseConfig.from_dict({"threshold": "head", "judge_head": with_tau}).threshold == 0.625
+    with pytest.raises(ParseConfigError, match="takes τ_head from parse.judge_head: name one"):
+        ParseConfig.from_dict({"threshold": "head"})
+    with pytest.raises(ParseConfigError, match="records no τ_head"):
+        ParseConfig.from_dict({"threshold": "head", "judge_head": head({}, "old.safetensors")})
+    with pytest.raises(ParseConfigError, match='must be a number \\(or "head" in parse.threshold\\)'):
+        ParseConfig.from_dict({"threshold": "hed", "judge_head": with_tau})
+    with pytest.raises(ParseConfigError, match="parse_threshold must be a number, got 'head'"):
+        request_options({"parse_threshold": "head"}, ParseConfig())
+    # the Coder preset runs the shipped head at the τ its training chose
+    from parse_vllm.presets import load_preset
+
+    preset = load_preset(ROOT / "configs" / "qwen2.5-coder-1.5b-0.5b-cpu.yaml")
+    assert preset.parse["threshold"] == "head"
+    shipped = JudgeHead.load(resolve_head_path(preset.parse["judge_head"])).tau
+    assert shipped is not None and ParseConfig.from_dict(preset.parse).threshold == shipped
+
+
 def test_parse_section_names_parse():
     assert parse_section({}) is None
     assert parse_section(None) is None

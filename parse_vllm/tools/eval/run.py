@@ -393,17 +393,15 @@ def head_tau(args: argparse.Namespace, res: dict[str, Any]) -> dict[str, Any] | 
     given = [*args.taus, *(t for ts in variant_taus(args).values() for t in ts)]
     tau = name = None
     if HEAD_TAU in given:
-        from parse_vllm.judge_head import JudgeHead, JudgeHeadError, resolve_head_path
+        from parse_vllm.judge_head import JudgeHeadError, head_tau
 
         name = res["parse"].get("judge_head")
         if not name:
             raise EvalError(f"τ {HEAD_TAU}: the PARSE options name no judge_head (--parse or the preset)")
         try:
-            tau = JudgeHead.load(resolve_head_path(str(name))).tau
+            tau = head_tau(str(name))
         except JudgeHeadError as e:
             raise EvalError(f"τ {HEAD_TAU}: {e}") from None
-        if tau is None:
-            raise EvalError(f"τ {HEAD_TAU}: judge head {name} records no τ_head (give τ as a number)")
 
     def numbers(taus):
         return list(dict.fromkeys(float(tau if t == HEAD_TAU else t) for t in taus))
