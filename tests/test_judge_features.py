@@ -196,12 +196,17 @@ def _identity() -> HeadIdentity:
 @pytest.mark.parametrize(
     "features",
     [
+        ("hidden",),
+        ("hidden", "zero_shot_logit"),
         ("hidden", "draft_logprob_min"),
         ("hidden", "greedy_mismatch", "zero_shot_logit", "draft_logprob_mean"),
         ("hidden", *EVIDENCE_FEATURES),
     ],
 )
-def test_a_head_with_evidence_features_saves_loads_and_reads_out_by_hand(features, tmp_path):
+def test_a_head_saves_loads_and_reads_out_by_hand(features, tmp_path):
+    """Heads without evidence keep format /1 (the previous shipped head is one, read by
+    --old-head); a head that reads evidence is /2 and adds w_e · e on the host."""
+    evidence = any(f in EVIDENCE_FEATURES for f in features)
     rng = np.random.default_rng(0)
     n = H + len(features) - 1
     head = JudgeHead(
@@ -212,9 +217,9 @@ def test_a_head_with_evidence_features_saves_loads_and_reads_out_by_hand(feature
     from safetensors import safe_open
 
     with safe_open(str(path), framework="numpy") as f:
-        assert f.metadata()["format"] == FORMAT_EVIDENCE
+        assert f.metadata()["format"] == (FORMAT_EVIDENCE if evidence else FORMAT)
     loaded = JudgeHead.load(path)
-    assert loaded.features == features and loaded.reads_evidence and loaded.tau == 0.725
+    assert loaded.features == features and loaded.reads_evidence == evidence and loaded.tau == 0.725
     hidden, zs, ev = rng.normal(size=(5, H)), rng.normal(size=5), rng.normal(size=(5, 4))
     cols = {"zero_shot_logit": zs, **{f: ev[:, i] for i, f in enumerate(EVIDENCE_FEATURES)}}
     x = np.concatenate([hidden] + [cols[f][:, None] for f in features[1:]], axis=1)
@@ -222,27 +227,38 @@ def test_a_head_with_evidence_features_saves_loads_and_reads_out_by_hand(feature
     assert np.allclose(loaded.logit(hidden, zs, ev), by_hand)
     ro = ReadOut(loaded, "cpu")
     device = ro.logit(torch.tensor(hidden, dtype=torch.float32), torch.tensor(zs, dtype=torch.float32)).numpy()
-    assert ro.reads_evidence and np.allclose(device + ro.evidence_logit(ev), by_hand, atol=1e-4)
+    assert ro.reads_evidence == evidence and np.allclose(device + ro.evidence_logit(ev), by_hand, atol=1e-4)
+    assert evidence or not ro.evidence_weight.any()
 
 
-def test_the_shipped_head_loads_and_reads_out_as_before():
-    """The committed hidden-only head: format /1, no evidence, no prompt sets or τ_head
-    recorded, and its read-out is w' · h + b' exactly as before (evidence weights zero)."""
+def test_the_shipped_head_reads_the_evidence_it_was_chosen_with():
+    """The committed head: the hidden state and the mean log-probability of the drafted
+    tokens (forward selection's choice), the prompt sets it learnt from with their sha256, and
+    its τ_head; the pass's read-out (w' · h + b' on the device, w_e · e on the host) equals the
+    standardised linear model computed here by hand."""
     from parse_vllm.judge_head import resolve_head_path
 
     head = JudgeHead.load(resolve_head_path("qwen2.5-coder-1.5b-instruct"))
-    assert head.features == ("hidden",) and not head.reads_evidence
-    assert head.prompt_sets == [] and head.tau is None
+    assert head.features == ("hidden", "draft_logprob_mean") and head.reads_evidence
+    sets = {(p["name"], p["split"], p["role"]): p for p in head.prompt_sets}
+    assert set(sets) == {("humaneval-even", "even", "train"),
+                         ("mbpp-train+validation+prompt", "train+validation+prompt", "train")}  # fmt: skip
+    assert all(len(p["sha256"]) == 64 for p in head.prompt_sets)
+    assert head.tau is not None and 0.5 <= head.tau <= 0.95
     ro = ReadOut(head, "cpu")
-    assert not ro.reads_evidence and not ro.evidence_weight.any() and ro.zero_shot_weight == 0.0
-    h = np.random.default_rng(0).normal(size=(3, head.identity.hidden_size))
-    w, b = head.folded()
-    got = ro.logit(torch.tensor(h, dtype=torch.float32), torch.zeros(3)).numpy()
-    assert np.allclose(got, h @ w + b, atol=1e-3) and np.allclose(head.logit(h), h @ w + b)
+    assert ro.zero_shot_weight == 0.0 and ro.reads_evidence
+    assert [n for n, w in zip(EVIDENCE_FEATURES, ro.evidence_weight) if w] == ["draft_logprob_mean"]
+    rng = np.random.default_rng(0)
+    h = rng.normal(size=(3, head.identity.hidden_size))
+    ev = rng.normal(size=(3, len(EVIDENCE_FEATURES)))
+    x = np.concatenate([h, ev[:, [EVIDENCE_FEATURES.index("draft_logprob_mean")]]], axis=1)
+    by_hand = ((x - head.mean) / head.scale) @ head.weight + head.bias
+    got = ro.logit(torch.tensor(h, dtype=torch.float32), torch.zeros(3)).numpy() + ro.evidence_logit(ev)
+    assert np.allclose(got, by_hand, atol=1e-3) and np.allclose(head.logit(h, evidence=ev), by_hand)
     from safetensors import safe_open
 
     with safe_open(str(resolve_head_path("qwen2.5-coder-1.5b-instruct") / "judge_head.safetensors"), "numpy") as f:
-        assert f.metadata()["format"] == FORMAT
+        assert f.metadata()["format"] == FORMAT_EVIDENCE
 
 
 # -- in an engine: no forward and no transfer more ----------------------------------------------

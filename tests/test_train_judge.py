@@ -372,6 +372,18 @@ def test_the_report_is_recomputed_from_its_score_tables(trained, tmp_path, capsy
     assert "leave out --ship" in capsys.readouterr().err
 
 
+def test_the_committed_report_comes_from_the_committed_score_tables(tmp_path):
+    """`make judge-coder`: bench/judge-coder/summary.json and summary.md, byte for byte, from
+    the committed summary and scores/*.csv, without models."""
+    src = Path(__file__).resolve().parents[1] / "bench" / "judge-coder"
+    out = tmp_path / "judge-coder"
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns("data", "e2e-*", "*.png", "*.safetensors"))
+    (out / "summary.md").unlink()
+    assert cli.main(["train-judge", "--out", str(out), "--report-only"]) == 0
+    for name in ("summary.json", "summary.md"):
+        assert (out / name).read_bytes() == (src / name).read_bytes(), name
+
+
 def test_training_writes_the_report_and_a_head_for_the_target(trained, tiny_models):
     from parse_vllm.judge_head import JudgeHead
 
