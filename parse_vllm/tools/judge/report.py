@@ -65,7 +65,9 @@ def markdown(s: dict[str, Any]) -> str:
             f"| {sp} | {c.get('tasks')} | {d.get('target_passes')} | {d.get('answers')} | "
             f"{c.get('whole_pass')} / {c.get('whole_fail')} | {c.get('prefix_pass')} / {c.get('prefix_fail')} | "
             f"{how.get('target answer', 0)} / {how.get('own continuation', 0)} / {how.get('shared continuation', 0)} | "
-            + ", ".join(f"{secs.get(k, 0) / 60:.1f}" for k in ("answers", "boundaries", "labels", "features", "evidence"))
+            + ", ".join(
+                f"{secs.get(k, 0) / 60:.1f}" for k in ("answers", "boundaries", "labels", "features", "evidence")
+            )
             + " |"
         )
     short = {sp: g for sp, g in s.get("failing_prefixes", {}).items() if not g["met"]}
