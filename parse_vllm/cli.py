@@ -44,6 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from parse_vllm.config import HEAD_THRESHOLD
 from parse_vllm.presets import Preset, PresetError, engine_flag, load_preset
 
 CONFIG_FLAGS = ("--config", "--parse-config")  # `parse-vllm serve` flags that name a preset
@@ -183,7 +184,7 @@ DEMO_PAIRS = {
         draft="qwen2.5-coder-0.5b-instruct",
         # the preset's settings (configs/qwen2.5-coder-1.5b-0.5b-cpu.yaml, README "Quality")
         window=128,
-        threshold="head",  # the judge head's τ_head
+        threshold=HEAD_THRESHOLD,  # the judge head's τ_head
         guard=0,
         parse={
             "on_reject": "continue",
@@ -286,7 +287,7 @@ def demo(argv: list[str]) -> int:
         pair["test"] = None  # the pair's tests are for its own question
     if args.target is not None:  # a shipped judge head is for its own target only
         pair["parse"] = {k: v for k, v in pair["parse"].items() if k != "judge_head"}
-    if pair["threshold"] == "head":
+    if pair["threshold"] == HEAD_THRESHOLD:
         from parse_vllm.judge_head import JudgeHeadError, head_tau
 
         if "judge_head" not in pair["parse"]:

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from parse_vllm.config import HEAD_THRESHOLD
+
 from . import checks, report, tasks, timing
 
 DEFAULT_TAUS = (0.0, 0.5, 0.9, 1.5)
@@ -361,7 +363,7 @@ def parse_engines(args: argparse.Namespace, res: dict) -> list[tuple[str, int, d
     return out
 
 
-HEAD_TAU = "head"  # a τ given as this word: the judge head's own τ_head (head_tau)
+HEAD_TAU = HEAD_THRESHOLD  # a τ given as this word: the judge head's own τ_head (head_tau)
 
 
 def _tau_arg(value: str) -> float | str:
