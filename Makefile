@@ -142,7 +142,7 @@ judge-coder: setup
 
 # The judge head of the Qwen2.5-Coder pair from scratch (docs/judge-head.md, hours here): the data
 # of HumanEval's even ids and MBPP's train + validation + prompt split (its first 300 tasks), then of
-# the held-out sets, HumanEval's odd ids and MBPP's test split (its first 200 tasks, 4 more sampled
+# the held-out sets, HumanEval's odd ids and MBPP's test split (its first 100 tasks, 4 more sampled
 # answers on the tasks where the draft rarely fails) -- the draft's answers (greedy and 2 sampled),
 # cut at the runtime's boundaries, labelled by their tests and by the target's greedy
 # continuations, the target's hidden states at the verification suffix and the evidence features --
@@ -152,7 +152,7 @@ judge-coder: setup
 JUDGE_CODER := --config configs/qwen2.5-coder-1.5b-0.5b-cpu.yaml --out bench/judge-coder --samples 2 \
 	--prefixes-passing 1 --prefixes-failing 2 --evidence
 JUDGE_TRAIN := --prompts humaneval:even $(MBPP) --num-prompts 300
-JUDGE_HELD_OUT := --prompts humaneval:odd $(MBPP):test --num-prompts 200 --balance-samples 4
+JUDGE_HELD_OUT := --prompts humaneval:odd $(MBPP):test --num-prompts 100 --balance-samples 4
 OLD_HEAD_COMMIT := b9daeed7e4765c033e9f5f525b1e7fe9de53881e
 OLD_HEAD ?= $(PARSE_VLLM_CACHE_DIR)/old-judge-head.safetensors
 judge-coder-train: setup pair
