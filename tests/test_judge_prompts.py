@@ -161,6 +161,31 @@ def test_tau_head_is_the_most_permissive_tau_that_takes_few_failing_whole_answer
     assert none["tau"] == max(probe.TAU_GRID) and not none["met"]
 
 
+def test_tau_head_holds_the_bound_in_each_training_set_not_only_pooled():
+    """Set "a": 20 failing whole answers at P 0.05 .. 1.0 as above (<= 10% first at τ 0.9);
+    set "b": 80 failing ones at P 0.3, never taken at τ >= 0.5. Pooled, τ 0.525 takes the 10
+    of "a" at P >= 0.55 out of 100 = 10%; set by set, "a" still takes 50% there: τ 0.9."""
+    from dataclasses import replace
+
+    from parse_vllm.judge_head import logit_threshold
+    from parse_vllm.tools.judge import probe
+
+    p_fail = np.arange(1, 21) * 0.05
+    z_fail = np.where(p_fail >= 1.0, 50.0, logit_threshold(np.minimum(p_fail, 0.999)))
+    z_fail = np.where(np.isclose(p_fail, 0.9), float(logit_threshold(0.9)) - 1e-9, z_fail)
+    z_fail = np.concatenate([z_fail, np.full(80, float(logit_threshold(0.3)))])
+    z, ex = _examples(np.full(10, float(logit_threshold(0.91))), z_fail)
+    pooled = probe.choose_tau(z, ex)
+    assert pooled["tau"] == 0.525 and pooled["at_tau"]["whole_wrong"] == pytest.approx(10 / 100)
+    source = np.array(["a"] * 10 + ["a"] * 20 + ["b"] * 80)
+    t = probe.choose_tau(z, replace(ex, source=source))
+    assert t["tau"] == 0.9 and t["met"] and "each training set" in t["rule"]
+    assert t["at_tau"]["whole_wrong_by_set"] == {"a": pytest.approx(2 / 20), "b": 0.0}
+    rows = {r["tau"]: r for r in t["table"]}
+    assert rows[0.525]["whole_wrong_by_set"]["a"] == pytest.approx(10 / 20)
+    assert rows[0.525]["whole_wrong"] == pytest.approx(10 / 100)
+
+
 def test_balance_picks_the_tasks_where_the_draft_rarely_fails():
     from parse_vllm.tools.judge.data import rarely_failing
 

@@ -369,7 +369,49 @@ def test_the_report_is_recomputed_from_its_score_tables(trained, tmp_path, capsy
     assert cli.main(["train-judge", "--out", str(tmp_path / "older"), "--report-only"]) == 2
     assert "no score table of its training split" in capsys.readouterr().err
     assert cli.main(["train-judge", "--out", str(out), "--report-only", "--ship"]) == 2
-    assert "leave out --ship" in capsys.readouterr().err
+    assert "only with --retau" in capsys.readouterr().err
+
+
+def test_retau_writes_the_rules_tau_into_the_head_and_keeps_its_weights(trained, tmp_path, monkeypatch, capsys):
+    """--report-only --retau: the failing whole answers' scores raised to log-odds 3 (P 0.95)
+    leave no τ below 0.95 that takes <= 10% of them: the rule's τ_head becomes 0.95, written
+    into OUT's head (and, with --ship, the shipped copy) with the weights untouched."""
+    import csv
+
+    from parse_vllm.judge_head import JudgeHead
+    from parse_vllm.tools.judge import run as judge_run
+
+    out = tmp_path / "out"
+    shutil.copytree(trained["out"], out, ignore=shutil.ignore_patterns("data"))
+    before = JudgeHead.load(out / "judge_head.safetensors")
+    assert before.tau is not None and before.tau < 0.95
+    rows = list(csv.DictReader(open(out / "scores" / "tune.csv")))
+    for r in rows:
+        if r["kind"] == "whole" and r["label"] == "0":
+            r["head"] = "3.0"
+    with open(out / "scores" / "tune.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    shipped = tmp_path / "judges"
+    monkeypatch.setattr(judge_run, "SHIPPED", shipped)
+    target = Path(json.loads((out / "summary.json").read_text())["models"]["target"]).name
+    assert cli.main(["train-judge", "--out", str(out), "--report-only", "--retau", "--ship"]) == 2
+    assert "no shipped head to update" in capsys.readouterr().err
+    (shipped / target).mkdir(parents=True)
+    shutil.copy(out / "judge_head.safetensors", shipped / target / "judge_head.safetensors")
+    assert cli.main(["train-judge", "--out", str(out), "--report-only", "--retau", "--ship"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["tau_head"] == 0.95 and not s["tau_head_rule"]["met"]
+    for path in (out / "judge_head.safetensors", shipped / target / "judge_head.safetensors"):
+        after = JudgeHead.load(path)
+        assert after.tau == 0.95 and "table" not in after.training["tau_head"]
+        assert np.array_equal(after.weight, before.weight) and after.bias == before.bias
+        assert after.features == before.features
+        assert {k: v for k, v in after.training.items() if k != "tau_head"} == {
+            k: v for k, v in before.training.items() if k != "tau_head"}  # fmt: skip
+    assert cli.main(["train-judge", "--out", str(out), "--retau"]) == 2
+    assert "--retau goes with --report-only" in capsys.readouterr().err
 
 
 def test_the_committed_report_comes_from_the_committed_score_tables(tmp_path):
@@ -382,6 +424,15 @@ def test_the_committed_report_comes_from_the_committed_score_tables(tmp_path):
     assert cli.main(["train-judge", "--out", str(out), "--report-only"]) == 0
     for name in ("summary.json", "summary.md"):
         assert (out / name).read_bytes() == (src / name).read_bytes(), name
+    # the shipped head is the report's head, at the τ its rule gives on the committed scores
+    from parse_vllm.judge_head import JudgeHead
+
+    shipped = JudgeHead.load(Path(__file__).resolve().parents[1] / "parse_vllm" / "judges"
+                             / "qwen2.5-coder-1.5b-instruct" / "judge_head.safetensors")  # fmt: skip
+    reported = JudgeHead.load(src / "judge_head.safetensors")
+    summary = json.loads((src / "summary.json").read_text())
+    assert shipped.tau == reported.tau == summary["tau_head"]
+    assert np.array_equal(shipped.weight, reported.weight) and shipped.training == reported.training
 
 
 def test_training_writes_the_report_and_a_head_for_the_target(trained, tiny_models):

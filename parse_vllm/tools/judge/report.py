@@ -156,7 +156,14 @@ def markdown(s: dict[str, Any]) -> str:
             "",
             f"τ_head = {rule['tau']:g}: {rule['rule']}{'' if rule['met'] else ' (no τ on the grid met it: the largest)'}. "
             f"There, out of fold: whole answers {_fmt(at['whole_right'], 2)} of passing / {_fmt(at['whole_wrong'], 2)} "
-            f"of failing accepted; prefixes {_fmt(at['prefix_right'], 2)} / {_fmt(at['prefix_wrong'], 2)}.",
+            f"of failing accepted; prefixes {_fmt(at['prefix_right'], 2)} / {_fmt(at['prefix_wrong'], 2)}"
+            + (
+                "; failing whole answers accepted set by set: "
+                + ", ".join(f"{sp} {_fmt(v, 2)}" for sp, v in at["whole_wrong_by_set"].items())
+                if at.get("whole_wrong_by_set")
+                else ""
+            )
+            + ".",
         ]
     for sp, r in s.get("pass_rates_at_tau_head", {}).items():
         lines.append(

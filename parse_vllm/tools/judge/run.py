@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "for the report's comparison")  # fmt: skip
     o.add_argument("--report-only", action="store_true", help="no models: recompute OUT's summary (every score "
                    "figure, from OUT/scores/*.csv), summary.md and plots")  # fmt: skip
+    o.add_argument("--retau", action="store_true", help="with --report-only: write the τ_head the rule gives on "
+                   f"the training scores into OUT/{HEAD_FILE} (with --ship, the shipped copy too)")  # fmt: skip
     o.add_argument("--ship", action="store_true", help=f"copy the head to {SHIPPED}/<target name>/{HEAD_FILE}")
     return ap
 
@@ -213,7 +215,7 @@ def log(msg: str) -> None:
     print(f"[train-judge {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def report_only(out: Path) -> int:
+def report_only(out: Path, *, retau: bool = False, ship: bool = False) -> int:
     """The report regenerated from the folder's summary and score tables (scores.py)."""
     from . import report, scores
 
@@ -231,19 +233,49 @@ def report_only(out: Path) -> int:
         raise JudgeError(str(e)) from None
     paths = report.write(out, summary)
     log("wrote " + ", ".join(str(p) for p in paths))
+    if retau:
+        retau_head(out, summary, ship=ship)
     return 0
+
+
+def retau_head(out: Path, summary: dict, *, ship: bool) -> None:
+    """OUT's head with the τ_head its summary's rule gives on the training scores (the rule's
+    record without its table, as training writes it); the weights stay as trained."""
+    from dataclasses import replace
+
+    from parse_vllm.judge_head import JudgeHead, JudgeHeadError
+
+    path = out / HEAD_FILE
+    try:
+        head = JudgeHead.load(path)
+    except JudgeHeadError as e:
+        raise JudgeError(f"--retau: {e}") from None
+    rule = {k: v for k, v in summary["tau_head_rule"].items() if k != "table"}
+    old = head.tau
+    head = replace(head, training={**head.training, "tau_head": rule})
+    dests = [path] + ([SHIPPED / Path(summary["models"]["target"]).name / HEAD_FILE] if ship else [])
+    for dest in dests:
+        if dest != path and not dest.is_file():
+            raise JudgeError(f"--retau --ship: {dest}: no shipped head to update")
+        head.save(dest)
+        os.chmod(dest, 0o644)
+        log(f"{dest}: τ_head {old} -> {rule['tau']:g}")
 
 
 def _main(args) -> int:
     if args.report_only:
         given = [
             f
-            for f in ("evaluate", "old_head", "data_only", "ship", "prompts", "config", "tau_max_wrong")
+            for f in ("evaluate", "old_head", "data_only", "prompts", "config", "tau_max_wrong")
             if getattr(args, f) is not None and getattr(args, f) is not False
         ] + (["features"] if args.features != "auto" else [])
         if given:
             raise JudgeError(f"--report-only reads OUT alone: leave out --{given[0].replace('_', '-')}")
-        return report_only(args.out)
+        if args.ship and not args.retau:
+            raise JudgeError("--report-only --ship: only with --retau (the report alone ships nothing)")
+        return report_only(args.out, retau=args.retau, ship=args.ship)
+    if args.retau:
+        raise JudgeError("--retau goes with --report-only")
     from transformers import AutoTokenizer
 
     from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
