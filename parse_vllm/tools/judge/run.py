@@ -253,13 +253,23 @@ def retau_head(out: Path, summary: dict, *, ship: bool) -> None:
     rule = {k: v for k, v in summary["tau_head_rule"].items() if k != "table"}
     old = head.tau
     head = replace(head, training={**head.training, "tau_head": rule})
-    dests = [path] + ([SHIPPED / Path(summary["models"]["target"]).name / HEAD_FILE] if ship else [])
-    for dest in dests:
-        if dest != path and not dest.is_file():
-            raise JudgeError(f"--retau --ship: {dest}: no shipped head to update")
-        head.save(dest)
-        os.chmod(dest, 0o644)
-        log(f"{dest}: τ_head {old} -> {rule['tau']:g}")
+    target = Path(summary["models"]["target"]).name
+    if ship and not (SHIPPED / target / HEAD_FILE).is_file():
+        raise JudgeError(f"--retau --ship: {SHIPPED / target / HEAD_FILE}: no shipped head to update")
+    head.save(path)
+    log(f"{path}: τ_head {old} -> {rule['tau']:g}")
+    if ship:
+        ship_head(path, target)
+
+
+def ship_head(head_path: Path, target_name: str) -> Path:
+    """`head_path` copied to the package's heads, where `parse.judge_head: <target name>` finds it."""
+    dest = SHIPPED / target_name / HEAD_FILE
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(head_path, dest)
+    os.chmod(dest, 0o644)
+    log(f"shipped to {dest}")
+    return dest
 
 
 def _main(args) -> int:
@@ -495,11 +505,7 @@ def _main(args) -> int:
             for _, job, sp in per_set:
                 summary.setdefault("data", {})[sp] = data_summary(job, loaded[sp])
         if args.ship:
-            dest = SHIPPED / target.name / HEAD_FILE
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(head_path, dest)
-            os.chmod(dest, 0o644)
-            log(f"shipped to {dest}")
+            ship_head(head_path, target.name)
         summary.setdefault("data", {})[split] = data_summary(jobs[0], ex) if len(per_set) == 1 else {
             "counts": ex.counts(), "sets": [sp for _, _, sp in per_set]}  # fmt: skip
         for stale in (args.out / scores.FOLDER).glob("*.csv"):
