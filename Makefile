@@ -111,15 +111,16 @@ eval-coder: setup pair
 # passing answers mark where accepting is right; batch 1 on the first 12 odd ids, batch 8 on all
 # 82), MBPP's test split (its first 100 tasks, batch 8: target, k 4, accept-all, the head), and SmolLM2 with its EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone,
 # PARSE + EAGLE-3 continue and adaptive; batch 1, 12 prompts). Every configuration twice,
-# interleaved, each timed job from an emptied prefix cache (docs/benchmarks.md). ~8 h here,
-# one engine at a time; a cut run resumes where it stopped.
+# interleaved, each timed job in a process of its own from an emptied prefix cache (the even and
+# SmolLM2 runs, of short jobs, were timed in one process: --same-process; docs/benchmarks.md).
+# ~10 h here, one engine at a time; a cut run resumes where it stopped.
 ADAPTIVE_TAUS ?= 0 0.5 0.8 0.9
 ADAPTIVE_PROMPTS ?= 16
 JUDGE_TAU ?= head
 CODER_HEAD := --parse '{"two_stage": true, "judge_head": "qwen2.5-coder-1.5b-instruct"}'
 bench-adaptive: setup models pair
 	$(VENV)/bin/parse-vllm eval $(CODER) --split even --num-prompts $(ADAPTIVE_PROMPTS) --bs1-prompts 0 \
-	  --spec-k 4 --taus $(ADAPTIVE_TAUS) --variants k4 adaptive-k4 --out bench/adaptive/coder-even
+	  --spec-k 4 --taus $(ADAPTIVE_TAUS) --variants k4 adaptive-k4 --same-process --out bench/adaptive/coder-even
 	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --num-prompts 82 --bs1-prompts 12 \
 	  --spec-k 4 --taus 0 $(JUDGE_TAU) --variant-taus adaptive-k4=$(JUDGE_TAU) --variants k4 adaptive-k4 \
 	  --draft-alone --out bench/judge-coder/e2e-odd
@@ -129,7 +130,7 @@ bench-adaptive: setup models pair
 	  $(if $(filter head,$(JUDGE_TAU)),,--tau $(JUDGE_TAU))
 	$(VENV)/bin/parse-vllm eval --out bench/adaptive/smollm2-eagle3 --prompts mtbench checkable --batch 1 \
 	  --num-prompts 12 --max-tokens 128 --window 48 --spec-k 3 --eagle3 $(EAGLE3_HEAD) --eagle3-k 3 \
-	  --variants continue e3 adaptive-e3 --taus 0.9 --engine '{"dtype": "float32"}' --no-nll
+	  --variants continue e3 adaptive-e3 --taus 0.9 --engine '{"dtype": "float32"}' --no-nll --same-process
 	$(PY) scripts/bench_adaptive.py --coder bench/adaptive/coder-even bench/judge-coder/e2e-odd \
 	  --smollm2 bench/adaptive/smollm2-eagle3 --out bench/adaptive
 	$(PY) scripts/bench_report.py --results bench/full

@@ -286,6 +286,7 @@ def run(tiny_models, tmp_path_factory):
         str(out),
         "--save-outputs",
         "--allow-few-tasks",  # 2 prompts at batch 1: a smoke run, its batch-1 rows claim nothing
+        "--same-process",  # a process per job is tested in test_eval_timing.py
     ]
     t0 = time.monotonic()
     assert cli.main(argv) == 0
@@ -497,7 +498,7 @@ def test_eval_humaneval_with_the_draft_alone_variants_and_the_judge(tiny_models,
         "--prompts", "humaneval", "--split", "even",
         "--num-prompts", "2", "--bs1-prompts", "0", "--batch", "2", "--max-tokens", "16",
         "--draft-alone", "--spec-k", "--windows", "8", "--variants", "continue", "redraft",
-        "--taus", "0", "--judge", "--no-nll", "--out", str(out),
+        "--taus", "0", "--judge", "--no-nll", "--out", str(out), "--same-process",
     ]  # fmt: skip
     assert cli.main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -528,6 +529,7 @@ def test_eval_eagle3_rows_and_their_benchmark_section(tiny_models, tiny_head, tm
         "--prompts", "mtbench", "--num-prompts", "2", "--batch", "1", "--max-tokens", "16",
         "--window", "8", "--spec-k", "2", "--eagle3", str(tiny_head), "--eagle3-k", "2",
         "--variants", "continue", "e3", "--taus", "0.5", "1.5", "--no-nll", "--out", str(out), "--allow-few-tasks",
+        "--same-process",
     ]  # fmt: skip
     assert cli.main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())

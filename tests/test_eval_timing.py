@@ -311,6 +311,7 @@ def _argv(tiny_models, out: Path, *extra: str) -> list[str]:
         "--engine", json.dumps({"dtype": "float32", "kv_cache_memory_bytes": 96 << 20}),
         "--max-tokens", "10",
         "--out", str(out),
+        "--same-process",  # the tests below monkeypatch this process; a process per job: its own test
         *extra,
     ]  # fmt: skip
 
@@ -551,6 +552,54 @@ def test_a_cut_run_resumes_at_the_first_job_not_saved(timed, monkeypatch, capsys
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "other settings (args" in err and "--fresh" in err
+
+
+def test_timings_saved_before_the_process_mode_resume_only_in_one_process(tmp_path):
+    """A timings.jsonl written before `processes` was a setting came from one process: it
+    resumes a --same-process run and is refused, naming the setting, by a process per job."""
+    path = tmp_path / "timings.jsonl"
+    job = {"config": "target", "set": "s", "batch": 1, "tau": None, "guard": None, "repeat": 0, "wall_s": 1.0}
+    path.write_text(json.dumps({"settings": {"args": {"x": 1}}}) + "\n" + json.dumps(job) + "\n")
+    t = run.Timings(path, {"args": {"x": 1}, "processes": "one for the run"}, fresh=False)
+    assert list(t.done.values()) == [job]
+    with pytest.raises(run.EvalError, match=r"other settings \(processes\)"):
+        run.Timings(path, {"args": {"x": 1}, "processes": "one per job"}, fresh=False)
+
+
+@pytest.mark.slow
+def test_by_default_every_timed_job_runs_in_a_process_of_its_own_and_a_staged_run_resumes(
+    tiny_models, tmp_path, capsys
+):
+    """The default: the command starts one process per timed job (a long-lived process ages:
+    docs/benchmarks.md), each saving its job; `--max-jobs N` stops after N with status 3
+    and no report, and the same command goes on from there, keeping the jobs saved."""
+    import os
+
+    out = tmp_path / "out"
+    argv = [a for a in _argv(tiny_models, out) if a != "--same-process"] + [
+        "--prompts", "mtbench", "--bs1-prompts", "0", "--num-prompts", "2", "--batch", "2", "--spec-k",
+        "--variants", "continue", "--taus", "0", "--no-nll",
+    ]  # fmt: skip
+    assert cli.main(argv + ["--max-jobs", "1"]) == 3
+    assert "3 jobs left" in capsys.readouterr().out  # of target and τ 0, twice each
+    lines = (out / "timings.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and not (out / "summary.json").exists()
+    assert json.loads(lines[0])["settings"]["processes"] == "one per job"
+    first = json.loads(lines[1])
+    assert (first["config"], first["repeat"], first["process_job"]) == ("target", 0, 0)
+
+    assert cli.main(argv) == 0
+    jobs = json.loads((out / "summary.json").read_text())["jobs"]
+    assert [(j["config"], j["repeat"]) for j in jobs] == [("target", 0), ("parse W=8", 0), ("target", 1),
+                                                           ("parse W=8", 1)]  # fmt: skip
+    pids = [j["pid"] for j in jobs]
+    assert len(set(pids)) == 4 and os.getpid() not in pids and pids[0] == first["pid"]
+    assert all(j["process_job"] == 0 and j["engine"] == "fresh" for j in jobs)
+    records = [json.loads(x) for x in (out / "timings.jsonl").read_text().splitlines()[1:]]
+    assert records[0] == first  # the staged job kept as it was saved
+    # the mode is part of the settings: the same folder refuses the other one
+    assert cli.main(argv + ["--same-process"]) == 2
+    assert "other settings (processes)" in capsys.readouterr().err
 
 
 def test_judge_e2e_issue_37_keys_by_hand(tmp_path):

@@ -1,5 +1,5 @@
 """`parse-vllm eval`: speed against quality, the target alone vs token-level speculation vs
-PARSE over a τ sweep, side by side in one process run.
+PARSE over a τ sweep, side by side in one run.
 
 Configurations (engines one at a time: a GPU preset's target does not fit twice):
 
@@ -12,10 +12,11 @@ Configurations (engines one at a time: a GPU preset's target does not fit twice)
 
 Each runs every prompt set at batch 1 and at ``--batch`` (requests kept in flight with
 ``tools.engine.run_batch``), greedy, ``--max-tokens``, ``--repeats`` times, interleaved, every
-timed job from the same state, timed per task (timing.py: the schedule, the fresh engines,
-the warm-up, the emptied prefix cache, time per task, ratios with bootstrap intervals, the
-noise floor). Each finished job is saved at once in ``--out``/timings.jsonl: a run cut short
-resumes at the first job not saved when the same command is run again. Answers are checked
+timed job from the same state, timed per task (timing.py: the schedule, the process and
+fresh engine per job, the warm-up, the emptied prefix cache, time per task, ratios with
+bootstrap intervals, the noise floor). Each finished job is saved at once in
+``--out``/timings.jsonl: a run cut short (or stopped by ``--max-jobs``) resumes at the first
+job not saved when the same command is run again. Answers are checked
 after the engines are closed (code runs in subprocesses, which must not share the CPU with
 a timing). Results: ``summary.json``, ``summary.md`` and ``eval.png`` in ``--out``.
 """
@@ -46,6 +47,7 @@ class EvalError(Exception):
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="parse-vllm eval",
+        allow_abbrev=False,  # the parent re-runs its own argv for each job process, less --fresh
         description="Speed against quality: the target alone, token-level speculation and PARSE over a τ sweep, "
         "on MT-Bench, a checkable task set and/or your own JSONL, with a recommendation.",
     )
@@ -173,9 +175,26 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--engine-per-job",
         action="store_true",
-        help="a fresh engine for every timed job (default: one per configuration and repeat, the prefix cache "
-        "emptied between its jobs; adaptive PARSE engines, whose window policy learns, get one per job anyway)",
+        help="with --same-process: a fresh engine for every timed job (default there: one per configuration and "
+        "repeat, the prefix cache emptied between its jobs; adaptive PARSE engines, whose window policy learns, "
+        "get one per job anyway). Without --same-process every job has a process and an engine of its own",
     )
+    t.add_argument(
+        "--same-process",
+        action="store_true",
+        help="every timed job in this one process (default: each timed job in a process of its own, started by "
+        "this one: a long-lived process slows down as it ages -- docs/benchmarks.md -- so jobs late in a "
+        "run would be timed on another machine than the first ones)",
+    )
+    t.add_argument(
+        "--max-jobs",
+        type=int,
+        metavar="N",
+        help="time at most N jobs not yet saved, then stop (exit status 3 while jobs remain, no report): a long "
+        "run in stages; the same command again resumes it",
+    )
+    # internal: the process the parent starts for one job (implies --same-process; no report)
+    t.add_argument("--job-process", action="store_true", help=argparse.SUPPRESS)
     t.add_argument(
         "--fresh",
         action="store_true",
@@ -263,6 +282,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise EvalError("--guards: a guard is an integer >= 0 (0 = off)")
     if args.max_accuracy_drop < 0 or args.max_nll_increase < 0:
         raise EvalError("the budget (--max-accuracy-drop, --max-nll-increase) must be >= 0")
+    if args.max_jobs is not None and args.max_jobs < 1:
+        raise EvalError("--max-jobs must be >= 1")
     if args.repeats < 2:
         raise EvalError(
             "--repeats must be >= 2: every configuration is timed at least twice, interleaved, "
@@ -465,6 +486,9 @@ def _acceptance(config: str, spec: dict, stats: dict | None) -> dict | None:
     return acc
 
 
+_JOBS_IN_THIS_PROCESS = 0  # timed jobs this process has run (0: its first)
+
+
 def _job_key(job: dict) -> tuple:
     return (job["config"], job["set"], job["batch"], job["tau"], job["guard"], job["repeat"])
 
@@ -519,11 +543,15 @@ def run_engine(
             with tqdm(total=len(job["prompts"]), desc=f"  {where}", unit="req", leave=False, file=sys.stderr) as bar:
                 res = run_batch(_Tracked(llm, bar), job["prompts"], params, job["batch"])
             spec1, cache1 = spec_counters(llm), prefix_cache_counters(llm)
+            global _JOBS_IN_THIS_PROCESS
+            process_job, _JOBS_IN_THIS_PROCESS = _JOBS_IN_THIS_PROCESS, _JOBS_IN_THIS_PROCESS + 1
             stats = parse_vllm.get_stats(llm) if is_parse else None
             per_request = parse_vllm.get_request_stats(llm) if is_parse else {}
             record = {
                 **{k: job[k] for k in ("config", "set", "batch", "tau", "guard", "repeat", "order", "item_ids")},
                 "engine": "fresh" if i == 0 else "reused, prefix cache emptied",
+                "pid": os.getpid(),
+                "process_job": process_job,  # 0: the first timed job of its process
                 **{
                     k: res[k]
                     for k in ("wall_s", "tokens", "tok_s", "task_s", "latency_s", "latency_p50_s", "latency_p90_s")
@@ -600,6 +628,8 @@ class Timings:
         if path.is_file() and not fresh:
             lines = path.read_text().splitlines()
             saved = json.loads(lines[0])["settings"] if lines else None
+            if saved is not None:
+                saved.setdefault("processes", "one for the run")  # timings saved before a process per job
             if saved != settings:
                 diff = sorted(k for k in set(saved or {}) | set(settings) if (saved or {}).get(k) != settings.get(k))
                 raise EvalError(
@@ -616,6 +646,15 @@ class Timings:
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"settings": settings}) + "\n")
+
+    def reload(self) -> None:
+        """Read the jobs another process saved since."""
+        for line in self.path.read_text().splitlines()[1:]:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            self.done[_job_key(rec)] = rec
 
     def add(self, record: dict) -> None:
         self.done[_job_key(record)] = record
@@ -719,9 +758,10 @@ def _judge(args, res: dict, base: dict, tok, rows: list[dict], ids: dict, items:
 
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     try:
-        return _main(args)
+        return _main(args, argv)
     except (EvalError, tasks.PromptSetError) as e:
         print(f"parse-vllm eval: error: {e}", file=sys.stderr)
         return 2
@@ -763,7 +803,36 @@ def combine(args: argparse.Namespace) -> int:
     return 0
 
 
-def _main(args: argparse.Namespace) -> int:
+def run_job_processes(argv: list[str], plan: list, saved: Timings, max_jobs: int | None) -> int:
+    """Each job not yet saved in a process of its own: this command again (less --fresh) with
+    ``--job-process --max-jobs 1``, which times the first job not saved, saves it and exits.
+    Returns the number of jobs still not saved (``max_jobs`` reached)."""
+    import subprocess
+
+    todo = [j for _, js in plan for j in js if _job_key(j) not in saved.done]
+    child = [a for a in argv if a != "--fresh"] + ["--job-process", "--max-jobs", "1"]
+    for n, job in enumerate(todo):
+        if max_jobs is not None and n >= max_jobs:
+            return len(todo) - n
+        name = report.label({"config": job["config"], "tau": job["tau"], "guard": job["guard"]})
+        print(
+            f"[eval] job {job['order'] + 1} of {sum(len(js) for _, js in plan)}: {name} {job['set']} "
+            f"bs={job['batch']} repeat {job['repeat'] + 1}, in a process of its own",
+            file=sys.stderr,
+            flush=True,
+        )
+        rc = subprocess.run([sys.executable, "-m", "parse_vllm.cli", "eval", *child]).returncode
+        saved.reload()
+        if rc != 0 or _job_key(job) not in saved.done:
+            raise EvalError(
+                f"the process timing {name} {job['set']} bs={job['batch']} repeat {job['repeat'] + 1} ended with "
+                f"status {rc} without saving it (its output is above); the jobs saved so far are kept in "
+                f"{saved.path}: the same command resumes"
+            )
+    return 0
+
+
+def _main(args: argparse.Namespace, argv: list[str]) -> int:
     if args.combine:
         return combine(args)
     check_args(args)
@@ -846,25 +915,38 @@ def _main(args: argparse.Namespace) -> int:
         "args": {
             k: (str(v) if isinstance(v, Path) else v)
             for k, v in vars(args).items()
-            if k not in ("out", "fresh", "repeats", "save_outputs", "no_nll", "judge", "code_timeout", "combine")
+            if k
+            not in (
+                *("out", "fresh", "repeats", "save_outputs", "no_nll", "judge", "code_timeout", "combine"),
+                *("same_process", "max_jobs", "job_process"),
+            )
             and not k.startswith("max_accuracy")
             and k != "max_nll_increase"
         },
         "models": {"target": target, "draft": draft},
         "engines": {e["name"]: e["kw"] for e in engines},
         "prompts": {f"{name} bs {b}": [it["id"] for it in items] for (name, b), items in chosen.items()},
+        "processes": "one per job" if args.job_process or not args.same_process else "one for the run",
     }
-    saved = Timings(args.out / "timings.jsonl", settings, args.fresh)
+    saved = Timings(args.out / "timings.jsonl", settings, args.fresh and not args.job_process)
+    if not (args.same_process or args.job_process):
+        left = run_job_processes(argv, plan, saved, args.max_jobs)
+        if left:
+            print(f"[eval] stopped after --max-jobs {args.max_jobs}: {left} jobs left; the same command resumes")
+            return 3
     from tqdm.auto import tqdm
 
     total = sum(len(js) for _, js in plan) + (0 if args.no_nll else 1)
     records: list[dict] = []
     t0 = time.perf_counter()
     with tqdm(total=total, desc="eval", unit="job", file=sys.stderr) as progress:
+        budget = args.max_jobs
         for e, js in plan:
             todo = [j for j in js if _job_key(j) not in saved.done]
             records += [saved.done[_job_key(j)] for j in js if _job_key(j) in saved.done]
             progress.update(len(js) - len(todo))
+            if budget is not None:
+                todo, budget = todo[:budget], budget - len(todo[:budget])
             if todo:
                 records += run_engine(
                     e["name"],
@@ -876,6 +958,14 @@ def _main(args: argparse.Namespace) -> int:
                     warmup=warmup,
                     on_done=saved.add,
                 )
+        left = sum(len(js) for _, js in plan) - len(records)
+        if args.job_process:
+            return 0
+        if left:
+            progress.write(
+                f"[eval] stopped after --max-jobs {args.max_jobs}: {left} jobs left; the same command resumes"
+            )
+            return 3
         groups: dict[tuple, list[dict]] = {}
         for rec in records:
             groups.setdefault(_job_key(rec)[:5], []).append(rec)
@@ -967,7 +1057,11 @@ def _main(args: argparse.Namespace) -> int:
         "noise_floor": report.noise_floor_summary(baselines),
         "harness": harness(args, engines),
         "jobs": [
-            {k: x[k] for k in ("order", "config", "set", "batch", "tau", "guard", "repeat", "engine", "wall_s")}
+            {
+                k: x.get(k)
+                for k in ("order", "config", "set", "batch", "tau", "guard", "repeat", "engine", "pid", "process_job")
+                + ("wall_s",)
+            }
             for x in sorted(records, key=lambda x: x["order"])
         ],
         "judge": judge_result,
@@ -1019,8 +1113,12 @@ def harness(args: argparse.Namespace, engines: list[dict]) -> dict:
         "repeats": args.repeats,
         "order": "interleaved (ABAB): repeat 1 of every configuration, then repeat 2 of every configuration in "
         "the same order, and so on",
-        "state": "a fresh engine per configuration and repeat"
-        + (f" (per timed job: {', '.join(per_job)})" if per_job else "")
+        "state": (
+            "a process of its own and a fresh engine for every timed job"
+            if not args.same_process
+            else "one process for the run; a fresh engine per configuration and repeat"
+            + (f" (per timed job: {', '.join(per_job)})" if per_job else "")
+        )
         + "; before every timed job the same warm-up request (the first prompt of the first task list, 16 "
         "tokens, the job's own PARSE settings), then the prefix cache emptied (LLM.reset_prefix_cache)",
         "per_task_time": "each engine step's wall time divided evenly among the requests in flight during it "

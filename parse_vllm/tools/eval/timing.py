@@ -5,11 +5,13 @@
   repeat 2 of every configuration in the same order, ... (ABAB). A configuration's repeats
   therefore sit at different times of the run, between the other configurations', and a
   slow spell of the machine spreads over all of them instead of landing on one.
-* **The same start.** Every timed job starts from the same state: a fresh engine (every
-  configuration gets one per repeat; an ``adaptive`` PARSE engine one per job, since its
-  window policy learns from every request it sees and a cache reset does not clear that),
-  then the same warm-up request, then an emptied prefix cache
-  (``LLM.reset_prefix_cache()``), so no job finds another's prompts cached.
+* **The same start.** Every timed job starts from the same state: a process of its own
+  (run.py starts one per job: a long-lived process slows down as it ages, see
+  docs/benchmarks.md), a fresh engine, the same warm-up request, then an emptied prefix
+  cache (``LLM.reset_prefix_cache()``), so no job finds another's prompts cached. With
+  ``--same-process`` every configuration gets a fresh engine per repeat instead (an
+  ``adaptive`` PARSE engine one per job, since its window policy learns from every request
+  it sees and a cache reset does not clear that).
 * **Time per task.** The main speed figure is wall time per task over the same task list
   (tok/s is secondary: a configuration that writes longer answers gets more tok/s for the
   same work). ``task_s`` of a job: the wall time cut at every engine step, each stretch
