@@ -297,7 +297,12 @@ def _goals_tok_s(rows: list[dict], only: dict | None = None) -> list[str]:
 
 def noise_lines(noise: dict[str, dict]) -> list[str]:
     """Each run's noise floor (the target alone measured twice), as the eval report states it."""
-    return [f"- `{run}`: {eval_report.noise_floor_line(nf)}" for run, nf in noise.items()]
+    return [
+        f"- `{run}`"
+        + (f" ({nf['processes']})" if nf.get("processes") else "")
+        + f": {eval_report.noise_floor_line(nf)}"
+        for run, nf in noise.items()
+    ]
 
 
 def section(rows: list[dict], noise: dict[str, dict] | None = None) -> str:
@@ -305,7 +310,9 @@ def section(rows: list[dict], noise: dict[str, dict] | None = None) -> str:
     if _timed(rows):
         how = (
             "Speed is wall time per task on the same tasks (every configuration timed twice or more, interleaved, "
-            "each timed job from a fresh engine or an emptied prefix cache after the same warm-up); ratios are the "
+            "each timed job from a fresh engine or an emptied prefix cache after the same warm-up, in a process of "
+            "its own or, in runs of short jobs, in the run's one process: each run's line below says which); ratios "
+            "are the "
             "best of the target alone and token-level speculation of the same run and batch over the row's time per "
             "task, with 95% intervals from resampling tasks; a ratio whose interval holds 1.0 is no difference. "
             f'A PARSE row that opened no window is labelled "{eval_report.TOKEN_LEVEL_TAG}".'
@@ -350,9 +357,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     noise = {}
     for run in [*args.coder, *args.smollm2]:
-        nf = json.loads((run / "summary.json").read_text()).get("noise_floor")
+        summary = json.loads((run / "summary.json").read_text())
+        nf = summary.get("noise_floor")
         if nf and nf.get("by_set_batch"):
-            noise[str(run)] = nf
+            state = (summary.get("harness") or {}).get("state", "")
+            noise[str(run)] = dict(
+                nf, processes="a process per job" if state.startswith("a process") else "one process"
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     out = {"rows": rows, **({"noise_floor": noise} if noise else {})}
     (args.out / "summary.json").write_text(json.dumps(out, indent=1))
