@@ -299,7 +299,7 @@ def noise_lines(noise: dict[str, dict]) -> list[str]:
     """Each run's noise floor (the target alone measured twice), as the eval report states it."""
     return [
         f"- `{run}`"
-        + (f" ({nf['processes']})" if nf.get("processes") else "")
+        + (f" (processes: {nf['processes']})" if nf.get("processes") else "")
         + f": {eval_report.noise_floor_line(nf)}"
         for run, nf in noise.items()
     ]
@@ -360,10 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = json.loads((run / "summary.json").read_text())
         nf = summary.get("noise_floor")
         if nf and nf.get("by_set_batch"):
-            state = (summary.get("harness") or {}).get("state", "")
-            noise[str(run)] = dict(
-                nf, processes="a process per job" if state.startswith("a process") else "one process"
-            )
+            # runs before a process per job name none: they ran in one
+            noise[str(run)] = dict(nf, processes=(summary.get("harness") or {}).get("processes", "one for the run"))
     args.out.mkdir(parents=True, exist_ok=True)
     out = {"rows": rows, **({"noise_floor": noise} if noise else {})}
     (args.out / "summary.json").write_text(json.dumps(out, indent=1))

@@ -24,6 +24,7 @@ a timing). Results: ``summary.json``, ``summary.md`` and ``eval.png`` in ``--out
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -486,7 +487,7 @@ def _acceptance(config: str, spec: dict, stats: dict | None) -> dict | None:
     return acc
 
 
-_JOBS_IN_THIS_PROCESS = 0  # timed jobs this process has run (0: its first)
+_JOBS_IN_THIS_PROCESS = itertools.count()  # numbers the timed jobs this process runs (0: its first)
 
 
 def _job_key(job: dict) -> tuple:
@@ -543,8 +544,7 @@ def run_engine(
             with tqdm(total=len(job["prompts"]), desc=f"  {where}", unit="req", leave=False, file=sys.stderr) as bar:
                 res = run_batch(_Tracked(llm, bar), job["prompts"], params, job["batch"])
             spec1, cache1 = spec_counters(llm), prefix_cache_counters(llm)
-            global _JOBS_IN_THIS_PROCESS
-            process_job, _JOBS_IN_THIS_PROCESS = _JOBS_IN_THIS_PROCESS, _JOBS_IN_THIS_PROCESS + 1
+            process_job = next(_JOBS_IN_THIS_PROCESS)
             stats = parse_vllm.get_stats(llm) if is_parse else None
             per_request = parse_vllm.get_request_stats(llm) if is_parse else {}
             record = {
@@ -636,23 +636,18 @@ class Timings:
                     f"{path} holds timings of a run with other settings ({', '.join(diff)}): "
                     "give another --out, or --fresh to discard them"
                 )
-            for line in lines[1:]:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:  # the line a kill cut short: that job runs again
-                    continue
-                self.done[_job_key(rec)] = rec
+            self.reload()
             path.write_text("".join(x + "\n" for x in [lines[0]] + [json.dumps(r) for r in self.done.values()]))
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"settings": settings}) + "\n")
 
     def reload(self) -> None:
-        """Read the jobs another process saved since."""
+        """Read the saved jobs (also those another process saved since)."""
         for line in self.path.read_text().splitlines()[1:]:
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except json.JSONDecodeError:  # the line a kill cut short: that job runs again
                 continue
             self.done[_job_key(rec)] = rec
 
@@ -803,20 +798,24 @@ def combine(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_job_processes(argv: list[str], plan: list, saved: Timings, max_jobs: int | None) -> int:
-    """Each job not yet saved in a process of its own: this command again (less --fresh) with
-    ``--job-process --max-jobs 1``, which times the first job not saved, saves it and exits.
-    Returns the number of jobs still not saved (``max_jobs`` reached)."""
+def processes(args: argparse.Namespace) -> str:
+    """How this run's timed jobs are spread over processes (a setting, and in the report)."""
+    return "one for the run" if args.same_process and not args.job_process else "one per job"
+
+
+def run_job_processes(argv: list[str], plan: list, saved: Timings, max_jobs: int | None) -> None:
+    """The jobs not yet saved (at most ``max_jobs``), each in a process of its own: this command
+    again (less --fresh) with ``--job-process --max-jobs 1``, which times the first job not
+    saved, saves it and exits."""
     import subprocess
 
-    todo = [j for _, js in plan for j in js if _job_key(j) not in saved.done]
+    todo = [j for _, js in plan for j in js if _job_key(j) not in saved.done][:max_jobs]
     child = [a for a in argv if a != "--fresh"] + ["--job-process", "--max-jobs", "1"]
-    for n, job in enumerate(todo):
-        if max_jobs is not None and n >= max_jobs:
-            return len(todo) - n
+    total = sum(len(js) for _, js in plan)
+    for job in todo:
         name = report.label({"config": job["config"], "tau": job["tau"], "guard": job["guard"]})
         print(
-            f"[eval] job {job['order'] + 1} of {sum(len(js) for _, js in plan)}: {name} {job['set']} "
+            f"[eval] job {job['order'] + 1} of {total}: {name} {job['set']} "
             f"bs={job['batch']} repeat {job['repeat'] + 1}, in a process of its own",
             file=sys.stderr,
             flush=True,
@@ -829,7 +828,6 @@ def run_job_processes(argv: list[str], plan: list, saved: Timings, max_jobs: int
                 f"status {rc} without saving it (its output is above); the jobs saved so far are kept in "
                 f"{saved.path}: the same command resumes"
             )
-    return 0
 
 
 def _main(args: argparse.Namespace, argv: list[str]) -> int:
@@ -926,21 +924,19 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         "models": {"target": target, "draft": draft},
         "engines": {e["name"]: e["kw"] for e in engines},
         "prompts": {f"{name} bs {b}": [it["id"] for it in items] for (name, b), items in chosen.items()},
-        "processes": "one per job" if args.job_process or not args.same_process else "one for the run",
+        "processes": processes(args),
     }
     saved = Timings(args.out / "timings.jsonl", settings, args.fresh and not args.job_process)
-    if not (args.same_process or args.job_process):
-        left = run_job_processes(argv, plan, saved, args.max_jobs)
-        if left:
-            print(f"[eval] stopped after --max-jobs {args.max_jobs}: {left} jobs left; the same command resumes")
-            return 3
+    budget = args.max_jobs  # jobs this process may still time
+    if processes(args) == "one per job" and not args.job_process:
+        run_job_processes(argv, plan, saved, args.max_jobs)
+        budget = 0  # every job is timed in a process of its own; this one reads their records
     from tqdm.auto import tqdm
 
     total = sum(len(js) for _, js in plan) + (0 if args.no_nll else 1)
     records: list[dict] = []
     t0 = time.perf_counter()
     with tqdm(total=total, desc="eval", unit="job", file=sys.stderr) as progress:
-        budget = args.max_jobs
         for e, js in plan:
             todo = [j for j in js if _job_key(j) not in saved.done]
             records += [saved.done[_job_key(j)] for j in js if _job_key(j) in saved.done]
@@ -1056,14 +1052,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         "baselines": baselines,
         "noise_floor": report.noise_floor_summary(baselines),
         "harness": harness(args, engines),
-        "jobs": [
-            {
-                k: x.get(k)
-                for k in ("order", "config", "set", "batch", "tau", "guard", "repeat", "engine", "pid", "process_job")
-                + ("wall_s",)
-            }
-            for x in sorted(records, key=lambda x: x["order"])
-        ],
+        "jobs": [{k: x.get(k) for k in JOB_KEYS} for x in sorted(records, key=lambda x: x["order"])],
         "judge": judge_result,
         "wall_minutes": (time.perf_counter() - t0) / 60,
         "timed_minutes": sum(x["wall_s"] for x in records) / 60,
@@ -1106,16 +1095,21 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+# a job's record as summary.json lists it (pid and process_job: absent from runs before them)
+JOB_KEYS = ("order", "config", "set", "batch", "tau", "guard", "repeat", "engine", "pid", "process_job", "wall_s")
+
+
 def harness(args: argparse.Namespace, engines: list[dict]) -> dict:
     """How this run timed (timing.py), for the report and summary.json."""
     per_job = [e["name"] for e in engines if e["per_job"] or args.engine_per_job]
     return {
         "repeats": args.repeats,
+        "processes": processes(args),
         "order": "interleaved (ABAB): repeat 1 of every configuration, then repeat 2 of every configuration in "
         "the same order, and so on",
         "state": (
             "a process of its own and a fresh engine for every timed job"
-            if not args.same_process
+            if processes(args) == "one per job"
             else "one process for the run; a fresh engine per configuration and repeat"
             + (f" (per timed job: {', '.join(per_job)})" if per_job else "")
         )
