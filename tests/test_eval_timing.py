@@ -622,6 +622,7 @@ def test_judge_e2e_issue_37_keys_by_hand(tmp_path):
         row("parse W=128 k4", 0.0, t / 1.6, 1),
         row("target", None, t, 8),
         row("parse W=128 k4", 0.7, t, 8, task_acceptance=per_task),  # 100 tokens a task (_row)
+        row("draft", None, t, 1, correct=[i < 6 for i in range(12)]),  # batch 1: not the head row's
         row("draft", None, t, 8, correct=[i % 2 == 0 for i in range(12)]),  # passes on 0, 2, ..., 10
     ]
     run = tmp_path / "odd"
