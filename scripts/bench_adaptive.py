@@ -312,8 +312,7 @@ def section(rows: list[dict], noise: dict[str, dict] | None = None) -> str:
             "Speed is wall time per task on the same tasks (every configuration timed twice or more, interleaved, "
             "each timed job from a fresh engine or an emptied prefix cache after the same warm-up, in a process of "
             "its own or, in runs of short jobs, in the run's one process: each run's line below says which); ratios "
-            "are the "
-            "best of the target alone and token-level speculation of the same run and batch over the row's time per "
+            "are the best of the target alone and token-level speculation of the same run and batch over the row's time per "
             "task, with 95% intervals from resampling tasks; a ratio whose interval holds 1.0 is no difference. "
             f'A PARSE row that opened no window is labelled "{eval_report.TOKEN_LEVEL_TAG}".'
         )

@@ -96,8 +96,7 @@ def figures(summary: dict, tau: float) -> dict:
         out["odd_time_per_task_head_over_best_bs1_ci"] = timing.speed_ratio_ci(head1["task_s"], best1["task_s"])
         out["odd_time_per_task_head_best_baseline_bs1"] = best1["config"]
     # the draft alone at the head row's batch: the task lists differ between batches (12 vs all)
-    draft = next((r for r in rows if r["config"] == "draft" and r["batch"] == 8 and r.get("correct")), None)
-    share = where_draft_passes(head8, draft)
+    share = where_draft_passes(head8, maybe("draft", head8["batch"]))
     if share is not None:
         out["odd_semantic_share_head_where_draft_passes"], out["odd_tasks_where_draft_passes"] = share
     out["e2e_odd"] = [_e2e_row(r) for r in rows]
@@ -116,7 +115,7 @@ def where_draft_passes(head: dict, draft: dict | None) -> tuple[float, int] | No
     """The head row's share of output tokens taken semantically over the tasks whose draft-alone
     answer passes its tests (accepting is right there), and how many tasks those are; None
     without per-task counters or a draft row."""
-    if draft is None or not head.get("task_acceptance") or not head.get("task_tokens"):
+    if draft is None or not draft.get("correct") or not head.get("task_acceptance") or not head.get("task_tokens"):
         return None
     passes = {i for i, ok in zip(draft["item_ids"], draft["correct"]) if ok}
     picked = [k for k, i in enumerate(head["item_ids"]) if i in passes and head["task_acceptance"][k] is not None]
