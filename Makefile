@@ -109,7 +109,8 @@ eval-coder: setup pair
 # none: give JUDGE_TAU=0.7 to run it): target, k 4,
 # accept-all τ 0, the head at τ with continue and with adaptive, and the draft alone, whose
 # passing answers mark where accepting is right; batch 1 on the first 12 odd ids, batch 8 on all
-# 82), MBPP's test split (its first 100 tasks, batch 8: target, k 4, accept-all, the head), and SmolLM2 with its EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone,
+# 82), MBPP's test split (its first 100 tasks, batch 8: target, accept-all, the head; token-level
+# k 4, lossless, is timed on HumanEval odd), and SmolLM2 with its EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone,
 # PARSE + EAGLE-3 continue and adaptive; batch 1, 12 prompts). Every configuration twice,
 # interleaved, each timed job in a process of its own from an emptied prefix cache (the even and
 # SmolLM2 runs, of short jobs, were timed in one process: --same-process; docs/benchmarks.md).
@@ -125,7 +126,7 @@ bench-adaptive: setup models pair
 	  --spec-k 4 --taus 0 $(JUDGE_TAU) --variant-taus adaptive-k4=$(JUDGE_TAU) --variants k4 adaptive-k4 \
 	  --draft-alone --out bench/judge-coder/e2e-odd
 	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --num-prompts 100 \
-	  --bs1-prompts 0 --spec-k 4 --taus 0 $(JUDGE_TAU) --out bench/judge-coder/e2e-mbpp-test
+	  --bs1-prompts 0 --spec-k --taus 0 $(JUDGE_TAU) --out bench/judge-coder/e2e-mbpp-test
 	$(PY) scripts/judge_e2e.py bench/judge-coder/e2e-odd --mbpp bench/judge-coder/e2e-mbpp-test \
 	  $(if $(filter head,$(JUDGE_TAU)),,--tau $(JUDGE_TAU))
 	$(VENV)/bin/parse-vllm eval --out bench/adaptive/smollm2-eagle3 --prompts mtbench checkable --batch 1 \

@@ -234,7 +234,9 @@ def test_zero_window_rows_are_labelled_and_unresolved_ratios_claim_nothing(tmp_p
     rec = report.recommend(only, 1.0, 1.0)
     assert rec["recommended"] is None and rec["recommendation"].startswith(report.NO_SETTING)
     summary = {
-        "machine": {"cores": 2, "vllm": "0", "date": "today"},
+        "machine": {"cores": 2, "vllm": "0", "date": "today", "cpu": "AMD EPYC", "memory_gib": 24, "boot": "b-1"},
+        "harness": {k: k for k in ("repeats", "order", "state", "per_task_time", "speed_ratio", "ci")}
+        | {"min_bs1_tasks": timing.MIN_BS1_TASKS},
         "models": {"target": "t", "draft": "d", "window": 128, "spec_k": [4]},
         "args": {"max_tokens": 8},
         "budget": {"max_accuracy_drop": 1.0, "max_nll_increase": 1.0},
@@ -250,6 +252,7 @@ def test_zero_window_rows_are_labelled_and_unresolved_ratios_claim_nothing(tmp_p
     md = paths["md"].read_text()
     assert "| parse W=128 adaptive-k4 τ=0.7 (no window opened: token-level) |" in md
     assert "no difference (" in md and "## Noise floor" in md and "repeat 2 over repeat 1" in md
+    assert "- Machine: AMD EPYC, 2 cores, 24 GiB; every job on this boot of it (b-1)" in md
     assert paths["png"].read_bytes()[:4] == b"\x89PNG"
 
 
@@ -564,6 +567,30 @@ def test_timings_saved_before_the_process_mode_resume_only_in_one_process(tmp_pa
     assert list(t.done.values()) == [job]
     with pytest.raises(run.EvalError, match=r"other settings \(processes\)"):
         run.Timings(path, {"args": {"x": 1}, "processes": "one per job"}, fresh=False)
+
+
+def test_timings_resume_only_on_the_machine_and_boot_that_took_them(tmp_path):
+    """Times from two machines are not side by side: a run saved on another machine (or
+    before a reboot, or before the machine was recorded) is refused, saying so; on the same
+    one it resumes."""
+    from parse_vllm.tools.benchmarks import common
+
+    here = common.machine_identity()
+    assert here == common.machine_identity() and set(here) == {"cpu", "cores", "memory_gib", "boot"}
+    assert here["cores"] >= 1 and here["boot"]
+    path = tmp_path / "timings.jsonl"
+    job = {"config": "target", "set": "s", "batch": 8, "tau": None, "guard": None, "repeat": 0, "wall_s": 1.0}
+    settings = {"args": {"x": 1}, "processes": "one per job", "machine": here}
+    path.write_text(json.dumps({"settings": settings}) + "\n" + json.dumps(job) + "\n")
+    assert list(run.Timings(path, settings, fresh=False).done.values()) == [job]
+    for saved in [dict(here, boot="another-boot"), None]:  # a fresh VM of the same kind; not recorded
+        old = {k: v for k, v in settings.items() if k != "machine"} | ({"machine": saved} if saved else {})
+        path.write_text(json.dumps({"settings": old}) + "\n" + json.dumps(job) + "\n")
+        with pytest.raises(run.EvalError, match="another machine, or before this one rebooted") as e:
+            run.Timings(path, settings, fresh=False)
+        assert "--fresh" in str(e.value) and ("another-boot" in str(e.value)) == (saved is not None)
+        assert path.read_text().count("\n") == 2  # refused: the saved jobs kept
+        assert run.Timings(path, settings, fresh=True).done == {}  # --fresh starts over here
 
 
 @pytest.mark.slow

@@ -113,6 +113,25 @@ def parse_engine(target: Path, draft: Path, window: int, parse: dict, **kw) -> d
     )
 
 
+def machine_identity() -> dict[str, Any]:
+    """What a run's times belong to: the CPU, its cores and memory, and this boot of the
+    machine (Linux's ``boot_id``, new at every boot and on every fresh VM of the same kind)."""
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    boot_id = Path("/proc/sys/kernel/random/boot_id")
+    return {
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
+        "boot": boot_id.read_text().strip() if boot_id.is_file() else platform.node(),
+    }
+
+
 def machine() -> dict[str, Any]:
     import torch
 
@@ -120,8 +139,7 @@ def machine() -> dict[str, Any]:
 
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
+        **machine_identity(),
         "torch": torch.__version__,
         "vllm": VLLM_VERSION,
         "torch_threads": torch.get_num_threads(),

@@ -465,6 +465,14 @@ def markdown(summary: dict) -> str:
             f"- Time per task: {h['per_task_time']}.",
             f"- Speed ratio: {h['speed_ratio']}; interval: {h['ci']}.",
             f"- Batch-1 rows on fewer than {h['min_bs1_tasks']} tasks claim nothing (too few tasks).",
+            *(
+                [
+                    f"- Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; every job on this boot "
+                    f"of it ({m['boot']}): a saved run resumes only there."
+                ]
+                if "boot" in (m := summary.get("machine") or {})
+                else []
+            ),
             f'- A PARSE row that opened no window is labelled "{TOKEN_LEVEL_TAG}": it measured token-level '
             "speculation through the PARSE engine.",
         ]

@@ -632,6 +632,12 @@ class Timings:
                 saved.setdefault("processes", "one for the run")  # timings saved before a process per job
             if saved != settings:
                 diff = sorted(k for k in set(saved or {}) | set(settings) if (saved or {}).get(k) != settings.get(k))
+                if diff == ["machine"]:
+                    raise EvalError(
+                        f"{path} holds timings taken on another machine, or before this one rebooted "
+                        f"({(saved or {}).get('machine', 'not recorded')}; here: {settings['machine']}): times "
+                        "from two machines are not side by side: --fresh to time the whole run here"
+                    )
                 raise EvalError(
                     f"{path} holds timings of a run with other settings ({', '.join(diff)}): "
                     "give another --out, or --fresh to discard them"
@@ -925,6 +931,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         "engines": {e["name"]: e["kw"] for e in engines},
         "prompts": {f"{name} bs {b}": [it["id"] for it in items] for (name, b), items in chosen.items()},
         "processes": processes(args),
+        "machine": common.machine_identity(),
     }
     saved = Timings(args.out / "timings.jsonl", settings, args.fresh and not args.job_process)
     budget = args.max_jobs  # jobs this process may still time

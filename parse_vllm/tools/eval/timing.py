@@ -26,6 +26,9 @@
 * **The noise floor.** The target alone measured twice: repeat 2's time per task against
   repeat 1's (the same ratio and interval), and the spread of its repeats. Ratios within it
   are not resolved by the run.
+* **One machine, one boot.** Times from two machines (or from before and after a reboot)
+  are not side by side: a saved run records the machine
+  (:func:`parse_vllm.tools.benchmarks.common.machine_identity`) and resumes only on it.
 """
 
 from __future__ import annotations
