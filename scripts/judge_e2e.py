@@ -24,8 +24,9 @@ Issue 37's keys: ``odd_time_per_task_head_over_best_bs1`` (+ ``_ci``), the head'
 task at batch 1 over the faster of the target alone and token-level k 4 (goal ≤ 0.9);
 ``odd_semantic_share_head_where_draft_passes``, the head's semantic share at batch 8 over the
 tasks whose draft-alone answer passes (needs the run's ``--draft-alone`` row and per-task
-counters); with ``--mbpp RUN`` (MBPP test), ``mbpp_test_e2e_n`` and
-``mbpp_test_pass_at_1_target`` / ``_head``.
+counters); with ``--mbpp RUN`` (MBPP test, batch 8), ``mbpp_test_e2e_n``,
+``mbpp_test_pass_at_1_target`` / ``_head`` / ``_accept_all``, the head's time per task against the
+target's and accept-all's (``mbpp_test_speed_*``, with intervals) and the rows in ``e2e_mbpp_test``.
 """
 
 from __future__ import annotations
@@ -126,17 +127,32 @@ def where_draft_passes(head: dict, draft: dict | None) -> tuple[float, int] | No
 
 
 def mbpp_figures(summary: dict, tau: float) -> dict:
-    """MBPP test end to end (`--mbpp RUN`): tasks, and pass@1 of the target and of the head at
-    batch 8."""
+    """MBPP test end to end (`--mbpp RUN`, batch 8): tasks, pass@1 of the target, of the head and
+    of accept-all (τ 0, where the run has it), the head's semantic share, its time per task
+    against the target's and accept-all's (with intervals), the rows and the noise floor."""
     rows = [r for r in summary["rows"] if r["batch"] == 8]
     target = next(r for r in rows if r["config"] == "target")
-    head = next(r for r in rows if re.fullmatch(r"parse W=\d+ k4", r["config"]) and r.get("tau") == tau)
-    return {
+    parse = {r.get("tau"): r for r in rows if re.fullmatch(r"parse W=\d+ k4", r["config"])}
+    head, accept_all = parse[tau], parse.get(0.0)
+    out = {
         "mbpp_test_e2e_n": head["n"],
         "mbpp_test_pass_at_1_target": target["pass_at_1"],
         "mbpp_test_pass_at_1_head": head["pass_at_1"],
         "mbpp_test_semantic_share_head": head["acceptance"]["tokens_accepted_semantic"] / head["tokens"],
     }
+    _figure(out, "mbpp_test_speed_head_over_target_bs8", target, head)
+    if accept_all is not None:
+        out["mbpp_test_pass_at_1_accept_all"] = accept_all["pass_at_1"]
+        out["mbpp_test_semantic_share_accept_all"] = (
+            accept_all["acceptance"]["tokens_accepted_semantic"] / accept_all["tokens"]
+        )
+        _figure(out, "mbpp_test_speed_accept_all_over_target_bs8", target, accept_all)
+        _figure(out, "mbpp_test_speed_head_over_accept_all_bs8", accept_all, head)
+    out["e2e_mbpp_test"] = [_e2e_row(r) for r in summary["rows"]]
+    noise = summary.get("noise_floor")
+    if noise and noise.get("by_set_batch"):
+        out["mbpp_test_e2e_noise_floor"] = noise
+    return out
 
 
 def _e2e_row(r: dict) -> dict:
@@ -180,7 +196,7 @@ def main(argv=None) -> int:
         summary.update(mbpp_figures(mbpp, tau))
     args.summary.write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k.startswith(("odd_", "mbpp_test_", "e2e_tau"))}, indent=1))
-    for r in summary["e2e_odd"]:
+    for r in summary["e2e_odd"] + (summary["e2e_mbpp_test"] if mbpp is not None else []):
         speed = timing.describe_ratio(r.get("speedup"), r.get("speedup_ci")) if r["config"] != "target" else "—"
         s_task = "—" if r.get("s_per_task") is None else f"{r['s_per_task']:.2f} s/task"
         print(f"  bs {r['batch']:<2d} {r['label']:50s} τ {r['tau']!s:5s} {s_task:>14s}  vs target {speed}")

@@ -657,7 +657,11 @@ def test_judge_e2e_issue_37_keys_by_hand(tmp_path):
     (run / "summary.json").write_text(json.dumps({"rows": rows}))
     mbpp = tmp_path / "mbpp"
     mbpp.mkdir()
-    m_rows = [dict(row("target", None, t, 8), pass_at_1=0.5), dict(row("parse W=128 k4", 0.7, t, 8), pass_at_1=0.45)]
+    m_rows = [
+        dict(row("target", None, t, 8), pass_at_1=0.5),
+        dict(row("parse W=128 k4", 0.7, [2 * x for x in t], 8), pass_at_1=0.45),  # half the target's speed
+        dict(row("parse W=128 k4", 0.0, [x * (1.1 if i % 2 else 0.9) for i, x in enumerate(t)], 8), pass_at_1=0.25),
+    ]
     (mbpp / "summary.json").write_text(json.dumps({"rows": m_rows}))
     (tmp_path / "judge.json").write_text("{}")
     assert je.main([str(run), "--tau", "0.7", "--summary", str(tmp_path / "judge.json"), "--mbpp", str(mbpp)]) == 0
@@ -669,7 +673,12 @@ def test_judge_e2e_issue_37_keys_by_hand(tmp_path):
     assert j["odd_semantic_share_head_where_draft_passes"] == pytest.approx(0.5)
     assert j["odd_tasks_where_draft_passes"] == 6
     assert j["mbpp_test_e2e_n"] == 12 and j["mbpp_test_pass_at_1_target"] == 0.5
-    assert j["mbpp_test_pass_at_1_head"] == 0.45
+    assert j["mbpp_test_pass_at_1_head"] == 0.45 and j["mbpp_test_pass_at_1_accept_all"] == 0.25
+    assert j["mbpp_test_speed_head_over_target_bs8"] == pytest.approx(0.5)
+    assert j["mbpp_test_speed_head_over_target_bs8_verdict"] == "slower"
+    assert j["mbpp_test_speed_head_over_accept_all_bs8"] == pytest.approx(np.mean(m_rows[2]["task_s"]) / np.mean(2 * t))
+    assert j["mbpp_test_speed_accept_all_over_target_bs8_verdict"] == "no difference"
+    assert [r["tau"] for r in j["e2e_mbpp_test"]] == [None, 0.7, 0.0]
     # without --tau the head's τ is the one the runs recorded (`eval --taus head`)
     (tmp_path / "judge.json").write_text("{}")
     assert je.main([str(run), "--summary", str(tmp_path / "judge.json")]) == 2  # the run records none
