@@ -488,14 +488,23 @@ def test_judge_p_yes_equals_a_target_forward(tiny_models):
 def test_eval_humaneval_with_the_draft_alone_variants_and_the_judge(tiny_models, tmp_path):
     """The issue's report shape on the tiny models: HumanEval's even split, the draft alone,
     two PARSE engines (W 8, continue and redraft), the judge's discrimination; rows carry
-    split, pass@1 and n."""
+    split, pass@1 and n, an MBPP file's rows too (its split named: `mbpp.jsonl:test`)."""
     out = tmp_path / "he"
+    mbpp = tmp_path / "mbpp.jsonl"  # task 10 is in MBPP's prompt split, 11 and 12 in its test split
+    mbpp.write_text(
+        "".join(
+            json.dumps({"text": f"Write a function f returning {i}.", "code": f"def f():\n    return {i}",
+                        "task_id": i, "test_setup_code": "", "test_list": [f"assert f() == {i}"],
+                        "challenge_test_list": []}) + "\n"
+            for i in (10, 11, 12)
+        )
+    )  # fmt: skip
     argv = [
         "eval",
         "--target", str(tiny_models["target"]),
         "--draft", str(tiny_models["draft"]),
         "--engine", json.dumps({"dtype": "float32", "kv_cache_memory_bytes": 96 << 20}),
-        "--prompts", "humaneval", "--split", "even",
+        "--prompts", "humaneval", f"{mbpp}:test", "--split", "even",
         "--num-prompts", "2", "--bs1-prompts", "0", "--batch", "2", "--max-tokens", "16",
         "--draft-alone", "--spec-k", "--windows", "8", "--variants", "continue", "redraft",
         "--taus", "0", "--judge", "--no-nll", "--out", str(out), "--same-process",
@@ -504,11 +513,14 @@ def test_eval_humaneval_with_the_draft_alone_variants_and_the_judge(tiny_models,
     summary = json.loads((out / "summary.json").read_text())
     got = {(r["config"], r["tau"]) for r in summary["rows"]}
     assert got == {("target", None), ("draft", None), ("parse W=8", 0.0), ("parse W=8 redraft", 0.0)}
+    assert (
+        sorted((r["set"], r["split"]) for r in summary["rows"])
+        == [("humaneval-even", "even")] * 4 + [("mbpp-test", "test")] * 4
+    )
     for r in summary["rows"]:
-        assert r["set"] == "humaneval-even" and r["split"] == "even" and r["n"] == 2
-        assert r["pass_at_1"] == r["accuracy"] and r["nll_per_token"] is None
+        assert r["n"] == 2 and r["pass_at_1"] == r["accuracy"] and r["nll_per_token"] is None
     j = summary["judge"]
-    assert j["whole"]["n_pass"] + j["whole"]["n_fail"] == 2 and len(j["p_yes_whole"]) == 2
+    assert j["whole"]["n_pass"] + j["whole"]["n_fail"] == 4 and len(j["p_yes_whole"]) == 4
     assert all(0 <= p <= 1 for p in j["p_yes_whole"])
     assert "Does the judge discriminate?" in (out / "summary.md").read_text()
     assert (out / "judge.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1023,8 +1023,10 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                 for p, o in zip(ids[(r["set"], r["batch"])], r["outputs"])
             ]
         )
+    # a set of code tasks (HumanEval, MBPP) is named "<set>-<split>" and scored as pass@1
+    code_sets = {s.name for s in sets if s.items and all(it["kind"] == "code" for it in s.items)}
     for r in rows:
-        r["split"] = r["set"].split("-", 1)[1] if r["set"].startswith("humaneval-") else None
+        r["split"] = r["set"].split("-", 1)[1] if r["set"] in code_sets and "-" in r["set"] else None
         r["n"] = r["n_prompts"]
     report.score(rows)
     for r in rows:
