@@ -166,8 +166,10 @@ def per_task(ex, z: np.ndarray) -> list[dict[str, Any]]:
             "whole_fail": int((ex.whole[m] & ~y).sum()),
             "prefix_pass": int((~ex.whole[m] & y).sum()),
             "prefix_fail": int((~ex.whole[m] & ~y).sum()),
-            "mean_p_pass": float(probe.sigmoid(s[y]).mean()) if y.any() else None,
-            "mean_p_fail": float(probe.sigmoid(s[~y]).mean()) if (~y).any() else None,
+            # rounded: numpy's vectorised exp differs in the last bit between CPUs (AVX-512 or
+            # not), and the committed report is rebuilt byte for byte on any machine
+            "mean_p_pass": round(float(probe.sigmoid(s[y]).mean()), 9) if y.any() else None,
+            "mean_p_fail": round(float(probe.sigmoid(s[~y]).mean()), 9) if (~y).any() else None,
         }
         a = probe.auc(s, y, ex.weight[m])
         row["misranked"] = None if a is None else round(1 - a, 3)
