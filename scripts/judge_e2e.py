@@ -81,8 +81,8 @@ def figures(summary: dict, tau: float) -> dict:
         "odd_pass_at_1_target": target8["pass_at_1"],
         "odd_pass_at_1_head": head8["pass_at_1"],
         "odd_e2e_n": head8["n"],
-        "odd_semantic_share_head": head8["acceptance"]["tokens_accepted_semantic"] / head8["tokens"],
-        "odd_semantic_share_head_bs1": head1["acceptance"]["tokens_accepted_semantic"] / head1["tokens"],
+        "odd_semantic_share_head": _semantic_share(head8),
+        "odd_semantic_share_head_bs1": _semantic_share(head1),
     }
     _figure(out, "odd_speed_head_over_accept_all_bs1", all1, head1)
     _figure(out, "odd_speed_head_over_accept_all_bs8", maybe(r"parse W=\d+ k4", 8, 0.0), head8)
@@ -101,10 +101,20 @@ def figures(summary: dict, tau: float) -> dict:
     if share is not None:
         out["odd_semantic_share_head_where_draft_passes"], out["odd_tasks_where_draft_passes"] = share
     out["e2e_odd"] = [_e2e_row(r) for r in rows]
+    _noise_floor(out, "odd_e2e_noise_floor", summary)
+    return out
+
+
+def _semantic_share(row: dict) -> float:
+    """The row's share of output tokens taken semantically (accepted whole by the judge)."""
+    return row["acceptance"]["tokens_accepted_semantic"] / row["tokens"]
+
+
+def _noise_floor(out: dict, key: str, summary: dict) -> None:
+    """The run's noise floor (the target alone timed in each repeat) under ``key``, where it has one."""
     noise = summary.get("noise_floor")
     if noise and noise.get("by_set_batch"):
-        out["odd_e2e_noise_floor"] = noise
-    return out
+        out[key] = noise
 
 
 def _fastest(rows: list[dict | None]) -> dict | None:
@@ -138,20 +148,16 @@ def mbpp_figures(summary: dict, tau: float) -> dict:
         "mbpp_test_e2e_n": head["n"],
         "mbpp_test_pass_at_1_target": target["pass_at_1"],
         "mbpp_test_pass_at_1_head": head["pass_at_1"],
-        "mbpp_test_semantic_share_head": head["acceptance"]["tokens_accepted_semantic"] / head["tokens"],
+        "mbpp_test_semantic_share_head": _semantic_share(head),
     }
     _figure(out, "mbpp_test_speed_head_over_target_bs8", target, head)
     if accept_all is not None:
         out["mbpp_test_pass_at_1_accept_all"] = accept_all["pass_at_1"]
-        out["mbpp_test_semantic_share_accept_all"] = (
-            accept_all["acceptance"]["tokens_accepted_semantic"] / accept_all["tokens"]
-        )
+        out["mbpp_test_semantic_share_accept_all"] = _semantic_share(accept_all)
         _figure(out, "mbpp_test_speed_accept_all_over_target_bs8", target, accept_all)
         _figure(out, "mbpp_test_speed_head_over_accept_all_bs8", accept_all, head)
     out["e2e_mbpp_test"] = [_e2e_row(r) for r in summary["rows"]]
-    noise = summary.get("noise_floor")
-    if noise and noise.get("by_set_batch"):
-        out["mbpp_test_e2e_noise_floor"] = noise
+    _noise_floor(out, "mbpp_test_e2e_noise_floor", summary)
     return out
 
 
