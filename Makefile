@@ -132,7 +132,7 @@ bench-adaptive: setup models pair
 	$(VENV)/bin/parse-vllm eval --out bench/adaptive/smollm2-eagle3 --prompts mtbench checkable --batch 1 \
 	  --num-prompts 12 --max-tokens 128 --window 48 --spec-k 3 --eagle3 $(EAGLE3_HEAD) --eagle3-k 3 \
 	  --variants continue e3 adaptive-e3 --taus 0.9 --engine '{"dtype": "float32"}' --no-nll --same-process
-	$(PY) scripts/bench_adaptive.py --coder bench/adaptive/coder-even bench/judge-coder/e2e-odd \
+	$(PY) scripts/bench_adaptive.py --coder bench/adaptive/coder-even bench/judge-coder/e2e-odd bench/judge-coder/e2e-mbpp-test \
 	  --smollm2 bench/adaptive/smollm2-eagle3 --out bench/adaptive
 	$(PY) scripts/bench_report.py --results bench/full
 

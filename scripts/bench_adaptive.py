@@ -61,6 +61,7 @@ def rows_of(run: Path, pair: str) -> list[dict]:
     """Rows of one eval run (summary.json), merged over its prompt sets: their tasks side by
     side (per-task times and tokens), tok/s over their work, pass@1 over their tasks."""
     summary = json.loads((run / "summary.json").read_text())
+    timing.with_repeats(summary["rows"], run / "timings.jsonl")
     table = CODER if pair == "coder" else SMOLLM2
     merged: dict[tuple, dict] = {}
     for r in summary["rows"]:
@@ -69,8 +70,20 @@ def rows_of(run: Path, pair: str) -> list[dict]:
             continue
         key = (config, r.get("tau"), r["batch"], r.get("split"))
         m = merged.setdefault(
-            key, {"tokens": 0, "wall_s": 0.0, "passed": 0.0, "n": 0, "sets": [], "windows": None, "repeats": []}
+            key,
+            {
+                "tokens": 0,
+                "wall_s": 0.0,
+                "passed": 0.0,
+                "n": 0,
+                "sets": [],
+                "windows": None,
+                "repeats": [],
+                "drafts": {},
+            },
         )
+        for k, v in discarded_counts(r).items():
+            m["drafts"][k] = m["drafts"].get(k, 0) + v
         m["tokens"] += r["tokens"]
         m["wall_s"] += r["wall_s"]
         m["sets"].append(r)
@@ -96,9 +109,13 @@ def rows_of(run: Path, pair: str) -> list[dict]:
             "run": str(run),
             "windows": m["windows"] if config in PARSE_CONFIGS else None,
             "tasks": sum(r.get("n_prompts") or len(r.get("task_s") or []) for r in sets),
+            **m["drafts"],
         }
         if timed:
             task_s = [t for r in sets for t in r["task_s"]]
+            # the sets side by side in each repeat (every set ran every repeat)
+            by_set = [timing.row_repeats(r) for r in sets]
+            task_s_repeats = [[t for reps in by_set for t in reps[i]] for i in range(min(len(reps) for reps in by_set))]
             task_tokens = [t for r in sets for t in (r.get("task_tokens") or [0] * len(r["task_s"]))]
             reps = min(len(r.get("s_per_task_repeats") or []) for r in sets)
             per_repeat = [
@@ -106,6 +123,7 @@ def rows_of(run: Path, pair: str) -> list[dict]:
             ]
             row.update(
                 task_s=task_s,
+                task_s_repeats=task_s_repeats,
                 tok_s=sum(task_tokens) / sum(task_s),
                 tok_s_ci=timing.tok_s_ci(task_tokens, task_s),
                 s_per_task=statistics.fmean(task_s),
@@ -121,14 +139,98 @@ def rows_of(run: Path, pair: str) -> list[dict]:
         if same and all("task_s" in x for x in same + [r]):
             best = min(same, key=lambda x: x["s_per_task"])
             r["baseline"] = best["config"]
-            r["ratio"] = timing.speed_ratio(best["task_s"], r["task_s"])
-            r["ratio_ci"] = timing.speed_ratio_ci(best["task_s"], r["task_s"])
-            r["verdict"] = timing.verdict(r["ratio_ci"], few)
+            f = speed(best, r, few)
+            r["ratio"], r["ratio_ci"], r["ratio_by_repeat"], r["verdict"] = (
+                f["ratio"],
+                f["ci"],
+                f["by_repeat"],
+                f["verdict"],
+            )
         else:  # a run timed before per-task timing: tok/s
             r["ratio"] = r["tok_s"] / max(x["tok_s"] for x in same) if same else None
-            r["ratio_ci"], r["verdict"] = None, (timing.TOO_FEW if few else None)
+            r["ratio_ci"], r["ratio_by_repeat"], r["verdict"] = None, None, (timing.TOO_FEW if few else None)
         r["tok_s_ci"] = r.get("tok_s_ci")
     return out
+
+
+def discarded_counts(r: dict) -> dict:
+    """Of an eval row's judged windows (its PARSE counters): ``window_draft_tokens`` (their text),
+    ``window_tokens_taken`` (taken token-level or by the judge), ``rejected_windows``; empty
+    for a row without windows."""
+    a = r.get("acceptance") or {}
+    needed = ("drafts", "draft_tokens", "tokens_accepted_semantic", "tokens_accepted_token_level", "rejections")
+    if not a.get("drafts") or any(k not in a for k in needed):
+        return {}
+    return {
+        "window_draft_tokens": a["draft_tokens"],
+        "window_tokens_taken": a["tokens_accepted_semantic"] + a["tokens_accepted_token_level"],
+        "rejected_windows": a["rejections"],
+    }
+
+
+def discarded_per_rejection(r: dict) -> float | None:
+    """Draft tokens thrown away per rejected window: the windows' text not taken (a window taken
+    whole throws none away) over the windows rejected."""
+    if not r.get("rejected_windows"):
+        return None
+    return (r["window_draft_tokens"] - r["window_tokens_taken"]) / r["rejected_windows"]
+
+
+# an eval run's split -> the set it names in the issue's keys
+GOAL_SETS = {"odd": "odd", "test": "mbpp_test"}
+GOAL_BASELINES = ("target", "token-k4", "continue")
+
+
+def goal_keys(rows: list[dict], tau: float | None = None) -> dict:
+    """The policy's goals as summary.json keys, from the Coder rows at the head's τ (``tau``:
+    the τ of the adaptive rows, default the one they all share):
+    ``policy_over_best_{set}_bs{b}`` (the fastest of the target, token-level k 4 and `continue`
+    over the adaptive row's time per task, > 1: adaptive is faster; goal ≥ 0.97), with ``_ci``,
+    ``_by_repeat`` and ``_baseline``; ``policy_pass_at_1_{set}`` and ``target_pass_at_1_{set}``
+    (batch 8); ``discarded_draft_per_rejection_before``: `continue`'s draft tokens thrown away
+    per rejected window, over every Coder set at batch 8 (``_after``: the same of chunked
+    judging, once measured). A set or batch without an adaptive row gives no key."""
+    coder = [r for r in rows if r["pair"] == "coder" and r["split"] in GOAL_SETS]
+    taus = {r["tau"] for r in coder if r["config"] == "adaptive"}
+    if tau is None:
+        if len(taus) > 1:
+            raise ValueError(f"the adaptive rows ran at several τ {sorted(taus)}: name one")
+        tau = next(iter(taus), None)
+    out: dict = {}
+    for split, name in GOAL_SETS.items():
+        for batch in (1, 8):
+            same = [r for r in coder if r["split"] == split and r["batch"] == batch and r.get("task_s") is not None]
+            policy = [r for r in same if r["config"] == "adaptive" and r["tau"] == tau]
+            base = [
+                r
+                for r in same
+                if r["config"] in ("target", "token-k4") or (r["config"] == "continue" and r["tau"] == tau)
+            ]
+            if len(policy) != 1 or not base:
+                continue
+            best = min(base, key=lambda x: x["s_per_task"])
+            f = speed(best, policy[0])
+            key = f"policy_over_best_{name}_bs{batch}"
+            out[key], out[f"{key}_ci"], out[f"{key}_by_repeat"] = f["ratio"], f["ci"], f["by_repeat"]
+            out[f"{key}_baseline"] = best["config"]
+        at8 = [r for r in coder if r["split"] == split and r["batch"] == 8]
+        for config, prefix in (("adaptive", "policy"), ("target", "target")):
+            got = [r for r in at8 if r["config"] == config and (config == "target" or r["tau"] == tau)]
+            if len(got) == 1 and got[0]["pass_at_1"] is not None:
+                out[f"{prefix}_pass_at_1_{name}"] = got[0]["pass_at_1"]
+    cont = [r for r in coder if r["config"] == "continue" and r["tau"] == tau and r["batch"] == 8]
+    merged = {
+        k: sum(r.get(k, 0) for r in cont) for k in ("window_draft_tokens", "window_tokens_taken", "rejected_windows")
+    }
+    if (before := discarded_per_rejection(merged)) is not None:
+        out["discarded_draft_per_rejection_before"] = before
+    return out
+
+
+def speed(ref: dict, row: dict, few: bool = False) -> dict:
+    """ref's time per task over row's, pooled, by repeat, with the interval over repeats and
+    tasks and the verdict (timing.speed_figures)."""
+    return timing.speed_figures(timing.row_repeats(ref), timing.row_repeats(row), few)
 
 
 def label(r: dict) -> str:
@@ -168,7 +270,7 @@ def render(rows: list[dict]) -> str:
         p = "—" if r["pass_at_1"] is None else f"{r['pass_at_1']:.3f}"
         few = r.get("verdict") == timing.TOO_FEW
         ratio = (
-            timing.describe_ratio(r["ratio"], r.get("ratio_ci"), few)
+            timing.describe_ratio(r["ratio"], r.get("ratio_ci"), few, r.get("ratio_by_repeat"))
             if r["config"] not in BASELINES
             else (f"{r['ratio']:.2f}x" if r["ratio"] is not None else "—")
         )
@@ -231,23 +333,21 @@ def goals(rows: list[dict]) -> list[str]:
                 if x["pair"] == "smollm2" and x["config"] in ("eagle3", "parse-alone") and x.get("task_s") is not None
             ]
             best = min(pool, key=lambda x: x["s_per_task"]) if pool else None
-            ratio = timing.speed_ratio(best["task_s"], r["task_s"]) if best else None
-            ci = timing.speed_ratio_ci(best["task_s"], r["task_s"]) if best else None
-            bound = 1.0
+            f = speed(best, r) if best else {"ratio": None, "ci": None, "by_repeat": None}
+            ratio, ci, by_repeat, bound = f["ratio"], f["ci"], f["by_repeat"], 1.0
         else:
-            ratio, ci, bound = r["ratio"], r.get("ratio_ci"), 0.95
+            ratio, ci, by_repeat, bound = r["ratio"], r.get("ratio_ci"), r.get("ratio_by_repeat"), 0.95
         met = "met" if ratio is not None and ratio >= bound else "**not met**"
         vs = "—"
         if cont and cont.get("task_s") is not None and r.get("task_s") is not None:
-            vs = timing.describe_ratio(
-                timing.speed_ratio(cont["task_s"], r["task_s"]), timing.speed_ratio_ci(cont["task_s"], r["task_s"]), few
-            )
+            f = speed(cont, r, few)
+            vs = timing.describe_ratio(f["ratio"], f["ci"], few, f["by_repeat"])
         dp = "—"
         if cont and r["pass_at_1"] is not None and cont["pass_at_1"] is not None and r["n"]:
             dp = f"{round((r['pass_at_1'] - cont['pass_at_1']) * r['n']):+d}"
         tau = "—" if k[3] is None else f"{k[3]:g}"
         lines.append(
-            f"| {k[0]} | {k[1] or '—'} | {k[2]} | {tau} | {r['label']} | {timing.describe_ratio(ratio, ci, few)} | "
+            f"| {k[0]} | {k[1] or '—'} | {k[2]} | {tau} | {r['label']} | {timing.describe_ratio(ratio, ci, few, by_repeat)} | "
             f"≥ {bound:g}: {met} | {vs} | {dp} |"
         )
     return lines
@@ -313,7 +413,8 @@ def section(rows: list[dict], noise: dict[str, dict] | None = None) -> str:
             "each timed job from a fresh engine or an emptied prefix cache after the same warm-up, in a process of "
             "its own or, in runs of short jobs, in the run's one process: each run's line below says which); ratios "
             "are the best of the target alone and token-level speculation of the same run and batch over the row's time per "
-            "task, with 95% intervals from resampling tasks; a ratio whose interval holds 1.0 is no difference. "
+            "task, pooled over the repeats and each repeat's own beside it, with 95% intervals from resampling repeats and tasks; "
+            "a ratio is faster or slower only where its interval excludes 1.0 and every repeat agrees, else no difference. "
             f'A PARSE row that opened no window is labelled "{eval_report.TOKEN_LEVEL_TAG}".'
         )
     else:
@@ -362,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
             # runs before a process per job name none: they ran in one
             noise[str(run)] = dict(nf, processes=(summary.get("harness") or {}).get("processes", "one for the run"))
     args.out.mkdir(parents=True, exist_ok=True)
-    out = {"rows": rows, **({"noise_floor": noise} if noise else {})}
+    out = {**goal_keys(rows), "rows": rows, **({"noise_floor": noise} if noise else {})}
     (args.out / "summary.json").write_text(json.dumps(out, indent=1))
     (args.out / "summary.md").write_text(render(rows) + ("\n" + "\n".join(noise_lines(noise)) + "\n" if noise else ""))
     (args.out / "section.md").write_text(section(rows, noise))

@@ -13,8 +13,9 @@ head`; or --tau); accept-all is the same configuration at τ 0.
 
 Speed figures come from wall time per task on the same tasks (parse_vllm/tools/eval/timing.py):
 ``odd_speed_head_over_accept_all_bs1`` is accept-all's mean time per task over the head's (> 1:
-the head is faster), with ``*_ci`` (95% interval, resampling tasks) and ``*_verdict`` (faster,
-slower, no difference where the interval holds 1.0, too few tasks at batch 1 under 12); the
+the head is faster) pooled over the repeats, with ``*_by_repeat`` (each repeat's), ``*_ci`` (95%
+interval, resampling repeats and tasks) and ``*_verdict`` (faster or slower where the interval
+excludes 1.0 and every repeat agrees, else no difference; too few tasks at batch 1 under 12); the
 same at batch 8 and against the target alone where the run has those rows. Every ``e2e_odd``
 row carries its time per task, tok/s with intervals, its windows and its ``label`` (a PARSE row
 that opened no window: "no window opened: token-level"). A run made before per-task timing
@@ -38,23 +39,28 @@ import sys
 from pathlib import Path
 
 from parse_vllm.tools.eval import report as eval_report
+from parse_vllm.tools.eval import run as eval_run
 from parse_vllm.tools.eval import timing
 
 
-def _speed(ref: dict, row: dict) -> tuple[float | None, list[float] | None, str | None]:
-    """ref's time per task over row's (> 1: row faster), its interval and verdict; tok/s for a
-    run without per-task times."""
+def _speed(ref: dict, row: dict) -> dict:
+    """ref's time per task over row's (> 1: row faster) pooled over the repeats, each repeat's,
+    the interval over repeats and tasks and the verdict (timing.speed_figures); tok/s for a run
+    without per-task times."""
     if ref.get("task_s") is None or row.get("task_s") is None:
-        return row["tok_s"] / ref["tok_s"], None, None
+        return {"ratio": row["tok_s"] / ref["tok_s"], "ci": None, "by_repeat": None, "verdict": None}
     few = row["batch"] == 1 and len(row["task_s"]) < timing.MIN_BS1_TASKS
-    ci = timing.speed_ratio_ci(ref["task_s"], row["task_s"])
-    return timing.speed_ratio(ref["task_s"], row["task_s"]), ci, timing.verdict(ci, few)
+    return timing.speed_figures(timing.row_repeats(ref), timing.row_repeats(row), few)
 
 
 def _figure(out: dict, key: str, ref: dict | None, row: dict | None) -> None:
+    """``key`` (ref's time per task over row's), ``key_ci``, ``key_by_repeat``, ``key_verdict``."""
     if ref is None or row is None:
         return
-    out[key], out[f"{key}_ci"], out[f"{key}_verdict"] = _speed(ref, row)
+    f = _speed(ref, row)
+    out[key], out[f"{key}_ci"], out[f"{key}_by_repeat"], out[f"{key}_verdict"] = (
+        f["ratio"], f["ci"], f["by_repeat"], f["verdict"]
+    )  # fmt: skip
 
 
 def figures(summary: dict, tau: float) -> dict:
@@ -93,8 +99,10 @@ def figures(summary: dict, tau: float) -> dict:
     best1 = _fastest([maybe("target", 1), maybe("token-k4", 1)])
     if best1 is not None and best1.get("task_s") and head1.get("task_s"):
         # the issue's goal: ≤ 0.9 (the head's time per task over the faster baseline's)
-        out["odd_time_per_task_head_over_best_bs1"] = timing.speed_ratio(head1["task_s"], best1["task_s"])
-        out["odd_time_per_task_head_over_best_bs1_ci"] = timing.speed_ratio_ci(head1["task_s"], best1["task_s"])
+        f = timing.speed_figures(timing.row_repeats(head1), timing.row_repeats(best1))
+        out["odd_time_per_task_head_over_best_bs1"] = f["ratio"]
+        out["odd_time_per_task_head_over_best_bs1_ci"] = f["ci"]
+        out["odd_time_per_task_head_over_best_bs1_by_repeat"] = f["by_repeat"]
         out["odd_time_per_task_head_best_baseline_bs1"] = best1["config"]
     # the draft alone at the head row's batch: the task lists differ between batches (12 vs all)
     share = where_draft_passes(head8, maybe("draft", head8["batch"]))
@@ -166,12 +174,21 @@ def _e2e_row(r: dict) -> dict:
     out["semantic_tokens"] = (r.get("acceptance") or {}).get("tokens_accepted_semantic")
     out["windows"] = r.get("windows") if "windows" in r else eval_report.windows_opened(r)
     out["label"] = eval_report.display(dict(r, windows=out["windows"]))
-    for k in ("tok_s_ci", "s_per_task", "s_per_task_ci", "s_per_task_spread", "repeats", "speedup", "speedup_ci"):
+    for k in (
+        "tok_s_ci", "s_per_task", "s_per_task_ci", "s_per_task_spread", "repeats", "speedup", "speedup_ci",
+        "speedup_by_repeat",
+    ):  # fmt: skip
         if r.get(k) is not None:
             out[k] = r[k]
     if r.get("speedup_verdict") is not None:
         out["speedup_verdict"] = r["speedup_verdict"]
     return out
+
+
+def load_run(folder: Path) -> dict:
+    """An eval run's summary.json, its speed figures recomputed from its timings.jsonl (each
+    repeat's ratio, intervals over repeats and tasks: eval.run.load_repeats)."""
+    return eval_run.load_repeats(json.loads((folder / "summary.json").read_text()), folder)
 
 
 def main(argv=None) -> int:
@@ -185,8 +202,8 @@ def main(argv=None) -> int:
         print(f"judge_e2e: {args.run / 'summary.json'} or {args.summary} is missing", file=sys.stderr)
         return 2
     summary = json.loads(args.summary.read_text())
-    run = json.loads((args.run / "summary.json").read_text())
-    mbpp = None if args.mbpp is None else json.loads((args.mbpp / "summary.json").read_text())
+    run = load_run(args.run)
+    mbpp = None if args.mbpp is None else load_run(args.mbpp)
     recorded = {
         str(d): t for d, s in ((args.run, run), (args.mbpp, mbpp)) if s and (t := (s.get("tau_head") or {}).get("tau")) is not None
     }  # fmt: skip
@@ -203,7 +220,9 @@ def main(argv=None) -> int:
     args.summary.write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k.startswith(("odd_", "mbpp_test_", "e2e_tau"))}, indent=1))
     for r in summary["e2e_odd"] + (summary["e2e_mbpp_test"] if mbpp is not None else []):
-        speed = timing.describe_ratio(r.get("speedup"), r.get("speedup_ci")) if r["config"] != "target" else "—"
+        speed = "—"
+        if r["config"] != "target":
+            speed = timing.describe_ratio(r.get("speedup"), r.get("speedup_ci"), by_repeat=r.get("speedup_by_repeat"))
         s_task = "—" if r.get("s_per_task") is None else f"{r['s_per_task']:.2f} s/task"
         print(f"  bs {r['batch']:<2d} {r['label']:50s} τ {r['tau']!s:5s} {s_task:>14s}  vs target {speed}")
     return 0

@@ -3,9 +3,10 @@
 A row is one (prompt set, config, τ, guard, batch), timed ``repeats`` times (timing.py).
 :func:`score` adds, against the target-alone row of the same prompt set and batch:
 ``speedup`` (the target's mean time per task over this row's, on the same tasks; > 1:
-faster), ``speedup_ci`` (its 95% bootstrap interval over tasks), ``speedup_verdict``
-(faster, slower, or no difference where the interval holds 1.0; too few tasks for batch-1
-rows on fewer than 12), ``speedup_tok_s`` (tokens/s over the target's: secondary, it
+faster, pooled over the repeats), ``speedup_by_repeat`` (each repeat's own), ``speedup_ci``
+(its 95% bootstrap interval over repeats and tasks), ``speedup_verdict`` (faster or slower
+where the interval excludes 1.0 and every repeat agrees, else no difference; too few tasks
+for batch-1 rows on fewer than 12), ``speedup_tok_s`` (tokens/s over the target's: secondary, it
 rewards longer answers), ``accuracy`` (share of checkable items answered right; null where
 none is checkable), ``accuracy_drop`` (target's − this), ``nll_vs_target`` (this row's NLL
 per token over the target's), ``rouge_l`` (against the target's text), ``repeat_3gram``,
@@ -54,6 +55,7 @@ ROW_KEYS = (
     "s_per_task_spread",
     "s_per_task_repeats",
     "task_s",
+    "task_s_repeats",
     "task_tokens",
     "tok_s",
     "tok_s_ci",
@@ -61,6 +63,7 @@ ROW_KEYS = (
     "tok_s_repeats",
     "speedup",
     "speedup_ci",
+    "speedup_by_repeat",
     "speedup_verdict",
     "speedup_tok_s",
     "few_tasks",
@@ -134,20 +137,29 @@ def _speed(r: dict, ref: dict) -> None:
     r["speedup_tok_s"] = r["tok_s"] / ref["tok_s"] if ref.get("tok_s") and r.get("tok_s") is not None else None
     if r.get("task_s") is None or ref.get("task_s") is None:  # a run before per-task timing: tok/s
         r["speedup"], r["speedup_ci"], r["speedup_verdict"] = r["speedup_tok_s"], None, None
+        r["speedup_by_repeat"] = None
         return
-    r["speedup"] = timing.speed_ratio(ref["task_s"], r["task_s"])
-    r["speedup_ci"] = [1.0, 1.0] if r is ref else timing.speed_ratio_ci(ref["task_s"], r["task_s"])
-    r["speedup_verdict"] = None if r is ref else timing.verdict(r["speedup_ci"], bool(r.get("few_tasks")))
+    f = timing.speed_figures(timing.row_repeats(ref), timing.row_repeats(r), bool(r.get("few_tasks")))
+    r["speedup"], r["speedup_by_repeat"] = f["ratio"], f["by_repeat"]
+    r["speedup_ci"] = [1.0, 1.0] if r is ref else f["ci"]
+    r["speedup_verdict"] = None if r is ref else f["verdict"]
+
+
+def speeds(rows: list[dict]) -> None:
+    """Every row's speed-up against its target-alone row (in place): ``speedup``,
+    ``speedup_by_repeat``, ``speedup_ci``, ``speedup_verdict``, ``speedup_tok_s``."""
+    for r in rows:
+        _speed(r, _target(rows, r["set"], r["batch"]))
 
 
 def score(rows: list[dict]) -> None:
     """Fill in every row's figures against its target-alone row (in place). Rows carry
     ``outputs`` (token ids), ``correct`` (per item: True/False, None where not checkable),
     ``nll_logprobs`` (per output: the target's log-probabilities of its tokens), ``task_s``
-    (per-task seconds) and ``tok_s``."""
+    (per-task seconds, and ``task_s_repeats`` by repeat) and ``tok_s``."""
+    speeds(rows)
     for r in rows:
         ref = _target(rows, r["set"], r["batch"])
-        _speed(r, ref)
         reps = [w for w in r.get("windows_repeats") or [] if w is not None]
         r["windows"] = max(reps) if reps else windows_opened(r)  # 0: none in any repeat
         r["label"] = display(r)
@@ -221,6 +233,7 @@ def candidates(rows: list[dict], batch: int, max_accuracy_drop: float, max_nll_i
                         for k in (
                             "speedup",
                             "speedup_ci",
+                            "speedup_by_repeat",
                             "speedup_verdict",
                             "few_tasks",
                             "accuracy",
@@ -276,19 +289,24 @@ def _entry_name(entry: dict) -> str:
     return f"{name} ({TOKEN_LEVEL_TAG})" if entry.get("windows") == 0 else name
 
 
+def _describe_speed(r: dict) -> str:
+    """A row's (or a candidate's per-set) speed-up against the target, its interval and each
+    repeat's figure, as the tables write it."""
+    return timing.describe_ratio(
+        r["speedup"], r.get("speedup_ci"), bool(r.get("few_tasks")), r.get("speedup_by_repeat")
+    )
+
+
 def unresolved(entry: dict) -> str:
     """A candidate faster on its face whose intervals do not show it."""
-    bits = [
-        f"{name}: {timing.describe_ratio(f['speedup'], f.get('speedup_ci'), bool(f.get('few_tasks')))}"
-        for name, f in entry["per_set"].items()
-    ]
+    bits = [f"{name}: {_describe_speed(f)}" for name, f in entry["per_set"].items()]
     return f"{_entry_name(entry)} at batch {entry['batch']}: {'; '.join(bits)}"
 
 
 def describe(entry: dict, max_accuracy_drop: float, max_nll_increase: float) -> str:
     parts = []
     for name, f in entry["per_set"].items():
-        speed = timing.describe_ratio(f["speedup"], f.get("speedup_ci"))
+        speed = timing.describe_ratio(f["speedup"], f.get("speedup_ci"), by_repeat=f.get("speedup_by_repeat"))
         bit = (
             f"{name}: {speed}, NLL ×{f['nll_vs_target']:.3f}" if f["nll_vs_target"] is not None else f"{name}: {speed}"
         )
@@ -341,7 +359,7 @@ def _table_rows(rows: list[dict]) -> list[dict]:
         spread = r.get("s_per_task_spread")
         speed = None
         if r["config"] != "target" and r.get("speedup") is not None:
-            speed = timing.describe_ratio(r["speedup"], r.get("speedup_ci"), bool(r.get("few_tasks")))
+            speed = _describe_speed(r)
             if r.get("speedup_ci") is None:
                 speed += " (tok/s: a run without per-task times)"
         out.append(

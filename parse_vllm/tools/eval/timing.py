@@ -19,10 +19,17 @@
   they add up to the job's wall time, and at batch 1 a task's share is its whole request. A
   row's per-task time is the median over its repeats, task by task; ``s_per_task`` is
   their mean.
-* **Ratios with an interval.** A speed ratio is the reference's mean time per task over
-  the row's (> 1: faster than the reference), on the same tasks; its 95% interval is a
-  paired percentile bootstrap over tasks (``scipy.stats.bootstrap``, :data:`RESAMPLES`
-  resamples, seed 0). A ratio whose interval holds 1.0 is "no difference".
+* **Ratios with an interval that holds the repeats.** A speed ratio is the reference's mean
+  time per task over the row's (> 1: faster than the reference), on the same tasks, pooled
+  over the repeats (:func:`speed_figures`). Each repeat's own ratio (repeat r of the
+  reference against repeat r of the row: they ran in the same stretch of the ABAB schedule)
+  is reported beside it, because two repeats can differ by more than the tasks do (a slow
+  spell of the machine lands on one job). Its 95% interval resamples both: repeats and
+  tasks drawn independently with replacement, pairs kept together (repeats and tasks are
+  crossed, every task runs in every repeat), :data:`RESAMPLES` resamples, seed 0. With one
+  repeat it is the paired bootstrap over tasks. A ratio is "faster" or "slower" only where
+  its interval excludes 1.0 *and* every repeat's ratio lies on that side; otherwise it is
+  "no difference".
 * **The noise floor.** The target alone measured twice: repeat 2's time per task against
   repeat 1's (the same ratio and interval), and the spread of its repeats. Ratios within it
   are not resolved by the run.
@@ -111,6 +118,68 @@ def speed_ratio_ci(ref_task_s: Sequence[float], task_s: Sequence[float]) -> list
     return _bootstrap((ref_task_s, task_s), _ratio_of_means)
 
 
+def _by_repeat(repeats: Sequence[Sequence[float]]) -> np.ndarray:
+    """[R, T] from R repeats of one task list (a flat list of T times: one repeat)."""
+    a = np.asarray(repeats, dtype=np.float64)
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim != 2:
+        raise ValueError("repeats of one task list: a list of per-task time lists, the same length each")
+    return a
+
+
+def crossed_bootstrap(ref: np.ndarray, x: np.ndarray, n: int = RESAMPLES, seed: int = 0) -> list[float] | None:
+    """95% percentile interval of Σ ref / Σ x over [R, T] arrays whose rows are repeats and
+    columns tasks, resampling repeats and tasks independently with replacement (a repeat
+    drawn twice counts twice; ref and x share every draw). Each resample weighs cell (r, t)
+    by (times repeat r was drawn) x (times task t was drawn), so its sums are
+    einsum('br,bt,rt->b'). None with fewer than two tasks."""
+    R, T = ref.shape
+    if T < 2:
+        return None
+    point = float(ref.sum() / x.sum())
+    if np.allclose(ref * x.sum(), x * ref.sum(), rtol=1e-12, atol=0.0):
+        return [point, point]  # every cell has the pooled ratio: no draw moves it
+    rng = np.random.default_rng(seed)
+    w_rep = rng.multinomial(R, np.full(R, 1.0 / R), size=n).astype(np.float64)  # [n, R]
+    w_task = rng.multinomial(T, np.full(T, 1.0 / T), size=n).astype(np.float64)  # [n, T]
+    vals = np.einsum("br,bt,rt->b", w_rep, w_task, ref) / np.einsum("br,bt,rt->b", w_rep, w_task, x)
+    lo, hi = np.percentile(vals, [100 * (1 - CONFIDENCE) / 2, 100 * (1 + CONFIDENCE) / 2])
+    return [float(lo), float(hi)]
+
+
+def speed_figures(
+    ref_repeats: Sequence[Sequence[float]], repeats: Sequence[Sequence[float]], few: bool = False
+) -> dict:
+    """A speed ratio from per-task times by repeat ([R][T] each, repeat r of one against
+    repeat r of the other; a flat [T] list is one repeat): ``ratio``, the reference's time
+    per task over the row's pooled over every repeat and task; ``by_repeat``, each repeat's
+    own ratio; ``ci``, its 95% interval resampling repeats and tasks
+    (:func:`crossed_bootstrap`); ``verdict`` (:func:`verdict`: a direction only where every
+    repeat agrees).
+
+    Worked example, 2 repeats of 2 tasks, the reference at 2 s a task throughout, the row at
+    1 s in repeat 1 and 4 s in repeat 2: ratio 8 / 10 = 0.8x, by repeat 2.0x and 0.5x; the
+    repeats disagree, so whatever the interval the verdict is "no difference"."""
+    ref, x = _by_repeat(ref_repeats), _by_repeat(repeats)
+    if ref.shape != x.shape or x.shape[1] == 0:
+        raise ValueError(
+            f"a speed ratio compares the same task list in the same repeats: {ref.shape} against {x.shape}"
+        )
+    total = float(x.sum())
+    ratio = float(ref.sum()) / total if total > 0 else None
+    by_repeat = [float(a.sum() / b.sum()) if b.sum() > 0 else None for a, b in zip(ref, x)]
+    ci = crossed_bootstrap(ref, x) if ratio is not None else None
+    return {"ratio": ratio, "ci": ci, "by_repeat": by_repeat, "verdict": verdict(ci, few, by_repeat)}
+
+
+def row_repeats(row: dict) -> list[list[float]]:
+    """A summary row's per-task times by repeat: ``task_s_repeats`` where the run saved them,
+    else its per-task medians as one repeat (a row written before they were saved: its
+    interval then leaves the repeats' spread out)."""
+    return row.get("task_s_repeats") or [row["task_s"]]
+
+
 def mean_ci(values: Sequence[float]) -> list[float] | None:
     """95% interval of a mean, resampling tasks."""
     return _bootstrap((values,), lambda v, axis=-1: np.mean(v, axis=axis))
@@ -121,22 +190,37 @@ def tok_s_ci(tokens: Sequence[float], task_s: Sequence[float]) -> list[float] | 
     return _bootstrap((tokens, task_s), lambda t, s, axis=-1: np.sum(t, axis=axis) / np.sum(s, axis=axis))
 
 
-def verdict(ci: Sequence[float] | None, few: bool = False) -> str | None:
-    """What a speed ratio's interval supports: faster, slower, or no difference (it holds 1.0)."""
+def verdict(
+    ci: Sequence[float] | None, few: bool = False, by_repeat: Sequence[float | None] | None = None
+) -> str | None:
+    """What a speed ratio supports: faster or slower where its interval excludes 1.0 and each
+    repeat's ratio (`by_repeat`, where given) lies on the same side; else no difference."""
     if few:
         return TOO_FEW
     if ci is None:
         return None
     lo, hi = ci
-    return FASTER if lo > 1.0 else SLOWER if hi < 1.0 else SAME
+    v = FASTER if lo > 1.0 else SLOWER if hi < 1.0 else SAME
+    if by_repeat and v != SAME:
+        agree = all(b is not None and (b > 1.0 if v == FASTER else b < 1.0) for b in by_repeat)
+        v = v if agree else SAME
+    return v
 
 
-def describe_ratio(ratio: float | None, ci: Sequence[float] | None, few: bool = False) -> str:
-    """ "1.23x [1.10, 1.35]", or "no difference (1.02x [0.95, 1.09])"."""
+def describe_ratio(
+    ratio: float | None,
+    ci: Sequence[float] | None,
+    few: bool = False,
+    by_repeat: Sequence[float | None] | None = None,
+) -> str:
+    """ "1.23x [1.10, 1.35]", "no difference (1.02x [0.95, 1.09])", and with two or more
+    repeats each one's ratio after the interval: "1.23x [1.10, 1.35]; repeats 1.18x / 1.29x"."""
     if ratio is None:
         return "—"
     text = f"{ratio:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
-    v = verdict(ci, few)
+    if by_repeat and len(by_repeat) > 1:
+        text += "; repeats " + " / ".join("—" if b is None else f"{b:.2f}x" for b in by_repeat)
+    v = verdict(ci, few, by_repeat)
     if v == SAME:
         return f"no difference ({text})"
     if v == TOO_FEW:
@@ -155,3 +239,43 @@ def noise_floor(repeat_task_s: Sequence[Sequence[float]]) -> dict:
         out["self_ratio"] = speed_ratio(first, second)
         out["self_ratio_ci"] = speed_ratio_ci(first, second)
     return out
+
+
+def repeats_in_timings(path) -> dict[tuple, list[list[float]]]:
+    """A run's per-task times by repeat from its timings.jsonl (one job a line after the
+    settings line), by (set, config, τ, guard, batch), repeats in order."""
+    import json
+    from pathlib import Path
+
+    jobs: dict[tuple, dict[int, list[float]]] = {}
+    for line in Path(path).read_text().splitlines()[1:]:
+        try:
+            job = json.loads(line)
+        except json.JSONDecodeError:  # a line a kill cut short (its job ran again)
+            continue
+        key = (job["set"], job["config"], job["tau"], job["guard"], job["batch"])
+        jobs.setdefault(key, {})[job["repeat"]] = job["task_s"]
+    return {k: [v[r] for r in sorted(v)] for k, v in jobs.items()}
+
+
+def with_repeats(rows: list[dict], timings_path) -> None:
+    """Give summary rows saved without ``task_s_repeats`` theirs from the run's timings.jsonl
+    (in place), checked: each task's median over the repeats must be the row's ``task_s``
+    (else those timings are another run's). Rows without a timed job there are left as they are."""
+    import os
+
+    if not os.path.exists(timings_path):
+        return
+    saved = repeats_in_timings(timings_path)
+    for r in rows:
+        if r.get("task_s_repeats") or r.get("task_s") is None:
+            continue
+        reps = saved.get((r["set"], r["config"], r.get("tau"), r.get("guard"), r["batch"]))
+        if reps is None:
+            continue
+        if not np.allclose(per_task(reps), r["task_s"], rtol=1e-9, atol=1e-12):
+            raise ValueError(
+                f"{timings_path}: the repeats of {r['config']} bs {r['batch']} τ {r.get('tau')} on {r['set']} "
+                "do not give the summary's per-task times: they are another run's"
+            )
+        r["task_s_repeats"] = reps
