@@ -48,11 +48,16 @@ class BoundaryRule:
     max_boundaries: int  # K max
     sentence_end: np.ndarray  # [vocab] bool
 
-    def select(self, draft: np.ndarray, after: int = 0) -> np.ndarray:
+    def select(self, draft: np.ndarray, after: int = 0, *, offset: int = 0, holistic: bool = True) -> np.ndarray:
         """Boundaries (sorted, unique, in after+1..len(draft)) for one draft
         `draft [d]` that already stops before any EOS. The last is len(draft).
         `after`: the draft's first tokens that need no judgment (token-level
-        acceptance took them); the budget of boundaries is spread over the rest."""
+        acceptance took them); the budget of boundaries is spread over the rest.
+
+        The part of a window drafted so far, judged before the rest is drafted (chunked
+        judging): `offset`, the tokens of its window before `draft` (so every Δ counts
+        from the window's start), and `holistic` False: its end is a boundary only where
+        it is a cut of its own (a sentence end, a multiple of Δ), as in the whole window."""
         d = int(draft.shape[0])
         if d <= after:
             return np.zeros(0, dtype=np.int64)
@@ -61,9 +66,11 @@ class BoundaryRule:
             ends = self.sentence_end[np.clip(draft, 0, len(self.sentence_end) - 1)]
             candidates[1:][ends] = True
         if self.mode in ("tokens", "both"):
-            candidates[self.every :: self.every] = True
+            candidates[(-offset) % self.every :: self.every] = True
+        candidates[0] = False
         candidates[: after + 1] = False
-        candidates[d] = True  # the whole draft: the holistic check
+        if holistic:
+            candidates[d] = True  # the whole draft: the holistic check
         bounds = np.flatnonzero(candidates)
         if bounds.shape[0] > self.max_boundaries:
             # Keep the holistic check plus evenly spread earlier cuts, so a

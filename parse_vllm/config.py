@@ -94,6 +94,12 @@ class ParseConfig:
     # batch meanwhile, so the other requests keep decoding instead of waiting
     # W draft steps (0 = the whole window in one step).
     draft_chunk: int = DEFAULT_DRAFT_CHUNK
+    # Judge a window while it is drafted (windows.py): each time the part drafted since its
+    # last judgment holds a boundary, that part goes to the target; the passing prefix is
+    # taken and the window goes on, the first failing boundary ends it. The text taken is
+    # the whole window's (at one-stage judging, no boundary dropped for max_boundaries),
+    # and a rejection throws away at most a chunk or two of draft instead of the rest of W.
+    judge_chunks: bool = False
     redraft_tokens: int = 32
     max_rounds: int = 4
     # How the verification pass attends over the cached prefixes: "forked"
@@ -175,7 +181,7 @@ class ParseConfig:
             raise bad("question", "must be a non-empty string")
         if self.labels[0] == self.labels[1]:
             raise bad("labels", "the two labels must differ")
-        for name in ("two_stage", "default_enabled", "audit_kv_blocks", "audit_transfers"):
+        for name in ("two_stage", "judge_chunks", "default_enabled", "audit_kv_blocks", "audit_transfers"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be true or false")
 

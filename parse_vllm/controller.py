@@ -197,7 +197,9 @@ class ParseController:
             self.windows.pop(req_id, None)
         for req_id in resumed & self.states.keys():
             self.states[req_id].draft_kv_len = self.states[req_id].draft_ahead = 0
-        for req_id in resumed | preempted | (self.windows.keys() & set(batch.req_ids)):
+        # (a window out for judgment is in the batch to be judged)
+        scheduled = {r for r in batch.req_ids if r in self.windows and not self.windows[r].judging}
+        for req_id in resumed | preempted | scheduled:
             if self.windows.pop(req_id, None) is not None:
                 self.states[req_id].draft_kv_len = self.states[req_id].draft_ahead = 0
                 self.stats.windows_dropped += 1
@@ -241,13 +243,23 @@ class ParseController:
             else:
                 self.stats.policy_token_level_steps += 1
 
+    @property
+    def drafting_windows(self) -> dict[str, OpenWindow]:
+        """The open windows the drafter advances: all but those out for judgment."""
+        return {r: w for r, w in self.windows.items() if not w.judging}
+
     def row_states(self) -> RowStates:
-        """What each batch row of the step drafts, from its state."""
+        """What each batch row of the step drafts, from its state (nothing where its window
+        goes on after a judged part: the window's own row drafts)."""
         if self.policy is not None:
             self._decide_windows(self.step.batch)
-        states = [self.states[r] for r in self.step.batch.req_ids]
+        req_ids = self.step.batch.req_ids
+        states = [self.states[r] for r in req_ids]
         return RowStates(
-            wants=np.array([s.draft_len(self.config, self.window) for s in states], dtype=np.int64),
+            wants=np.array(
+                [0 if r in self.windows else s.draft_len(self.config, self.window) for r, s in zip(req_ids, states)],
+                dtype=np.int64,
+            ),
             judging=np.array([s.judging for s in states], dtype=bool),
             kv_len=np.array([s.draft_kv_len for s in states], dtype=np.int64),
             ahead=np.array([s.draft_ahead for s in states], dtype=np.int64),
@@ -274,7 +286,7 @@ class ParseController:
         for i, state in enumerate(states):
             state.draft_kv_len = int(kv_len[i])
             state.draft_ahead = max(0, int(rows.wants[i]) - 1)  # the KV of the draft tokens it is given
-        lens, done = advance_windows(rows, chunks, self.windows)
+        lens, done = advance_windows(rows, chunks, self.windows, self._judgeable if self.config.judge_chunks else None)
         for r in rows.window_rows:
             self.stats.note_window_chunk(int(rows.wants[r]))
         for r in np.flatnonzero(lens < rows.wants[:B]):
@@ -282,9 +294,16 @@ class ParseController:
         for req_id, window in done.items():
             state = self.states[req_id]
             state.draft_kv_len, state.draft_ahead = window.start, len(window.draft) - 1
-        self.step.report = StepReport(drafts={r: w.draft for r, w in done.items()}, open=frozenset(self.windows))
+        self.step.report = StepReport(
+            drafts={r: w.draft for r, w in done.items()}, open=frozenset(self.drafting_windows)
+        )
         self.step.draft_lens = dict(zip(rows.req_ids[:B], lens.tolist()))
         return lens
+
+    def _judgeable(self, window: OpenWindow) -> bool:
+        """Chunked judging: the window's draft holds a boundary short of its end."""
+        draft = np.asarray(window.draft, dtype=np.int64)
+        return self.rule.select(draft, offset=window.taken, holistic=False).shape[0] > 0
 
     def plan_whole_batch(self, prefix_caching: bool) -> int:
         """vLLM's own proposer drafts for the whole batch (a drafter that cannot run over
@@ -377,6 +396,10 @@ class ParseController:
         )
         if allowed_mask is not None and batch.num_reqs:
             batch.forbidden = allowed_mask[self.host.to_device(batch.row)[0]]
+        if self.config.judge_chunks:
+            windows = [self.windows.get(view.req_ids[i]) for i in batch.row]
+            batch.partial = np.array([w is not None and w.judging and not w.complete for w in windows], dtype=bool)
+            batch.window_offset = np.array([w.taken if w is not None else 0 for w in windows], dtype=np.int64)
         return batch, self.judged_requests(batch)
 
     def judged_requests(self, batch: DraftBatch) -> JudgedRequests:
@@ -466,13 +489,20 @@ class ParseController:
         for k, req_id in enumerate(req_ids):
             text_len = int(result.text_len[k])
             state = self.states[req_id]
+            window = self.windows.get(req_id)
+            if result.commit[k]:
+                self._commit(k, req_id, batch, result, window)
+                continue
+            taken_before = 0
+            if window is not None and window.judging:  # the window's last judgment: it ends here
+                taken_before = self.windows.pop(req_id).taken
             if state.adaptive is not None:
                 # the window is done (the policy decides the next move): what it took
                 if text_len:
                     self.policy.window_judged(
                         state.adaptive,
                         state.arm_window,
-                        min(int(result.accepted[k]), text_len),
+                        taken_before + min(int(result.accepted[k]), text_len),
                         rejected=bool(result.rejected[k]),
                     )
                 state.arm_window = 0
@@ -496,6 +526,7 @@ class ParseController:
             counts.rejections += int(result.rejected[k])
             if result.rejected[k]:
                 stats.reject_at(max(0, int(result.first_fail[k])))
+                stats.draft_tokens_discarded += text_len - accepted
             elif accepted >= text_len:
                 stats.drafts_accepted_whole += 1
             before = state.phase
@@ -508,6 +539,22 @@ class ParseController:
             )
             if state.phase is Phase.REWRITE and before is not Phase.REWRITE:
                 stats.rounds += 1
+
+    def _commit(self, k: int, req_id: str, batch: DraftBatch, result: StepResult, window: OpenWindow) -> None:
+        """A judged part of a window passed: the request took draft[:accepted] of it and the
+        window goes on after them (its phase, and under adaptive its move, unchanged)."""
+        accepted, l_tok = int(result.accepted[k]), int(batch.l_tok[k])
+        window.commit(accepted)
+        stats, counts = self.stats, self.states[req_id].counts
+        stats.chunk_commits += 1
+        stats.draft_tokens += accepted  # (the rest of this part is offered again with the next)
+        stats.tokens_accepted_token_level += l_tok
+        stats.tokens_accepted_semantic += accepted - min(l_tok, accepted)
+        counts.draft_tokens += accepted
+        counts.token_level += l_tok
+        counts.semantic += accepted - min(l_tok, accepted)
+        stats.drafts += 1
+        counts.drafts_judged += int(result.judged[k])
 
     # -- counters -------------------------------------------------------------
 

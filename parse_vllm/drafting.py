@@ -293,14 +293,21 @@ def window_rows(windows: dict[str, OpenWindow], chunk: int) -> DraftRows:
 
 
 def with_open_windows(rows: DraftRows, windows: dict[str, OpenWindow], chunk: int) -> DraftRows:
-    """`rows` followed by each open window's next chunk (its span: its last two tokens)."""
+    """`rows` followed by each open window's next chunk (its span: its last two tokens; a
+    window whose judged part was all taken has one, its last known token, and the token
+    before it goes first)."""
     opened = list(windows.values())
+    # tokens known before each window's span: its start, less the one before it where its draft is empty
+    before = [w.start - 1 if not w.draft and w.prev >= 0 else w.start for w in opened]
     return DraftRows(
         req_ids=rows.req_ids + list(windows),
         wants=np.concatenate([rows.wants, [min(chunk, w.chunk_left) for w in opened]]).astype(np.int64),
-        kv_len=np.concatenate([rows.kv_len, [w.start + max(0, len(w.draft) - 1) for w in opened]]).astype(np.int64),
-        committed=np.concatenate([rows.committed, [w.start for w in opened]]).astype(np.int64),
-        new=rows.new + [np.array(w.tokens, dtype=np.int64) for w in opened],
+        kv_len=np.concatenate(
+            [rows.kv_len, [w.start + len(w.draft) - 1 if w.draft else s for s, w in zip(before, opened)]]
+        ).astype(np.int64),
+        committed=np.concatenate([rows.committed, before]).astype(np.int64),
+        new=rows.new
+        + [np.array(([w.prev] if s < w.start else []) + w.tokens, dtype=np.int64) for s, w in zip(before, opened)],
         stops=rows.stops + [w.stops for w in opened],
         window_len=np.concatenate([rows.window_len, np.zeros(len(opened))]).astype(np.int64),
         num_batch=rows.num_batch,

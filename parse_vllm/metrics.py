@@ -72,6 +72,10 @@ class ParseStats:
     tokens_accepted_token_level: int = _counter("Draft tokens accepted by token-level verification.")
     drafts_accepted_whole: int = _counter("Judged drafts accepted to their end.")
     rejections: int = _counter("Judged drafts with a failed boundary.")
+    draft_tokens_discarded: int = _counter("Draft tokens of rejected drafts not taken (past the accepted prefix).")
+    chunk_commits: int = _counter(
+        "Parts of windows judged while the window was drafted and taken, the window going on (judge_chunks)."
+    )
     guard_cuts: int = _counter("Judged drafts the token guard cut short of what the judge passed.")
     rounds: int = _counter("Redraft rounds started after a rejection.")
     drafter_passes: int = _counter("Drafter calls (each a first pass over some requests' new tokens, then drafting).")

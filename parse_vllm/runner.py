@@ -154,8 +154,8 @@ class ParseRunnerMixin:
         p = self.parse
         if p is None or scheduler_output.total_num_scheduled_tokens:
             return out
-        if p.windows:
-            self._draft(window_rows(p.windows, p.config.draft_chunk), None, self.input_batch.sampling_metadata)
+        if p.drafting_windows:
+            self._draft(window_rows(p.drafting_windows, p.config.draft_chunk), None, self.input_batch.sampling_metadata)
         return _vllm.with_step_report(out, p.step.report)
 
     @_watched
@@ -169,8 +169,8 @@ class ParseRunnerMixin:
             drafts = super().take_draft_token_ids()  # vLLM's own copy of the batch rows' drafts
             if drafts is not None:
                 p.report_drafts(drafts.req_ids, drafts.draft_token_ids, self.requests.keys())
-        elif p.windows:  # vLLM skipped the drafter this step
-            self._draft(window_rows(p.windows, p.config.draft_chunk), None, self.input_batch.sampling_metadata)
+        elif p.drafting_windows:  # vLLM skipped the drafter this step
+            self._draft(window_rows(p.drafting_windows, p.config.draft_chunk), None, self.input_batch.sampling_metadata)
         return _vllm.with_step_report(out, step.report)
 
     def take_draft_token_ids(self):
@@ -217,6 +217,8 @@ class ParseRunnerMixin:
             result = parse_step(batch, lambda copies: p.judge(copies, batch, judged), settings)
             if result.resample.any():
                 self._resample(logits, md, batch, result, out, sampled)
+            if result.commit.any():
+                self._commit(batch, result, out, sampled)
         p.sampled(judged, batch, result, sampled)
         p.export()
         self._parse_audit_kv()  # the tables as the verification left them
@@ -251,6 +253,22 @@ class ParseRunnerMixin:
         ids = out.sampled_token_ids
         ids[rows_t] = host.to_device(new)[0].to(ids.dtype)
 
+    def _commit(self, batch: DraftBatch, result, out, sampled_host: np.ndarray) -> None:
+        """Rows whose judged part of a window passed (chunked judging): draft[:accepted] and
+        no token of the target's, whose choice after it belongs to the window's next
+        judgment. vLLM keeps the last one as the token to compute next step. Updates `out`
+        on the device and `sampled_host`."""
+        host = self.parse.host
+        ks = np.flatnonzero(result.commit)
+        rows = batch.row[ks]
+        new = np.full((ks.shape[0], sampled_host.shape[1]), _vllm.PLACEHOLDER_TOKEN_ID, dtype=np.int64)
+        for j, (k, n) in enumerate(zip(ks, result.accepted[ks])):
+            new[j, :n] = batch.draft_of(k)[:n]
+        sampled_host[rows] = new
+        ids = out.sampled_token_ids
+        rows_t, new_t = host.to_device(rows, new)
+        ids[rows_t] = new_t.to(ids.dtype)
+
     # -- drafting: how many draft tokens each request gets, and from whom -----
 
     def _input_fits_in_drafter(self, common_attn_metadata) -> bool:
@@ -278,10 +296,11 @@ class ParseRunnerMixin:
         target_hidden = tp.target_hidden_states(call) if tp is not None else None
         states, who = p.plan(keeps_kv=tp is not None and tp.keeps_kv)
         view = p.step.batch
-        if who.draft_model_wants.any() or p.windows:
+        windows = p.drafting_windows
+        if who.draft_model_wants.any() or windows:
             new = p.new_tokens(call["sampled_token_ids"])
             max_len = min(self.max_model_len, self.effective_drafter_max_model_len)
-            rows = step_rows(view, states, new, p.windows, max_len=max_len, chunk=p.config.draft_chunk)
+            rows = step_rows(view, states, new, windows, max_len=max_len, chunk=p.config.draft_chunk)
             drafts = self._draft(rows, call["common_attn_metadata"].block_table_tensor, call["sampling_metadata"])
         else:
             p.drafted(None, None, None)

@@ -20,6 +20,11 @@ Terms, as in vLLM's RejectionSampler:
              from the target at that position.
   rejected   the judge failed a boundary before the end of the text (or a
              constraint cut it): the request leaves the DRAFT phase.
+  partial    the draft is the part of a window drafted so far (chunked judging,
+             windows.py): its end is no boundary unless it is a cut of its own,
+             and where no boundary fails the request *commits*: it takes
+             max(L_sem, L_tok) tokens and nothing of the target's, and its window
+             goes on. The first failing boundary rejects as in a whole window.
 
 The step, in order (`parse_step`):
   1. view each draft: text length, stop token             -> text_len [R]
@@ -100,6 +105,11 @@ class DraftBatch:
     # token, the target's log-probability of it (row 0) and whether its greedy token differs
     # (row 1); fetched with `checks` in the step's one read (`token_checks_with_evidence`).
     evidence: np.ndarray | None = None
+    # Chunked judging (None: every draft whole): [R] bool, the draft is the part of a window
+    # drafted so far; [R] the window's tokens taken before it (its boundaries count from
+    # the window's start).
+    partial: np.ndarray | None = None
+    window_offset: np.ndarray | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -166,6 +176,7 @@ class StepResult:
     guard_cut: np.ndarray  # bool: the cut was the guard's
     first_fail: np.ndarray  # index of the first failed boundary, -1 if none
     judged: np.ndarray  # bool: the request's draft went to the judge (not taken whole token-level)
+    commit: np.ndarray  # bool: a partial draft no boundary failed: draft[:accepted] and no target token
 
 
 Judge = Callable[[CopyBatch], np.ndarray]  # copies -> the judgments' log-odds [C]
@@ -179,6 +190,11 @@ def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
     # 1. What each draft offers.
     views = batch.views if batch.views is not None else draft_views(batch, s.vocab_size)
     text_len = np.array([v.text_len for v in views], dtype=np.int64)
+    # A window's part drafted so far, as long as nothing (max_tokens) cut it: its end is the
+    # window's end only where it is a boundary of its own.
+    d = np.diff(batch.cu_draft)
+    partial = np.zeros(R, dtype=bool) if batch.partial is None else batch.partial & (text_len == d)
+    offset = np.zeros(R, dtype=np.int64) if batch.window_offset is None else batch.window_offset
     # Taken whole token-level, or nothing to judge: the judge is not asked.
     judged = (text_len > 0) & (l_tok < text_len)
 
@@ -196,7 +212,9 @@ def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
         # Boundaries within what token-level acceptance took need no judgment:
         # those tokens are the target's own and are taken either way.
         b = (
-            s.rule.select(batch.draft_of(k)[: text_len[k]], after=int(l_tok[k]))
+            s.rule.select(
+                batch.draft_of(k)[: text_len[k]], after=int(l_tok[k]), offset=int(offset[k]), holistic=not partial[k]
+            )
             if judged[k]
             else np.zeros(0, dtype=np.int64)
         )
@@ -226,7 +244,10 @@ def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
             passed[k] = judgment_passes(z, tau[k])
     if s.two_stage:
         failed = [k for k in ks if not passed[k][0]]
-        earlier = {k: _earlier_bounds(s, batch, k, text_len[k], bounds[k][0], context_len[k], l_tok[k]) for k in failed}
+        earlier = {
+            k: _earlier_bounds(s, batch, k, text_len[k], bounds[k][0], context_len[k], l_tok[k], offset[k], partial[k])
+            for k in failed
+        }
         earlier = {k: b for k, b in earlier.items() if b.shape[0]}
         if earlier:
             for k, z in zip(earlier, ask(list(earlier), list(earlier.values()))):
@@ -265,16 +286,25 @@ def parse_step(batch: DraftBatch, judge: Judge, s: StepSettings) -> StepResult:
         guard_cut[k] = reduced or (bounded and judge_passed)
         context_cut = bool(asked[k]) and context_len[k] < text_len[k]
         cut[k] = (guard_cut[k] or context_cut) and judge_passed
-        rejected[k] = accepted[k] < text_len[k] and not cut[k]
+        # (a partial draft's tail past its last boundary is not judged yet: no rejection)
+        rejected[k] = accepted[k] < text_len[k] and not cut[k] and not (partial[k] and judge_passed)
+    # A part of a window that no boundary failed, nothing cut: its window goes on (taken
+    # whole token-level included: the target's token after it need not be the window's).
+    # One that takes nothing (the scheduler gave it fewer draft tokens than the part, none
+    # past a boundary) ends its window as a cut does: a step must give the request a token.
+    open_part = partial & ~rejected & ~cut & (text_len > 0)
+    cut |= open_part & (accepted == 0)
+    commit = open_part & (accepted > 0)
     return StepResult(
         text_len=text_len,
         accepted=accepted,
-        resample=accepted > l_tok,
+        resample=(accepted > l_tok) & ~commit,
         rejected=rejected,
         cut=cut,
         guard_cut=guard_cut,
         first_fail=first_fail,
         judged=judged,
+        commit=commit,
     )
 
 
@@ -293,9 +323,17 @@ def resampled_rows(
 
 
 def _earlier_bounds(
-    s: StepSettings, batch: DraftBatch, k: int, text_len: int, holistic: int, context_len: int, l_tok: int
+    s: StepSettings,
+    batch: DraftBatch,
+    k: int,
+    text_len: int,
+    holistic: int,
+    context_len: int,
+    l_tok: int,
+    offset: int,
+    partial: bool,
 ):
-    b = s.rule.select(batch.draft_of(k)[:text_len], after=int(l_tok))
+    b = s.rule.select(batch.draft_of(k)[:text_len], after=int(l_tok), offset=int(offset), holistic=not partial)
     return b[(b < holistic) & (b <= context_len)]
 
 

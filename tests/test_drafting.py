@@ -220,3 +220,32 @@ def test_advance_windows_opens_advances_and_completes():
     rows = _one_row(known=51, wants=20)
     lens, done = advance_windows(rows, np.array([[100, 2, 5, 5, 5, 5, 5, 5]]), windows)
     assert lens.tolist() == [8] and windows == {} and done == {}  # the row's draft: cut at the stop later
+
+
+def test_chunked_judging_releases_a_part_commits_it_and_drafts_on_from_the_window():
+    """judge_chunks: a chunk that brings a boundary releases the window's draft so far to the
+    target (the window kept, judging, no longer drafted); a commit takes a prefix and the
+    window goes on after it; one whose whole draft was taken spans its last two tokens (the
+    one before its last known token kept for that)."""
+    from parse_vllm.drafting import window_rows, with_open_windows
+    from parse_vllm.windows import OpenWindow, advance_windows
+
+    ready = lambda w: 103 in w.draft  # noqa: E731  (a boundary after token 103)
+    rows = _one_row(known=51, wants=20)
+    windows: dict = {}
+    lens, out = advance_windows(rows, np.arange(100, 108)[None], windows, ready)
+    # the batch row's first chunk holds the boundary: it is the row's draft now, the window kept
+    assert lens.tolist() == [8] and out["a"] is windows["a"] and windows["a"].judging
+    w = windows["a"]
+    w.commit(4)  # the judge passed up to 103: the request took 100..103
+    assert (w.tokens, w.start, w.length, w.taken, w.prev, w.judging) == ([103, *range(104, 108)], 54, 16, 4, 102, False)
+    rows = window_rows(windows, 8)
+    assert rows.kv_len.tolist() == [57] and rows.committed.tolist() == [54] and rows.wants.tolist() == [8]
+    lens, out = advance_windows(rows, np.arange(108, 116)[None], windows, ready)
+    assert out == {} and not windows["a"].judging  # no boundary in 104..115: it drafts on
+    w = OpenWindow([7, 100, 101], 50, 20, frozenset())
+    w.commit(2)  # all of its draft taken: the drafter re-passes 100 (at 51) before 101 (at 52)
+    rows = with_open_windows(_one_row(known=10, wants=0), {"b": w}, 8)
+    assert rows.committed[1] == 51 and rows.new[1].tolist() == [100, 101] and rows.kv_len[1] == 51
+    with pytest.raises(ValueError, match="cannot commit 0"):
+        w.commit(0)

@@ -279,3 +279,28 @@ def test_host_transfers_do_not_grow_with_the_batch(monkeypatch):
         return counts["n"]
 
     assert run(2) == run(20) > 0
+
+
+def test_a_windows_part_commits_its_passing_prefix_and_stops_at_a_failing_boundary():
+    """Chunked judging: parts of windows (every 3 tokens of the window; request 0's part
+    starts 1 token into its window, so its cuts are at 2 and 5, and its end, 7, is none).
+    Request 0: 2 and 5 pass -> it commits draft[:5], nothing of the target's, no rejection.
+    Request 1: its cut 3 fails -> rejected, the target's token after L_tok = 1. Request 2:
+    token-level took its whole part -> committed whole, the target's token after it dropped.
+    Request 3: a window's rest, whole (not partial): its end is judged, as in any draft."""
+    d = [[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5], [1, 2, 3, 4], [1, 2, 3, 4]]
+    judge = Judge({(2, 3): 0.1})
+    b = batch_of(d, target=[[9] * 8, [1] + [9] * 5, [1, 2, 3, 4, 9], [9] * 5], l_tok=[0, 1, 4, 0])
+    b.partial = np.array([True, True, True, False])
+    b.window_offset = np.array([1, 0, 0, 3])
+    r = parse_step(b, judge, settings(every=3))
+    assert judge.calls == [[(0, 2), (0, 5), (2, 3), (6, 3), (6, 4)]]
+    assert r.accepted.tolist() == [5, 1, 4, 4]
+    assert r.commit.tolist() == [True, False, True, False]
+    assert r.rejected.tolist() == [False, True, False, False]
+    assert r.resample.tolist() == [False, False, False, True]
+    # a part the scheduler cut short of its first boundary takes nothing: it ends its window
+    b = batch_of([[1, 2]], target=[[9] * 3], l_tok=0)
+    b.partial, b.window_offset = np.array([True]), np.array([0])
+    r = parse_step(b, Judge(), settings(every=3))
+    assert not r.commit[0] and r.cut[0] and not r.rejected[0] and r.accepted[0] == 0
