@@ -94,6 +94,7 @@ class ParseController:
                 self.config.draft_chunk,
                 copies * self.template.suffix_len,
                 step_costs=self.config.adaptive_step_costs,
+                judge_chunks=self.config.judge_chunks,
             )
         self._step_x = np.zeros(len(WINDOW_COST_FEATURES))  # what the step ran (window_policy.FEATURES)
         self._step_start: float | None = None
@@ -237,7 +238,7 @@ class ParseController:
             room = int(view.max_tokens[i] - view.output_len[i] - 1) if view.max_tokens[i] else self.window
             decision = self.policy.decide(r, room)
             if decision.window:
-                state.arm_window = decision.window
+                state.arm_window, state.arm_parts = decision.window, decision.parts
                 self.stats.window_opened(decision.window)
                 self.stats.policy_probes += int(decision.probe)
             else:
@@ -300,8 +301,12 @@ class ParseController:
         self.step.draft_lens = dict(zip(rows.req_ids[:B], lens.tolist()))
         return lens
 
-    def _judgeable(self, window: OpenWindow) -> bool:
-        """Chunked judging: the window's draft holds a boundary short of its end."""
+    def _judgeable(self, req_id: str, window: OpenWindow) -> bool:
+        """Chunked judging: the window's draft holds a boundary short of its end (and, under
+        adaptive, the policy chose to judge this window in parts)."""
+        state = self.states[req_id]
+        if state.adaptive is not None and not state.arm_parts:
+            return False
         draft = np.asarray(window.draft, dtype=np.int64)
         return self.rule.select(draft, offset=window.taken, holistic=False).shape[0] > 0
 
@@ -496,6 +501,8 @@ class ParseController:
             taken_before = 0
             if window is not None and window.judging:  # the window's last judgment: it ends here
                 taken_before = self.windows.pop(req_id).taken
+                if self.policy is not None and text_len:
+                    self.policy.part_judged(text_len)
             if state.adaptive is not None:
                 # the window is done (the policy decides the next move): what it took
                 if text_len:
@@ -545,6 +552,8 @@ class ParseController:
         window goes on after them (its phase, and under adaptive its move, unchanged)."""
         accepted, l_tok = int(result.accepted[k]), int(batch.l_tok[k])
         window.commit(accepted)
+        if self.policy is not None:
+            self.policy.part_judged(int(result.text_len[k]))
         stats, counts = self.stats, self.states[req_id].counts
         stats.chunk_commits += 1
         stats.draft_tokens += accepted  # (the rest of this part is offered again with the next)

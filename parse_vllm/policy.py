@@ -66,6 +66,7 @@ class RequestState:
     draft_ahead: int = 0
     adaptive: RequestPolicy | None = None  # on_reject adaptive: the request's window policy state
     arm_window: int = 0  # adaptive: the window in flight (0: the token-level arm, or not decided)
+    arm_parts: bool = False  # adaptive with judge_chunks: that window is judged in parts as drafted
     counts: RequestCounts = field(default_factory=RequestCounts)  # parse_vllm.get_request_stats
 
     def __post_init__(self) -> None:

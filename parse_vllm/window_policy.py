@@ -25,7 +25,20 @@ k), from plain numbers:
   what the token-level arm yields: its own acceptance (accepted tokens per draft, per
   request, with the engine's as a prior).
 
-Windows start at `MIN_WINDOW`; one taken whole is followed by one twice as long while
+Judged in parts (`judge_chunks`, windows.py), a window costs what is drafted up to its first
+failing boundary plus the part that held it, however long it was to be: a window of w
+drafts E[drafted | w] = min(w, E[taken | w] + (1 - ρ^w) · part) tokens and is judged about
+E[drafted] / part times (`part`: draft tokens per judgment, the engine's mean), each time a
+target forward and a verification pass. Its goodput only grows with w, so judged in parts a
+window is as long as the request has room for, up to W. Whether to judge in parts is the
+policy's too (`Decision.parts`): parts waste less draft where drafting costs (a CPU), and
+cost a forward and a pass each, where forwards cost whatever their tokens (a GPU) a few
+whole windows may pay more. With `judge_chunks` the policy weighs the token-level arm, whole
+windows and a window judged in parts, and takes the best; a rejection still sends the
+request to the token-level arm for a back-off, after which the same choice is made again
+(no forced probe: a part's waste is already bounded).
+
+Judged whole, windows start at `MIN_WINDOW`; one taken whole is followed by one twice as long while
 windows pay (a request whose windows are all taken reaches W, as Hugging Face's schedule
 grows its draft on full acceptance), otherwise the best-paying length up to twice the last. After a window is
 rejected, or whenever the token-level arm wins, the request stays with the token-level
@@ -50,6 +63,7 @@ MIN_WINDOW = 16  # the shortest window, and the probe after a back-off
 FIRST_BACKOFF = 16  # output tokens of the token-level arm after the first rejected window
 PRIOR_TOKENS = 32.0  # how much the engine's estimate weighs in a request's, in judged tokens
 OPTIMISTIC_RHO = 0.98  # the engine's survival rate before any window was judged
+PRIOR_PART = 8  # draft tokens per judged part before any part was judged (chunked judging)
 # What a step ran, the cost model's inputs: the step itself (host work), whether the target
 # ran its forward, the tokens through it, the drafter's sequential forwards (a w-token draft
 # takes w, however many rows share them) and the tokens through them (rows x positions),
@@ -71,6 +85,13 @@ def expected_taken(rho: float, w: int) -> float:
     """E[tokens taken of a w-token window] when each is kept with probability rho in a row."""
     rho = min(max(rho, 0.0), 1.0 - 1e-9)
     return rho * (1.0 - rho**w) / (1.0 - rho)
+
+
+def expected_drafted(rho: float, w: int, part: float) -> float:
+    """E[draft tokens a w-token window judged in parts of `part` tokens drafts]: what it
+    takes, and where a boundary fails, the part that held it."""
+    rho = min(max(rho, 0.0), 1.0 - 1e-9)
+    return min(float(w), expected_taken(rho, w) + (1.0 - rho**w) * part)
 
 
 def exploration_bound(answer_tokens: int, min_window: int = MIN_WINDOW, first_backoff: int = FIRST_BACKOFF) -> int:
@@ -143,6 +164,7 @@ class ArmStats:
 class Decision:
     window: int  # tokens of the window to open (0: the token-level arm)
     probe: bool = False  # a re-probe after a back-off
+    parts: bool = False  # judged in parts as it is drafted (judge_chunks)
 
 
 @dataclass
@@ -169,11 +191,14 @@ class WindowPolicy:
         verify_tokens_per_window: float,
         sizes=None,
         step_costs: dict[str, float] | None = None,
+        judge_chunks: bool = False,
     ):
         self.window = window  # W, the longest window
         self.spec_tokens = spec_tokens  # k of the token-level arm (0: the target alone)
         self.chunk = chunk  # draft tokens per engine step of a window (0: the whole window)
-        self.verify_tokens = verify_tokens_per_window  # copies x suffix tokens of a window's judgment
+        self.verify_tokens = verify_tokens_per_window  # copies x suffix tokens of a judgment
+        self.judge_chunks = judge_chunks  # windows judged in parts as they are drafted
+        self.part = float(max(chunk, PRIOR_PART))  # draft tokens per judged part, averaged
         self.sizes = sizes or window_sizes(window)
         self.costs = CostModel(fixed=step_costs)  # step_costs: parse.adaptive_step_costs
         # The engine's record, by request key (τ and guard: a judge takes far more at τ 0
@@ -208,6 +233,10 @@ class WindowPolicy:
         else:
             r.failed_in_row = 0
 
+    def part_judged(self, tokens: int) -> None:
+        """A part of a window of `tokens` draft tokens went to the judge (chunked judging)."""
+        self.part = 0.9 * self.part + 0.1 * max(tokens, 1)
+
     def token_level_verified(self, r: RequestPolicy, drafts: int, accepted: int) -> None:
         for s in (r.stats, self.prior(r)):
             s.token_drafts += drafts
@@ -222,22 +251,34 @@ class WindowPolicy:
     def rho(self, r: RequestPolicy) -> float:
         return r.stats.rho(self.prior(r).rho(OPTIMISTIC_RHO))
 
-    def window_cost(self, w: int) -> np.ndarray:
+    def window_cost(self, w: int, rho: float | None = None) -> np.ndarray:
         """FEATURES of one window of w tokens, as this request's share: the engine steps it
         spans (it opens in a step of the batch, is drafted a chunk a step while the others
         decode, and its judgment is the first step of the request's next move), a share of
         one target forward, the target's tokens over it, its w drafter forwards and tokens,
-        and its verification pass."""
-        steps = math.ceil(w / self.chunk) if self.chunk else 1
-        return np.array([steps / self.batch, 1 / self.batch, w + 1, w, w, 1, self.verify_tokens])
+        and its verification pass. Judged in parts (given the survival rate `rho`): what it
+        is expected to draft (module docstring), and a target forward and a verification
+        pass per part."""
+        if rho is None:
+            steps = math.ceil(w / self.chunk) if self.chunk else 1
+            return np.array([steps / self.batch, 1 / self.batch, w + 1, w, w, 1, self.verify_tokens])
+        drafted = expected_drafted(rho, w, self.part)
+        parts = max(1.0, drafted / self.part)
+        steps = drafted / self.chunk if self.chunk else 1.0
+        return np.array(
+            [(steps + parts) / self.batch, parts / self.batch, drafted + parts, drafted, drafted, parts,
+             parts * self.verify_tokens]
+        )  # fmt: skip
 
     def token_level_cost(self) -> np.ndarray:
         """FEATURES of one step of the token-level arm, as this request's share."""
         k = self.spec_tokens
         return np.array([1 / self.batch, 1 / self.batch, k + 1, k, k, 0, 0])
 
-    def goodput_window(self, rho: float, w: int) -> float:
-        return (expected_taken(rho, w) + 1.0) / max(self.costs.cost(self.window_cost(w)), 1e-12)
+    def goodput_window(self, rho: float, w: int, parts: bool = False) -> float:
+        """Expected tokens per second of a window of w tokens, judged whole or in parts."""
+        cost = self.window_cost(w, rho if parts else None)
+        return (expected_taken(rho, w) + 1.0) / max(self.costs.cost(cost), 1e-12)
 
     def goodput_token_level(self, r: RequestPolicy) -> float:
         k = self.spec_tokens
@@ -252,7 +293,7 @@ class WindowPolicy:
         if r.backoff_left > 0 or room < 1:
             return Decision(0)
         cap = min(self.window, room)
-        if r.failed_in_row:
+        if r.failed_in_row and not self.judge_chunks:
             r.probes += 1
             return Decision(min(MIN_WINDOW, cap), probe=True)  # the back-off is over: probe
         if r.last_whole:
@@ -260,14 +301,18 @@ class WindowPolicy:
         else:
             limit = min(cap, 2 * r.last_window if r.last_window else MIN_WINDOW)
             lengths = [w for w in self.sizes if w <= limit] or [limit]
+        # (length, judged in parts) -> goodput; judged in parts, the longest (its waste is a part)
+        moves = [(w, False) for w in lengths] + ([(cap, True)] if self.judge_chunks else [])
         rho = self.rho(r)
-        best_w, best = 0, self.goodput_token_level(r)
-        for w in lengths:
-            if (g := self.goodput_window(rho, w)) > best:
-                best_w, best = w, g
-        if best_w == 0:
+        best, best_g = (0, False), self.goodput_token_level(r)
+        for w, parts in moves:
+            if (g := self.goodput_window(rho, w, parts)) > best_g:
+                best, best_g = (w, parts), g
+        if best[0] == 0:
             r.backoff_left = FIRST_BACKOFF  # token-level for a while, then decide again
-        return Decision(best_w)
+        probe = bool(best[0] and r.failed_in_row)
+        r.probes += int(probe)
+        return Decision(best[0], probe=probe, parts=best[1])
 
 
 def window_sizes(window: int) -> list[int]:

@@ -104,7 +104,7 @@ def advance_windows(
     rows,  # drafting.DraftRows of the step
     got: np.ndarray,  # [len(rows.window_rows), n] this step's drafts of the window rows, in that order
     windows: dict[str, OpenWindow],  # the open windows, updated
-    ready: Callable[[OpenWindow], bool] | None = None,  # chunked judging: its draft holds a boundary
+    ready: Callable[[str, OpenWindow], bool] | None = None,  # chunked judging: (request, window) -> judge it now
 ) -> tuple[np.ndarray, dict[str, OpenWindow]]:
     """Each window row's chunk added to its window: a batch row's window opens (unless its
     first chunk already completes it), an open one advances; the ones complete outside the
@@ -127,7 +127,7 @@ def advance_windows(
         window.complete = window.add(chunk)
         # Judged now, the window kept: a part of it, or its rest after a part was taken (its
         # boundaries counted from the window's start, its accounting the whole window's).
-        if ready is not None and (window.taken or not window.complete) and (window.complete or ready(window)):
+        if ready is not None and (window.taken or not window.complete) and (window.complete or ready(req_id, window)):
             window.judging = True
             windows[req_id] = out[req_id] = window
             if r < B:

@@ -8,6 +8,8 @@ all -- while a rejection throws away far fewer draft tokens."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import PROMPTS, close_llm, make_llm, parse_kwargs
@@ -88,3 +90,39 @@ def test_every_window_taken_and_none_taken_match_too(engines, tau):
         assert c["rejections"] == w["rejections"] == 0 and c["chunk_commits"] > 0
     else:
         assert c["rejections"] == w["rejections"] > 0 and c["chunk_commits"] == 0
+
+
+def test_adaptive_windows_the_policy_judges_in_parts_are_judged_in_parts(tiny_models, engines, monkeypatch):
+    """`on_reject: adaptive` with judge_chunks: a window the policy chose to judge in parts
+    (`Decision.parts`; when it chooses so is tests/test_window_policy.py's) is judged part by
+    part -- parts committed, a window's rejection throwing away a part -- and at the lossless
+    setting (guard 1, τ 1: every boundary fails) the text is the target's own."""
+    from vllm import SamplingParams
+
+    from parse_vllm import window_policy
+
+    decide = window_policy.WindowPolicy.decide
+
+    def in_parts(self, r, room):
+        d = decide(self, r, room)
+        return dataclasses.replace(d, window=min(self.window, room), parts=True) if d.window else d
+
+    monkeypatch.setattr(window_policy.WindowPolicy, "decide", in_parts)
+    adaptive = make_llm(
+        **parse_kwargs(
+            tiny_models, window=WINDOW, draft_chunk=CHUNK, judge_chunks=True, on_reject="adaptive", **JUDGING
+        )
+    )
+    try:
+        _, st = _run(adaptive, _middle_tau(engines[1]))
+        assert st["chunk_commits"] > 0 and st["rejections"] > 0, st
+        assert st["draft_tokens_discarded"] / st["rejections"] <= CHUNK + 6, st
+        lossless = SamplingParams(
+            max_tokens=64, temperature=0.0, ignore_eos=True, extra_args={"parse_threshold": 1.0, "parse_guard": 1}
+        )
+        got = [o.outputs[0].token_ids for o in adaptive.generate(PROMPTS[:4], lossless)]
+        plain = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True, extra_args={"parse": False})
+        want = [o.outputs[0].token_ids for o in engines[1].generate(PROMPTS[:4], plain)]
+        assert got == want
+    finally:
+        close_llm(adaptive)

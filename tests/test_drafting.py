@@ -230,7 +230,7 @@ def test_chunked_judging_releases_a_part_commits_it_and_drafts_on_from_the_windo
     from parse_vllm.drafting import window_rows, with_open_windows
     from parse_vllm.windows import OpenWindow, advance_windows
 
-    ready = lambda w: 103 in w.draft  # noqa: E731  (a boundary after token 103)
+    ready = lambda req_id, w: 103 in w.draft  # noqa: E731  (a boundary after token 103)
     rows = _one_row(known=51, wants=20)
     windows: dict = {}
     lens, out = advance_windows(rows, np.arange(100, 108)[None], windows, ready)

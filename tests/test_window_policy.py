@@ -10,8 +10,10 @@ from parse_vllm.window_policy import (
     FIRST_BACKOFF,
     MIN_WINDOW,
     CostModel,
+    Decision,
     RequestPolicy,
     WindowPolicy,
+    expected_drafted,
     expected_taken,
     exploration_bound,
     window_sizes,
@@ -225,3 +227,69 @@ def test_given_step_costs_are_used_and_never_refitted():
     assert np.array_equal(policy.costs.theta, GPU_THETA)
     assert policy.decide(RequestPolicy(), room=500).window == 16
     assert CostModel(fixed={"draft_tokens": 0.5}).theta.tolist() == [0, 0, 0, 0, 0.5, 0, 0]
+
+
+def test_judged_in_parts_a_window_costs_what_it_drafts_to_its_first_failure():
+    """E[drafted | w] = min(w, E[taken | w] + (1 - ρ^w) part). By hand, part 8 (the prior: the
+    chunk, 2, is shorter): ρ 0.5, w 128: E[taken] = 1 - 0.5^128 ≈ 1, so 1 + 8 = 9 drafted;
+    ρ 0.8: 4 (1 - 0.8^128) + 8 ≈ 12; ρ 1: all 128.
+
+    On the CPU-like cost at ρ 0.5: 9 drafted over 9 / 8 = 1.125 parts and 9 / 2 = 4.5 steps:
+    x = [4.5 + 1.125, 1.125, 9 + 1.125, 9, 9, 1.125, 1.125 · 30] = [5.625, 1.125, 10.125, 9, 9,
+    1.125, 33.75], 0.028125 + 0.005625 + 0.2025 + 0.009 + 0.045 + 0.005625 + 0.675 = 0.970875 s
+    for 2 tokens: 2.06 tokens/s, against 0.4675 whole (the 128 drafted tokens) and the
+    token-level arm's 22.39, which the policy takes."""
+    assert expected_drafted(0.5, 128, 8) == pytest.approx(9.0)
+    assert expected_drafted(0.8, 128, 8) == pytest.approx(12.0)
+    assert expected_drafted(1.0, 128, 8) == pytest.approx(128.0, rel=1e-4)
+    policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30, judge_chunks=True)
+    policy.costs.theta = CPU_THETA.copy()
+    assert policy.window_cost(128, 0.5) == pytest.approx([5.625, 1.125, 10.125, 9, 9, 1.125, 33.75])
+    assert policy.goodput_window(0.5, 128, parts=True) == pytest.approx(2 / 0.970875, rel=1e-6)
+    assert policy.goodput_window(0.5, 128) == pytest.approx(2 / 4.278, rel=1e-4)
+    r = RequestPolicy()
+    policy.token_level_verified(r, 10, 20)
+    assert policy.decide(r, room=500) == Decision(0)
+
+
+def test_parts_are_chosen_where_whole_windows_would_waste_costly_drafts():
+    """A costly drafter (0.02 s a forward), a costly target forward (0.05 s), cheap tokens; the
+    token-level arm is the target alone (k 0); the request's last window, 64, was taken whole,
+    so a whole window would be 128; its record gives ρ = (37.8 + 32 · 0.98) / (37.8 + 3 + 32) =
+    0.95.
+
+    By hand: the target alone, x = [1, 1, 1, 0, 0, 0, 0]: 0.001 + 0.05 + 1e-5 = 0.05101 s a
+    token, 19.604 tokens/s. A whole 128: E[taken] = 19 (1 - 0.95^128) = 18.9732, x = [64, 1,
+    129, 128, 128, 1, 30]: 0.064 + 0.05 + 0.00129 + 2.56 + 0.000128 + 0.005 + 0.0003 = 2.6807 s,
+    7.45 tokens/s. In parts: 18.9732 + 8 (1 - 0.95^128) = 26.962 drafted, 3.3702 parts, 13.481
+    steps: 0.7428 s, 19.9732 / 0.7428 = 26.89 tokens/s: the policy opens 128 judged in parts.
+    Without judge_chunks the same request stays with the target alone."""
+    theta = np.array([1e-3, 0.05, 1e-5, 0.02, 1e-6, 0.005, 1e-5])
+    for chunks in (True, False):
+        policy = WindowPolicy(W, spec_tokens=0, chunk=2, verify_tokens_per_window=30, judge_chunks=chunks)
+        policy.costs.theta = theta.copy()
+        r = RequestPolicy(last_window=64, last_whole=True)
+        r.stats.judged_tokens, r.stats.rejections = 37.8, 3
+        assert policy.rho(r) == pytest.approx(0.95)
+        assert policy.goodput_token_level(r) == pytest.approx(1 / 0.05101, rel=1e-9)
+        assert policy.goodput_window(0.95, 128) == pytest.approx(19.9732 / 2.6807, rel=1e-4)
+        assert policy.goodput_window(0.95, 128, parts=True) == pytest.approx(19.9732 / 0.7428, rel=1e-3)
+        want = Decision(128, parts=True) if chunks else Decision(0)
+        assert policy.decide(r, room=500) == want
+
+
+def test_judged_in_parts_a_rejection_is_followed_by_a_back_off_and_a_new_choice_not_a_forced_probe():
+    """GPU-like costs, judge_chunks: the first window (a whole 16, the best for a fresh request
+    where forwards cost whatever their tokens) is rejected at once; the request backs off for
+    FIRST_BACKOFF tokens, and then chooses again by goodput (here: a window again, ρ still high
+    from the engine's prior) instead of a forced 16-token probe."""
+    policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30, judge_chunks=True)
+    policy.costs.theta = GPU_THETA.copy()
+    r = RequestPolicy()
+    first = policy.decide(r, room=500)
+    assert first == Decision(16)  # 180.58 tokens/s whole, 114.48 in parts, 103.26 token-level
+    policy.window_judged(r, 16, 0, rejected=True)
+    assert policy.decide(r, room=500) == Decision(0) and r.backoff_left == FIRST_BACKOFF
+    policy.tokens_out(r, FIRST_BACKOFF)
+    again = policy.decide(r, room=500)
+    assert again.window and again.probe and r.probes == 1
