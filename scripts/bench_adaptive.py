@@ -33,7 +33,7 @@ from parse_vllm.tools.eval import report as eval_report
 from parse_vllm.tools.eval import timing
 
 BASELINES = ("target", "token-k4", "eagle3")
-PARSE_CONFIGS = ("continue", "adaptive", "parse-alone")
+PARSE_CONFIGS = ("continue", "adaptive", "parse-alone", "continue-parts", "adaptive-parts")
 OLD_RUN = "tok/s, no interval: a run before per-task timing"
 
 # eval row config -> this report's (the token-level arm of the Coder runs is k 4; of the
@@ -43,6 +43,8 @@ CODER = {
     "token-k4": "token-k4",
     r"parse W=\d+ k4": "continue",
     r"parse W=\d+ adaptive-k4": "adaptive",
+    r"parse W=\d+ k4-parts": "continue-parts",  # windows judged in parts as drafted (judge_chunks)
+    r"parse W=\d+ adaptive-k4-parts": "adaptive-parts",
 }
 SMOLLM2 = {
     "target": "target",
@@ -188,8 +190,8 @@ def goal_keys(rows: list[dict], tau: float | None = None) -> dict:
     over the adaptive row's time per task, > 1: adaptive is faster; goal ≥ 0.97), with ``_ci``,
     ``_by_repeat`` and ``_baseline``; ``policy_pass_at_1_{set}`` and ``target_pass_at_1_{set}``
     (batch 8); ``discarded_draft_per_rejection_before``: `continue`'s draft tokens thrown away
-    per rejected window, over every Coder set at batch 8 (``_after``: the same of chunked
-    judging, once measured). A set or batch without an adaptive row gives no key."""
+    per rejected window, over every Coder set at batch 8, and ``_after``: the same of
+    `continue` with windows judged in parts (eval variant k4-parts). A set or batch without an adaptive row gives no key."""
     coder = [r for r in rows if r["pair"] == "coder" and r["split"] in GOAL_SETS]
     taus = {r["tau"] for r in coder if r["config"] == "adaptive"}
     if tau is None:
@@ -218,12 +220,14 @@ def goal_keys(rows: list[dict], tau: float | None = None) -> dict:
             got = [r for r in at8 if r["config"] == config and (config == "target" or r["tau"] == tau)]
             if len(got) == 1 and got[0]["pass_at_1"] is not None:
                 out[f"{prefix}_pass_at_1_{name}"] = got[0]["pass_at_1"]
-    cont = [r for r in coder if r["config"] == "continue" and r["tau"] == tau and r["batch"] == 8]
-    merged = {
-        k: sum(r.get(k, 0) for r in cont) for k in ("window_draft_tokens", "window_tokens_taken", "rejected_windows")
-    }
-    if (before := discarded_per_rejection(merged)) is not None:
-        out["discarded_draft_per_rejection_before"] = before
+    for config, key in (("continue", "before"), ("continue-parts", "after")):
+        rows_ = [r for r in coder if r["config"] == config and r["tau"] == tau and r["batch"] == 8]
+        merged = {
+            k: sum(r.get(k, 0) for r in rows_)
+            for k in ("window_draft_tokens", "window_tokens_taken", "rejected_windows")
+        }
+        if (got := discarded_per_rejection(merged)) is not None:
+            out[f"discarded_draft_per_rejection_{key}"] = got
     return out
 
 
@@ -250,7 +254,10 @@ def _ci(v: float | None, ci, fmt: str = ".2f") -> str:
     return format(v, fmt) + (f" [{format(ci[0], fmt)}, {format(ci[1], fmt)}]" if ci else "")
 
 
-ORDER = {"target": 0, "token-k4": 1, "eagle3": 1, "parse-alone": 2, "continue": 3, "adaptive": 4}
+ORDER = {
+    "target": 0, "token-k4": 1, "eagle3": 1, "parse-alone": 2, "continue": 3, "continue-parts": 4, "adaptive": 5,
+    "adaptive-parts": 6,
+}  # fmt: skip
 
 
 def _sorted(rows: list[dict]) -> list[dict]:

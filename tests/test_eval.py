@@ -566,3 +566,26 @@ def test_eval_eagle3_rows_and_their_benchmark_section(tiny_models, tiny_head, tm
     assert "## PARSE with EAGLE-3" in section and "parse W=8 e3" in section and "acceptance length **" in section
     assert section.count("| yes |") + section.count("| **no** |") == 2  # one τ ≤ 1, and lossless
     assert set(figures["parse_eagle3_by_tau"]) == {"0.5"}
+
+
+def test_a_variant_with_parts_judges_its_windows_in_parts():
+    import argparse
+
+    from parse_vllm.tools.eval import run as eval_run
+
+    args = argparse.Namespace(windows=[128], variants=["k4", "k4-parts", "adaptive-k4-parts"], eagle3=None, eagle3_k=3)
+    got = {name: opts for name, _, opts in eval_run.parse_engines(args, {"window": 128, "parse": {"two_stage": True}})}
+    assert "judge_chunks" not in got["parse W=128 k4"]
+    assert got["parse W=128 k4-parts"] == {
+        "two_stage": True,
+        "on_reject": "continue",
+        "spec_tokens": 4,
+        "judge_chunks": True,
+    }
+    assert (
+        got["parse W=128 adaptive-k4-parts"]["on_reject"] == "adaptive"
+        and got["parse W=128 adaptive-k4-parts"]["judge_chunks"]
+    )
+    bad = eval_run.build_parser().parse_args(["--variants", "k4-chunks"])
+    with pytest.raises(eval_run.EvalError, match="optionally -parts"):
+        eval_run.check_args(bad)

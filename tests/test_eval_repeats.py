@@ -151,6 +151,8 @@ def test_the_policys_goal_keys_by_hand():
         _ba_row("adaptive", 8, "odd", [[2.0, 2.0], [4.0, 4.0]], tau=0.75, pass_at_1=0.45),
         _ba_row("continue", 8, "test", [[5.0, 5.0], [5.0, 5.0]], tau=0.75, window_draft_tokens=100,
                 window_tokens_taken=40, rejected_windows=1),
+        _ba_row("continue-parts", 8, "odd", [[5.0, 5.0], [5.0, 5.0]], tau=0.75, window_draft_tokens=130,
+                window_tokens_taken=100, rejected_windows=3),
         _ba_row("target", 1, "odd", [[4.0, 4.0], [4.0, 4.0]]),  # no adaptive row at batch 1: no key
     ]  # fmt: skip
     keys = ba.goal_keys(rows)
@@ -162,6 +164,7 @@ def test_the_policys_goal_keys_by_hand():
     assert keys["policy_pass_at_1_odd"] == 0.45 and keys["target_pass_at_1_odd"] == 0.5
     # continue at batch 8 over both sets: (300 + 100 - 100 - 40) draft tokens over 5 rejections
     assert keys["discarded_draft_per_rejection_before"] == pytest.approx(260 / 5)
+    assert keys["discarded_draft_per_rejection_after"] == pytest.approx(30 / 3)  # judged in parts
 
 
 def _strip_speeds(summary: dict) -> dict:

@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="what a PARSE engine does after a rejection, one engine each: continue, redraft, kN "
         "(continue with token-level speculation of N draft tokens), or e3 (continue with the --eagle3 head "
         "proposing --eagle3-k tokens; also PARSE-off and τ > 1 requests); adaptive, adaptive-kN, adaptive-e3: "
-        "the same token-level arm, windows chosen by the adaptive policy (default: the PARSE options')",
+        "the same token-level arm, windows chosen by the adaptive policy; any of them with -parts (k4-parts, "
+        "adaptive-k4-parts): windows judged in parts as they are drafted, judge_chunks (default: the PARSE options')",
     )
     p = ap.add_argument_group("prompts")
     p.add_argument(
@@ -269,7 +270,10 @@ def check_args(args: argparse.Namespace) -> None:
         if base not in ("continue", "redraft", "e3") and not (
             base[:1] == "k" and base[1:].isdigit() and int(base[1:]) >= 1
         ):
-            raise EvalError(f"--variants: {v!r} is not continue, redraft, kN (N >= 1) or e3, or adaptive-<one of them>")
+            raise EvalError(
+                f"--variants: {v!r} is not continue, redraft, kN (N >= 1) or e3, or adaptive-<one of them>, "
+                "each optionally -parts"
+            )
         if base == "e3" and not args.eagle3:
             raise EvalError(f"--variants {v} needs --eagle3 HEAD")
     if args.eagle3_k < 1:
@@ -387,6 +391,8 @@ def parse_engines(args: argparse.Namespace, res: dict) -> list[tuple[str, int, d
                 opts.update(on_reject="continue", spec_tokens=int(base[1:]) if base.startswith("k") else 0)
             if v.startswith("adaptive"):
                 opts.update(on_reject="adaptive")
+            if v.endswith(PARTS):
+                opts.update(judge_chunks=True)
             out.append((f"parse W={w}" + ("" if v == "continue" else f" {v}"), w, opts))
     return out
 
@@ -446,8 +452,12 @@ def _variant_of(name: str, window: int) -> str:
     return name[len(f"parse W={window}") :].strip() or "continue" if name.startswith("parse W=") else name
 
 
+PARTS = "-parts"  # a variant's suffix: its windows judged in parts as drafted (judge_chunks)
+
+
 def _variant_base(v: str) -> str:
-    """A variant's token-level arm: adaptive-k4 -> k4, adaptive -> continue."""
+    """A variant's token-level arm: adaptive-k4 -> k4, adaptive -> continue, k4-parts -> k4."""
+    v = v.removesuffix(PARTS)
     return (v[len("adaptive") :].lstrip("-") or "continue") if v.startswith("adaptive") else v
 
 
