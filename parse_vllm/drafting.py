@@ -33,6 +33,16 @@ Worked example, capacity 10 tokens per pass, window 4, spec_tokens 0:
 Rows wanting different lengths share a pass when their lengths round up to
 the same bucket (the next power of two, or exactly `window` and
 `spec_tokens`); a row drafts its bucket's length and keeps what it wanted.
+A shorter bucket also joins a longer one at most twice its length, for the
+rows with room for the longer draft (`room`: a window's chunk joins the
+token-level drafts' pass): a pass costs one drafter forward per token
+whatever its rows, nearly all of it reading the weights, so a separate pass
+of s tokens costs s forwards, and joining costs a few more rows in forwards
+that run anyway. A joining row that finds the longer pass full drafts its
+own length in a pass of its own. In the example above, with room
+[4, 4, 0, 4] row 3 may draft 4: at capacity 10 the pass of 4 is full (9
+tokens) and the passes stay as they are; at capacity 24 there is no catch-up
+and one pass, draft 4 over rows [0, 1, 3], row 3 keeping 2 of its 4.
 
 A window longer than `draft_chunk` is drafted over several engine steps
 (windows.py): its rows join the step's rows (`DraftRows`) and the drafter
@@ -96,6 +106,7 @@ def plan_passes(
     spec_tokens: int,
     max_tokens: int,  # tokens per pass (the drafter's buffers)
     max_rows: int,  # rows per pass
+    room: np.ndarray | None = None,  # [B] the most draft tokens each row may be given (None: wants)
 ) -> tuple[list[DrafterPass], np.ndarray]:
     """The drafter's passes for this step and every row's `draft_kv_len`
     after them."""
@@ -117,10 +128,33 @@ def plan_passes(
     by_len: dict[int, list[tuple[int, int, int]]] = {}
     for r in drafting:
         by_len.setdefault(bucket(int(wants[r]), window, spec_tokens), []).append((int(r), int(kv_len[r]), int(end[r])))
+    own = {r: n for n, spans in by_len.items() for r, _, _ in spans}
+    by_len = _join_shorter(by_len, wants if room is None else room)
     for n in sorted(by_len, reverse=True):
-        passes += _pack(by_len[n], n, max_tokens, max_rows)
+        for dp in _pack(by_len[n], n, max_tokens, max_rows):
+            # a pass of joining rows alone (the longer pass was full) drafts their own length
+            dp.num_draft = max(own[int(r)] for r in dp.row)
+            passes.append(dp)
     kv_len[drafting] = end[drafting]
     return passes, kv_len
+
+
+def _join_shorter(by_len: dict[int, list[tuple[int, int, int]]], room: np.ndarray) -> dict[int, list]:
+    """Spans by draft length, each shorter length's rows moved to the longest length at most
+    twice theirs, where their `room` holds it (module docstring)."""
+    out: dict[int, list[tuple[int, int, int]]] = {}
+    longer: int | None = None  # the length shorter ones join
+    for n in sorted(by_len, reverse=True):
+        spans = by_len[n]
+        if longer is not None and n > 0 and longer <= 2 * n:
+            joining = [sp for sp in spans if room[sp[0]] >= longer]
+            out[longer] += joining
+            spans = [sp for sp in spans if room[sp[0]] < longer]
+            if not spans:
+                continue
+        out[n] = spans
+        longer = n
+    return out
 
 
 def _pack(spans: list[tuple[int, int, int]], num_draft: int, max_tokens: int, max_rows: int) -> list[DrafterPass]:
@@ -232,6 +266,9 @@ class DraftRows:
     stops: list[frozenset[int]]  # [B + O] the token ids that end each request
     window_len: np.ndarray  # [B + O] draft tokens of a window opening this step in chunks (0: none)
     num_batch: int  # B
+    # [B + O] the most draft tokens each row may be given this step (a window's tokens still
+    # to draft; `wants` elsewhere): a row with room may draft in a longer pass (plan_passes)
+    room: np.ndarray | None = None
 
     @property
     def known_len(self) -> np.ndarray:
@@ -281,6 +318,7 @@ def step_rows(
         stops=list(view.stops),
         window_len=window_len.astype(np.int64),
         num_batch=view.num_reqs,
+        room=np.where(window_len > 0, window_len, n).astype(np.int64),
     )
     return with_open_windows(batch, windows, chunk)
 
@@ -299,6 +337,7 @@ def with_open_windows(rows: DraftRows, windows: dict[str, OpenWindow], chunk: in
     opened = list(windows.values())
     # tokens known before each window's span: its start, less the one before it where its draft is empty
     before = [w.start - 1 if not w.draft and w.prev >= 0 else w.start for w in opened]
+    room = rows.wants if rows.room is None else rows.room
     return DraftRows(
         req_ids=rows.req_ids + list(windows),
         wants=np.concatenate([rows.wants, [min(chunk, w.chunk_left) for w in opened]]).astype(np.int64),
@@ -311,6 +350,7 @@ def with_open_windows(rows: DraftRows, windows: dict[str, OpenWindow], chunk: in
         stops=rows.stops + [w.stops for w in opened],
         window_len=np.concatenate([rows.window_len, np.zeros(len(opened))]).astype(np.int64),
         num_batch=rows.num_batch,
+        room=np.concatenate([room, [w.chunk_left for w in opened]]).astype(np.int64),
     )
 
 

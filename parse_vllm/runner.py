@@ -336,6 +336,7 @@ class ParseRunnerMixin:
             spec_tokens=p.config.spec_tokens,
             max_tokens=self.scheduler_config.max_num_batched_tokens,
             max_rows=self.scheduler_config.max_num_seqs,
+            room=rows.room,
         )
         tokens = p.step.batch.token_ids
         staged = self._parse_staging.stage(

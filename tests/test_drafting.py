@@ -8,7 +8,7 @@ import pytest
 from parse_vllm.drafting import bucket, pass_spans, plan_passes
 
 
-def _plan(wants, kv_len, known, max_tokens=10, max_rows=16, window=4, spec_tokens=0):
+def _plan(wants, kv_len, known, max_tokens=10, max_rows=16, window=4, spec_tokens=0, room=None):
     return plan_passes(
         np.array(wants),
         np.array(kv_len),
@@ -17,6 +17,7 @@ def _plan(wants, kv_len, known, max_tokens=10, max_rows=16, window=4, spec_token
         spec_tokens=spec_tokens,
         max_tokens=max_tokens,
         max_rows=max_rows,
+        room=None if room is None else np.array(room),
     )
 
 
@@ -33,14 +34,16 @@ def test_rows_that_do_not_draft_are_in_no_pass():
     assert passes == [] and kv.tolist() == [3, 0, 7]
 
 
-def test_passes_respect_their_token_and_row_limits():
+@pytest.mark.parametrize("with_room", [False, True])
+def test_passes_respect_their_token_and_row_limits(with_room):
     rng = np.random.default_rng(0)
     for _ in range(200):
         b = int(rng.integers(1, 12))
         known = rng.integers(2, 80, size=b)
         kv = np.minimum(rng.integers(0, 80, size=b), known - 1)
         wants = rng.integers(0, 6, size=b)
-        passes, after = _plan(wants, kv, known, max_tokens=16, max_rows=3, window=5, spec_tokens=2)
+        room = wants + rng.integers(0, 4, size=b) if with_room else wants
+        passes, after = _plan(wants, kv, known, max_tokens=16, max_rows=3, window=5, spec_tokens=2, room=room)
         covered = {r: [] for r in range(b)}
         for p in passes:
             assert p.num_tokens <= 16 and p.row.shape[0] <= 3
@@ -55,7 +58,9 @@ def test_passes_respect_their_token_and_row_limits():
             spans = covered[r]
             assert spans[0][0] == kv[r] and spans[-1][1] == known[r] - 1 and after[r] == known[r] - 1
             assert all(a[1] == b_[0] for a, b_ in zip(spans, spans[1:]))
-            assert sum(1 for p in passes if p.num_draft and r in p.row) == 1
+            (drafted,) = [p.num_draft for p in passes if p.num_draft and r in p.row]
+            # at least its bucket; longer only within its room
+            assert drafted >= bucket(int(wants[r]), 5, 2) and drafted <= max(bucket(int(wants[r]), 5, 2), room[r])
 
 
 @pytest.mark.parametrize(("n", "want"), [(0, 0), (1, 1), (3, 4), (4, 4), (5, 8), (9, 16), (16, 16), (2, 2), (7, 7)])
@@ -249,3 +254,59 @@ def test_chunked_judging_releases_a_part_commits_it_and_drafts_on_from_the_windo
     assert rows.committed[1] == 51 and rows.new[1].tolist() == [100, 101] and rows.kv_len[1] == 51
     with pytest.raises(ValueError, match="cannot commit 0"):
         w.commit(0)
+
+
+def test_a_shorter_draft_joins_a_longer_pass_where_its_room_holds_it():
+    # the worked example's rows, row 3 with room for 4 (module docstring)
+    want = dict(wants=[4, 4, 0, 2], kv_len=[10, 0, 20, 5], known=[13, 6, 22, 18])
+    passes, kv = plan_passes(
+        *map(np.array, want.values()), window=4, spec_tokens=0, max_tokens=24, max_rows=16, room=np.array([4, 4, 0, 4])
+    )
+    assert [(p.row.tolist(), p.start.tolist(), p.end.tolist(), p.num_draft) for p in passes] == [
+        ([0, 1, 3], [10, 0, 5], [12, 5, 17], 4)
+    ]
+    assert kv.tolist() == [12, 5, 20, 17]
+    # without room it drafts its own 2 in a pass of its own
+    alone, _ = plan_passes(*map(np.array, want.values()), window=4, spec_tokens=0, max_tokens=24, max_rows=16)
+    assert [(p.row.tolist(), p.num_draft) for p in alone] == [([0, 1], 4), ([3], 2)]
+    # the pass of 4 full at capacity 10: row 3 drafts its own 2 after its catch-up, as before
+    full, _ = _plan(**want)
+    capped, _ = plan_passes(
+        *map(np.array, want.values()), window=4, spec_tokens=0, max_tokens=10, max_rows=16, room=np.array([4, 4, 0, 4])
+    )
+    same = [(p.row.tolist(), p.start.tolist(), p.end.tolist(), p.num_draft) for p in capped]
+    assert same == [(p.row.tolist(), p.start.tolist(), p.end.tolist(), p.num_draft) for p in full]
+
+
+@pytest.mark.parametrize(
+    ("wants", "room", "want"),
+    [
+        ([4, 2, 2], [4, 4, 2], [([0, 1], 4), ([2], 2)]),  # only the row with room joins
+        ([4, 1], [4, 4], [([0], 4), ([1], 1)]),  # 4 is more than twice 1: a pass of its own
+        ([5, 3], [5, 8], [([0, 1], 5)]),  # spec_tokens 5 kept exact; 3 (bucket 4) joins it
+        ([16, 8, 4], [16, 16, 16], [([0, 1], 16), ([2], 4)]),  # 8 joins 16; 4 does not join 16
+    ],
+)
+def test_which_shorter_drafts_join(wants, room, want):
+    n = len(wants)
+    passes, _ = plan_passes(
+        np.array(wants),
+        np.full(n, 10),
+        np.full(n, 12),
+        window=16,
+        spec_tokens=5,
+        max_tokens=64,
+        max_rows=8,
+        room=np.array(room),
+    )
+    assert [(p.row.tolist(), p.num_draft) for p in passes] == want
+
+
+def test_step_rows_give_a_window_room_for_its_tokens_left():
+    from parse_vllm.windows import OpenWindow
+
+    window = OpenWindow([9, 1, 2], 50, 20, frozenset({2}))  # 2 of 20 drafted: 18 left
+    rows = _one_row(known=31, wants=4, judging=False, windows={"w": window})
+    assert rows.wants.tolist() == [4, 8] and rows.room.tolist() == [4, 18]
+    opening = _one_row(known=51, wants=20)  # a window opening in chunks: its whole length
+    assert opening.wants.tolist() == [8] and opening.room.tolist() == [20]
