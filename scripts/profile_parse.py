@@ -253,6 +253,7 @@ def child(args) -> None:
     engine = llm.llm_engine
     steps: list[dict] = []
     seen: dict = {}
+    lengths: dict[str, int] = {}  # output tokens of each request so far
 
     class Timed:
         """run_batch's engine: each step timed and given its kind."""
@@ -279,7 +280,12 @@ def child(args) -> None:
             sched = seen.pop("sched", None)
             if sched is not None:
                 kind, rows = step_kind(sched, runner, before, spec_tokens)
-                steps.append({"kind": kind, "rows": rows, "parts": parts})
+                gained = 0  # output tokens the step added (the outputs are cumulative)
+                for o in result:
+                    n = len(o.outputs[0].token_ids)
+                    gained += n - lengths.get(o.request_id, 0)
+                    lengths[o.request_id] = n
+                steps.append({"kind": kind, "rows": rows, "tokens": gained, "parts": parts})
             return result
 
     class Shim:
@@ -362,13 +368,16 @@ def summarize_steps(steps: list[dict]) -> dict:
     """Per (kind, rows): steps, mean milliseconds per step by part and in all, and each
     step's total and target forward (the lists `compare` takes medians of)."""
     groups: dict[str, list[dict]] = defaultdict(list)
+    tokens: Counter = Counter()
     for s in steps:
         groups[f"{s['kind']} rows={s['rows']}"].append(s["parts"])
+        tokens[f"{s['kind']} rows={s['rows']}"] += s.get("tokens", 0)
     out = {}
     for key, group in sorted(groups.items()):
         ms = {p: 1e3 * sum(g.get(p, 0.0) for g in group) / len(group) for p in TIMED_PARTS}
         out[key] = {
             "steps": len(group),
+            "tokens": tokens[key],
             "ms": ms,
             "total_ms": sum(ms.values()),
             "step_ms": [1e3 * sum(g.values()) for g in group],
@@ -491,14 +500,14 @@ def main(argv: list[str] | None = None) -> int:
             )
     if table:
         print_table(table, key)
-    kinds = Counter()
+    kinds: dict = defaultdict(Counter)
     for r in results:
         for k, g in r["steps"].items():
-            kinds[(r["config"], k.split(" ")[0])] += sum(g["step_ms"]) / 1e3
-    print(
-        "\nseconds by kind of step (all repeats): "
-        + ", ".join(f"{c} {k} {v:.0f}" for (c, k), v in sorted(kinds.items()))
-    )
+            kinds[(r["config"], k.split(" ")[0])]["s"] += sum(g["step_ms"]) / 1e3
+            kinds[(r["config"], k.split(" ")[0])]["tokens"] += g.get("tokens", 0)
+    print("\nby kind of step (all repeats): seconds, output tokens")
+    for (c, k), v in sorted(kinds.items()):
+        print(f"    {c:8s} {k:12s} {v['s']:8.1f} s {v['tokens']:7d} tokens")
     return 0
 
 
