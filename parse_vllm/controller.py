@@ -237,6 +237,7 @@ class ParseController:
                 continue
             room = int(view.max_tokens[i] - view.output_len[i] - 1) if view.max_tokens[i] else self.window
             decision = self.policy.decide(r, room)
+            state.counts.policy[decision.why] = state.counts.policy.get(decision.why, 0) + 1
             if decision.window:
                 state.arm_window, state.arm_parts = decision.window, decision.parts
                 self.stats.window_opened(decision.window)

@@ -54,6 +54,9 @@ class RequestCounts:
     draft_tokens: int = 0  # draft tokens offered to the judge
     semantic: int = 0  # tokens accepted semantically (past token-level acceptance)
     token_level: int = 0  # draft tokens accepted token by token, in judged drafts and plain ones
+    # on_reject adaptive: the window policy's decisions by their reason (window_policy.WHY), one
+    # a step the request had no window in flight
+    policy: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

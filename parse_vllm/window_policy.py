@@ -160,11 +160,22 @@ class ArmStats:
         return (self.token_accepted + prior_drafts * prior) / (self.token_drafts + prior_drafts)
 
 
+# Why a decision went as it did (Decision.why).
+BACKING_OFF = "backing off"  # token-level for a while after a rejection or a token-level choice
+NO_ROOM = "no room"  # max_tokens or the context leaves no token for a window
+PROBE = "probe"  # the back-off after a rejected window is over: a MIN_WINDOW window, judged whole
+WINDOW_PAYS = "window pays"  # a whole window's expected tokens per second beat the token-level arm's
+PARTS_PAY = "window in parts pays"  # a window judged in parts beat both
+TOKEN_LEVEL_PAYS = "token-level pays"  # the token-level arm beat every window
+WHY = (BACKING_OFF, NO_ROOM, PROBE, WINDOW_PAYS, PARTS_PAY, TOKEN_LEVEL_PAYS)
+
+
 @dataclass
 class Decision:
     window: int  # tokens of the window to open (0: the token-level arm)
     probe: bool = False  # a re-probe after a back-off
     parts: bool = False  # judged in parts as it is drafted (judge_chunks)
+    why: str = ""  # the reason, counted per request (RequestCounts.policy): one of WHY
 
 
 @dataclass
@@ -291,11 +302,11 @@ class WindowPolicy:
         (up to W), if a window still pays; otherwise the best-paying length up to twice the
         last one."""
         if r.backoff_left > 0 or room < 1:
-            return Decision(0)
+            return Decision(0, why=BACKING_OFF if room >= 1 else NO_ROOM)
         cap = min(self.window, room)
         if r.failed_in_row and not self.judge_chunks:
             r.probes += 1
-            return Decision(min(MIN_WINDOW, cap), probe=True)  # the back-off is over: probe
+            return Decision(min(MIN_WINDOW, cap), probe=True, why=PROBE)  # the back-off is over: probe
         if r.last_whole:
             lengths = [min(2 * r.last_window, cap)]
         else:
@@ -312,7 +323,8 @@ class WindowPolicy:
             r.backoff_left = FIRST_BACKOFF  # token-level for a while, then decide again
         probe = bool(best[0] and r.failed_in_row)
         r.probes += int(probe)
-        return Decision(best[0], probe=probe, parts=best[1])
+        why = (PARTS_PAY if best[1] else WINDOW_PAYS) if best[0] else TOKEN_LEVEL_PAYS
+        return Decision(best[0], probe=probe, parts=best[1], why=why)
 
 
 def window_sizes(window: int) -> list[int]:

@@ -116,6 +116,9 @@ def test_adaptive_windows_the_policy_judges_in_parts_are_judged_in_parts(tiny_mo
     try:
         _, st = _run(adaptive, _middle_tau(engines[1]))
         assert st["chunk_commits"] > 0 and st["rejections"] > 0, st
+        # each request's decisions by their reason (window_policy.WHY)
+        why = [c["policy"] for c in parse_vllm.get_request_stats(adaptive).values() if c["policy"]]
+        assert why and all(set(w) <= set(window_policy.WHY) for w in why), why
         assert st["draft_tokens_discarded"] / st["rejections"] <= CHUNK + 6, st
         lossless = SamplingParams(
             max_tokens=64, temperature=0.0, ignore_eos=True, extra_args={"parse_threshold": 1.0, "parse_guard": 1}

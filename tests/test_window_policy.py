@@ -249,7 +249,7 @@ def test_judged_in_parts_a_window_costs_what_it_drafts_to_its_first_failure():
     assert policy.goodput_window(0.5, 128) == pytest.approx(2 / 4.278, rel=1e-4)
     r = RequestPolicy()
     policy.token_level_verified(r, 10, 20)
-    assert policy.decide(r, room=500) == Decision(0)
+    assert policy.decide(r, room=500) == Decision(0, why="token-level pays")
 
 
 def test_parts_are_chosen_where_whole_windows_would_waste_costly_drafts():
@@ -274,7 +274,7 @@ def test_parts_are_chosen_where_whole_windows_would_waste_costly_drafts():
         assert policy.goodput_token_level(r) == pytest.approx(1 / 0.05101, rel=1e-9)
         assert policy.goodput_window(0.95, 128) == pytest.approx(19.9732 / 2.6807, rel=1e-4)
         assert policy.goodput_window(0.95, 128, parts=True) == pytest.approx(19.9732 / 0.7428, rel=1e-3)
-        want = Decision(128, parts=True) if chunks else Decision(0)
+        want = Decision(128, parts=True, why="window in parts pays") if chunks else Decision(0, why="token-level pays")
         assert policy.decide(r, room=500) == want
 
 
@@ -287,9 +287,10 @@ def test_judged_in_parts_a_rejection_is_followed_by_a_back_off_and_a_new_choice_
     policy.costs.theta = GPU_THETA.copy()
     r = RequestPolicy()
     first = policy.decide(r, room=500)
-    assert first == Decision(16)  # 180.58 tokens/s whole, 114.48 in parts, 103.26 token-level
+    assert first == Decision(16, why="window pays")  # 180.58 tokens/s whole, 114.48 in parts, 103.26 token-level
     policy.window_judged(r, 16, 0, rejected=True)
-    assert policy.decide(r, room=500) == Decision(0) and r.backoff_left == FIRST_BACKOFF
+    assert policy.decide(r, room=500) == Decision(0, why="backing off") and r.backoff_left == FIRST_BACKOFF
     policy.tokens_out(r, FIRST_BACKOFF)
     again = policy.decide(r, room=500)
-    assert again.window and again.probe and r.probes == 1
+    assert again.window and again.probe and r.probes == 1 and again.why in ("window pays", "window in parts pays")
+    assert policy.decide(r, room=0) == Decision(0, why="no room")
