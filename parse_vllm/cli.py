@@ -90,6 +90,25 @@ def check_with_vllm(preset: Preset | None, argv: list[str]) -> argparse.Namespac
     return args
 
 
+def check_parse_named(args: argparse.Namespace) -> None:
+    """A speculative config naming PARSE ("method": "parse"), read as the plugin reads it
+    inside vLLM (plugin.named_speculative_config), so that a bad PARSE key or a clash with
+    --additional-config stops the command with its message and no traceback. The plugin
+    does the rewrite itself when vLLM builds the engine config."""
+    from parse_vllm.config import ParseConfigError
+    from parse_vllm.plugin import named_speculative_config
+
+    try:
+        named_speculative_config(
+            args.speculative_config,
+            args.additional_config,
+            spec_method=args.spec_method,
+            aliases={"model": args.spec_model, "num_speculative_tokens": args.spec_tokens},
+        )
+    except ParseConfigError as e:
+        raise PresetError(f"--speculative-config: {e}") from None
+
+
 # -- `parse-vllm serve` / `parse-vllm flags` -----------------------------------
 
 
@@ -136,11 +155,6 @@ def serve(argv: list[str]) -> None:
         argv, preset = expand_config_flag(argv)  # no vLLM import yet
     except ParseConfigError as e:
         raise PresetError(str(e)) from None
-    if any('"parse"' in a for a in argv):
-        # PARSE runs on model runner V1. vLLM >= 0.33 decides V1/V2 while it
-        # builds its config, before the PARSE platform hook can say so, and on
-        # V2 caps max_model_len to the draft's; the environment is read first.
-        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     # PARSE counters are written by the worker processes; the API server's
     # /metrics collects them in prometheus_client's multiprocess mode, which
     # must be on before prometheus_client is first imported (by vLLM).
@@ -151,6 +165,7 @@ def serve(argv: list[str]) -> None:
     # vLLM's own parser and pre-start checks (a preset's values refused are
     # reported against the preset's fields), before any engine starts.
     args = check_with_vllm(preset, argv)
+    check_parse_named(args)
     from parse_vllm import _vllm
 
     if args.data_parallel_size == 1 and args.distributed_executor_backend in (None, "uni"):

@@ -29,9 +29,9 @@ class ParseConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ParseConfig:
-    """Engine-wide PARSE parameters; `additional_config={"parse": {...}}`.
-
-    The draft model and the window W are vLLM's own speculative config:
+    """Engine-wide PARSE parameters: the PARSE keys of
+    `speculative_config={"method": "parse", "model": DRAFT, "num_speculative_tokens": W, ...}`,
+    or `additional_config={"parse": {...}}` beside vLLM's own
     `{"method": "draft_model", "model": DRAFT, "num_speculative_tokens": W}`.
     """
 
@@ -320,6 +320,73 @@ def _parse_bool(value: Any, key: str) -> bool:
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
     raise ParseConfigError(f"{key} must be true/false (or 1/0, on/off), got {value!r}")
+
+
+# ---------------------------------------------------------------------------
+# Naming PARSE in vLLM's speculative config: {"method": "parse", "model": DRAFT,
+# "num_speculative_tokens": W, <PARSE options>, <other draft-model keys of vLLM's>}.
+# vLLM knows no method "parse": the plugin hands vLLM its draft-model config and the
+# PARSE options as additional_config["parse"] (plugin.name_parse).
+
+PARSE_METHOD = "parse"
+VLLM_METHOD = "draft_model"  # vLLM's own method PARSE drafts with
+
+
+def parse_option_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(ParseConfig)}
+
+
+def split_speculative_config(
+    spec: dict[str, Any], vllm_keys: set[str] | None = None, given: set[str] = frozenset()
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A speculative config naming PARSE, split into vLLM's keys and PARSE's options.
+    Keys are read as vLLM reads them ("num-speculative-tokens" is num_speculative_tokens).
+    With `vllm_keys` (the fields of vLLM's SpeculativeConfig), a key that is neither
+    PARSE's nor vLLM's is refused, saying which keys exist. `given`: keys said elsewhere
+    (vLLM's --spec-model/--spec-tokens), not needed in `spec`."""
+    if not isinstance(spec, dict):
+        raise ParseConfigError(f'a speculative config naming "method": "{PARSE_METHOD}" is an object, got {spec!r}')
+    spec = {str(k).replace("-", "_"): v for k, v in spec.items()}
+    ours = parse_option_names()
+    options = {k: v for k, v in spec.items() if k in ours}
+    rest = {k: v for k, v in spec.items() if k not in ours}
+    if vllm_keys is not None:
+        unknown = sorted(set(rest) - set(vllm_keys))
+        if unknown:
+            import difflib
+
+            near = {k: difflib.get_close_matches(k, sorted(ours | set(vllm_keys)), n=1) for k in unknown}
+            hints = "".join(f"; {k!r}: did you mean {m[0]!r}?" for k, m in near.items() if m)
+            raise ParseConfigError(
+                f'speculative_config with "method": "{PARSE_METHOD}": unknown key(s) {unknown}{hints}. '
+                f"PARSE's options: {sorted(ours)}; vLLM's draft-model keys: {sorted(set(vllm_keys) - {'method'})}"
+            )
+    for key, what in (("model", "the draft model (HF hub name or folder)"), ("num_speculative_tokens", "the window W")):
+        if rest.get(key) is None and key not in given:
+            raise ParseConfigError(f'speculative_config with "method": "{PARSE_METHOD}" needs "{key}": {what}')
+    return rest, options
+
+
+def merge_parse_options(
+    from_spec: dict[str, Any], section: dict[str, Any] | None, where: str = 'additional_config["parse"]'
+) -> dict[str, Any]:
+    """PARSE options given in the speculative config and in `where` (another place that
+    names them), as one: an option given in both must have one value."""
+    section = dict(section or {})
+    clash = sorted(k for k in set(from_spec) & set(section) if _plain(from_spec[k]) != _plain(section[k]))
+    if clash:
+        both = ", ".join(f"{k}: {from_spec[k]!r} in speculative_config, {section[k]!r} in {where}" for k in clash)
+        raise ParseConfigError(f"PARSE option(s) set twice with different values ({both}); give each once")
+    return {**section, **from_spec}
+
+
+def _plain(value: Any) -> Any:
+    """JSON's view of a value (a tuple and a list of the same items are one setting)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def parse_section(additional_config: Any) -> dict[str, Any] | None:

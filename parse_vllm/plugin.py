@@ -1,8 +1,10 @@
 """What the plugin does inside vLLM's own processes.
 
 `register()` (entry point `vllm.general_plugins`) runs in every vLLM process:
-it checks the vLLM version and registers the head-pruned draft architecture
-(draft_vocab.py, draft_model.py). The real arrangement happens in
+it checks the vLLM version, registers the head-pruned draft architecture
+(draft_vocab.py, draft_model.py) and hooks `name_parse` in front of vLLM's
+engine-config construction, which reads `"method": "parse"` in the speculative
+config and chooses model runner V1. The real arrangement happens in
 `arrange_engine`, called by the PARSE platform (platform.py) from vLLM's
 `Platform.check_and_update_config` hook in process 0 while the engine config
 is built: when `additional_config` names PARSE, it validates the PARSE
@@ -13,7 +15,16 @@ scheduler — the user never passes --worker-cls or --scheduler-cls. Without a
 
 from __future__ import annotations
 
-from parse_vllm.config import ParseConfig, ParseConfigError, parse_section, request_options
+from parse_vllm.config import (
+    PARSE_METHOD,
+    VLLM_METHOD,
+    ParseConfig,
+    ParseConfigError,
+    merge_parse_options,
+    parse_section,
+    request_options,
+    split_speculative_config,
+)
 
 SCHEDULER_CLS = "parse_vllm.scheduler.ParseScheduler"
 CPU_WORKER_CLS = "parse_vllm.worker.ParseCPUWorker"
@@ -31,7 +42,89 @@ def register() -> None:
     from parse_vllm.draft_vocab import ARCHITECTURE
 
     _vllm.register_model(ARCHITECTURE, DRAFT_MODEL_CLS)
+    _vllm.hook_engine_config(name_parse)
     _registered = True
+
+
+def name_parse(engine_args) -> None:
+    """Run by vLLM's EngineArgs.create_engine_config before it reads its arguments
+    (_vllm.hook_engine_config), for LLM(...), `vllm serve` and `parse-vllm serve` alike.
+    `"method": "parse"` (or `spec_method="parse"`) becomes vLLM's draft-model config and
+    additional_config["parse"]; an engine that names PARSE either way gets model runner V1."""
+    spec, additional = named_speculative_config(
+        engine_args.speculative_config,
+        engine_args.additional_config,
+        spec_method=engine_args.spec_method,
+        aliases={"model": engine_args.spec_model, "num_speculative_tokens": engine_args.spec_tokens},
+    )
+    if engine_args.spec_method == PARSE_METHOD:
+        engine_args.spec_method = VLLM_METHOD
+    engine_args.speculative_config, engine_args.additional_config = spec, additional
+    if parse_section(additional) is not None:
+        select_runner_v1(engine_args)
+
+
+def named_speculative_config(spec, additional_config, spec_method=None, aliases=None):
+    """(speculative_config, additional_config) as vLLM takes them, for a speculative config
+    that may name PARSE: `{"method": "parse", "model": DRAFT, "num_speculative_tokens": W,
+    <PARSE options>, <vLLM's draft-model keys>}` becomes `{"method": "draft_model", ...}`
+    and additional_config["parse"] with the options (merged with a `parse` section there,
+    where no option has two values). `spec_method` is vLLM's --spec-method alias, and
+    `aliases` the values of --spec-model/--spec-tokens, which stand in for the dict's
+    "model"/"num_speculative_tokens". Anything else comes back as it was given."""
+    from parse_vllm import _vllm
+
+    by_alias = spec_method == PARSE_METHOD
+    if not by_alias and not (isinstance(spec, dict) and spec.get("method") == PARSE_METHOD):
+        return spec, additional_config
+    spec = dict(spec or {})
+    if by_alias and "method" in spec:  # vLLM's own words (EngineArgs.create_speculative_config)
+        raise ParseConfigError("--spec-method and --speculative-config['method'] are mutually exclusive")
+    # --spec-model/--spec-tokens stay vLLM's to merge (it refuses a key given twice).
+    given = {k for k, v in (aliases or {}).items() if v is not None} if by_alias else set()
+    vllm_spec, options = split_speculative_config(spec, _vllm.speculative_config_keys(), given=given)
+    if additional_config is None:
+        additional_config = {}
+    if not isinstance(additional_config, dict):
+        raise ParseConfigError(
+            f'"method": "{PARSE_METHOD}" puts PARSE\'s options in additional_config["parse"], and '
+            f"additional_config is a {type(additional_config).__name__}, not a mapping"
+        )
+    options = merge_parse_options(options, parse_section(additional_config))
+    ParseConfig.from_dict(options)
+    if by_alias:
+        vllm_spec.pop("method", None)
+    else:
+        vllm_spec["method"] = VLLM_METHOD
+    return vllm_spec, {**additional_config, "parse": options}
+
+
+# Why PARSE needs model runner V1, for the errors that refuse V2.
+RUNNER_V1_WHY = (
+    "PARSE replaces token acceptance inside vLLM's model runner V1 (its worker subclasses "
+    "GPUModelRunner / CPUModelRunner); model runner V2 has no such hook"
+)
+
+
+def select_runner_v1(engine_args) -> None:
+    """Model runner V1 for an engine that names PARSE, chosen before vLLM chooses:
+    VllmConfig.use_v2_model_runner reads VLLM_USE_V2_MODEL_RUNNER (vLLM 0.33 picks V2 when
+    it is unset), and the engine core and workers inherit this process's environment. The
+    variable stays set in this process: vLLM reads it again in every process and step."""
+    from parse_vllm import _vllm
+
+    forced = _vllm.v2_runner_forced_by(engine_args)
+    if forced is not None:
+        raise ParseConfigError(
+            f"PARSE cannot run with {forced}: vLLM uses model runner V2 for it whatever "
+            f"{_vllm.V2_RUNNER_ENV} says (VllmConfig.use_v2_model_runner), and {RUNNER_V1_WHY}"
+        )
+    if _vllm.v2_runner_env():
+        raise ParseConfigError(
+            f"{_vllm.V2_RUNNER_ENV}=1 asks for vLLM's model runner V2, and {RUNNER_V1_WHY}; "
+            "unset it (PARSE selects V1 itself)"
+        )
+    _vllm.set_vllm_env(_vllm.V2_RUNNER_ENV, "0")
 
 
 def parse_enabled(vllm_config) -> bool:

@@ -15,6 +15,8 @@ One concern per module:
   workers.py    the model runner and worker classes PARSE subclasses
   platform.py   vLLM's platform classes; the platform vLLM would pick itself
   envs.py       vLLM's environment variables, set inside a running process
+  engine_args.py the engine arguments before they become vLLM's config: "method":
+                "parse" rewritten there; what picks model runner V1 or V2
   executor.py   vLLM's Ray executor on CPU
   models.py     registering a model architecture; the target's tokenizer
   batch.py      the runner's input batch, read once a step (BatchView); block tables
@@ -111,6 +113,16 @@ from .drafting import (  # noqa: E402
     proposer_call,
     rows_drafting_unsupported,
 )
+from .engine_args import (  # noqa: E402
+    V2_RUNNER_ENV,
+    VllmChangedError,
+    check_engine_args_hook,
+    hook_engine_config,
+    speculative_config_keys,
+    speculative_methods,
+    v2_runner_env,
+    v2_runner_forced_by,
+)
 from .envs import set_vllm_env  # noqa: E402
 from .executor import cpu_ray_executor_cls  # noqa: E402
 from .forward import (  # noqa: E402
@@ -182,7 +194,9 @@ _LAZY = {
 
 __all__ = [
     "SUPPORTED_VLLM",
+    "V2_RUNNER_ENV",
     "VLLM_VERSION",
+    "VllmChangedError",
     "BatchView",
     "CpuSeededChunkedPrefill",
     "DrafterStaging",
@@ -199,6 +213,7 @@ __all__ = [
     "batch_view",
     "bound_kv_cache",
     "builtin_platform_qualname",
+    "check_engine_args_hook",
     "copy_kv_blocks",
     "cpu_engine_in_one_process",
     "cpu_model_runner_cls",
@@ -220,6 +235,7 @@ __all__ = [
     "generators_hidden",
     "gpu_model_runner_cls",
     "gpu_worker_cls",
+    "hook_engine_config",
     "hold_request",
     "new_request_ids",
     "init_logger",
@@ -250,6 +266,8 @@ __all__ = [
     "scheduled_drafts",
     "set_vllm_env",
     "speculative_config_fields",
+    "speculative_config_keys",
+    "speculative_methods",
     "standard_kv_cache_views",
     "step_report",
     "target_attention_layers",
@@ -261,6 +279,8 @@ __all__ = [
     "token_proposer_config",
     "token_proposer_unsupported",
     "truncate_spec_decode",
+    "v2_runner_env",
+    "v2_runner_forced_by",
     "vllm_serve_parser",
     "widen_sampled",
     "with_step_report",
