@@ -20,9 +20,11 @@ from typing import Any
 #   hardware            what the preset is sized for: device (cuda | cpu),
 #                       gpus, gpu_memory_gib, description; checked against
 #                       the parallel sizes in `engine`, never sent to vLLM
-#   speculative_config  vLLM's, and for PARSE method draft_model with the
-#                       window W as num_speculative_tokens
-#   parse               PARSE options (additional_config["parse"])
+#   speculative_config  {method: parse, model: DRAFT, num_speculative_tokens: W}
+#                       and any other draft-model key of vLLM's (method
+#                       draft_model, vLLM's own name, is read too); PARSE
+#                       options in it join the `parse` section
+#   parse               PARSE options
 #   engine              any other `vllm serve` arguments, flat, spelled like
 #                       the flags (underscores or dashes), in the format of
 #                       vLLM's own `--config` file: true -> --flag,
@@ -60,11 +62,20 @@ class Preset:
     engine: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def flags(self) -> list[str]:
-        """The `vllm serve` flags this preset stands for, without the model."""
+        """The `vllm serve` flags this preset stands for, without the model: with
+        method parse, one `--speculative-config` holding the PARSE options; without a
+        speculative config (or with vLLM's draft_model), the options in
+        `--additional-config`."""
+        from parse_vllm.config import PARSE_METHOD
+
         flags: list[str] = []
-        if self.speculative_config:
-            flags += ["--speculative-config", json.dumps(self.speculative_config)]
-        flags += ["--additional-config", json.dumps({"parse": self.parse})]
+        spec = self.speculative_config
+        if spec and spec.get("method") == PARSE_METHOD:
+            flags += ["--speculative-config", json.dumps({**spec, **self.parse})]
+        else:
+            if spec:
+                flags += ["--speculative-config", json.dumps(spec)]
+            flags += ["--additional-config", json.dumps({"parse": self.parse})]
         for key, value in self.engine.items():
             flags += engine_flag(key, value)
         return flags
@@ -99,7 +110,7 @@ def load_preset(path: str | os.PathLike) -> Preset:
     ParseConfigError for a bad `parse` option (both name the field)."""
     import yaml
 
-    from parse_vllm.config import ParseConfig, ParseConfigError
+    from parse_vllm.config import ParseConfig, ParseConfigError, merge_parse_options
 
     path = str(path)
     try:
@@ -131,12 +142,13 @@ def load_preset(path: str | os.PathLike) -> Preset:
         parse = {}
     if not isinstance(parse, dict):
         raise PresetError(f"{path}: parse: must be a mapping of PARSE options, got {parse!r}")
+    spec, spec_options = _check_speculative_config(path, raw.get("speculative_config"))
     try:
+        parse = merge_parse_options(spec_options, parse, where="the preset's parse section")
         ParseConfig.from_dict(parse)
     except (ParseConfigError, TypeError) as e:
         raise ParseConfigError(f"{path}: {e}") from None
 
-    spec = _check_speculative_config(path, raw.get("speculative_config"))
     engine = _check_engine(path, raw.get("engine"))
     hardware = _check_hardware(path, raw.get("hardware"))
     preset = Preset(path=path, model=model, hardware=hardware, speculative_config=spec, parse=parse, engine=engine)
@@ -144,17 +156,24 @@ def load_preset(path: str | os.PathLike) -> Preset:
     return preset
 
 
-def _check_speculative_config(path: str, spec: Any) -> dict[str, Any] | None:
+def _check_speculative_config(path: str, spec: Any) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The speculative config without PARSE's options, and those options."""
+    from parse_vllm.config import PARSE_METHOD, VLLM_METHOD, split_speculative_config
+
     if spec is None:
-        return None
+        return None, {}
     where = f"{path}: speculative_config"
     if not isinstance(spec, dict):
         raise PresetError(f"{where}: must be a mapping, got {spec!r}")
     spec = dict(spec)
-    if spec.get("method") != "draft_model":
+    options: dict[str, Any] = {}
+    if spec.get("method") == PARSE_METHOD:
+        # Which of the other keys are vLLM's is checked with vLLM (cli.check_with_vllm).
+        spec, options = split_speculative_config(spec, given={"model", "num_speculative_tokens"})
+    elif spec.get("method") != VLLM_METHOD:
         raise PresetError(
-            f"{where}.method={spec.get('method')!r}: PARSE drafts with vLLM's draft-model "
-            "speculation; use method: draft_model"
+            f"{where}.method={spec.get('method')!r}: use method: {PARSE_METHOD} (PARSE drafts with "
+            f"vLLM's draft-model speculation, method {VLLM_METHOD})"
         )
     draft = spec.get("model")
     if not isinstance(draft, str) or not draft.strip():
@@ -163,7 +182,7 @@ def _check_speculative_config(path: str, spec: Any) -> dict[str, Any] | None:
     window = spec.get("num_speculative_tokens")
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise PresetError(f"{where}.num_speculative_tokens={window!r}: the draft window W, an integer >= 1")
-    return spec
+    return spec, options
 
 
 def _check_engine(path: str, engine: Any) -> dict[str, Any]:

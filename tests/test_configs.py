@@ -8,6 +8,7 @@ starts in this module (`run_vllm_serve` is replaced where `serve` is called).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -22,6 +23,7 @@ import yaml
 from parse_vllm import _vllm, cli
 from parse_vllm.cache import default_cache_dir
 from parse_vllm.cli import check_with_vllm
+from parse_vllm.plugin import named_speculative_config
 from parse_vllm.presets import Preset, PresetError, load_preset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,10 +106,20 @@ def test_config_flags_are_accepted_by_vllm_serve(path, vllm_parser):
     preset = load_preset(path)
     argv = preset.argv() if preset.model else ["some/target", *preset.flags()]
     args = check_with_vllm(preset, argv)
-    # What vLLM parsed is what the preset says, value by value.
+    # What vLLM parsed is what the preset says, value by value: with method parse, the
+    # PARSE options in the speculative config; else in additional_config.
     assert args.model_tag == (preset.model or "some/target")
-    assert args.additional_config == {"parse": preset.parse}
-    assert args.speculative_config == preset.speculative_config
+    if preset.speculative_config and preset.speculative_config["method"] == "parse":
+        assert args.additional_config == {}
+        assert args.speculative_config == {**preset.speculative_config, **preset.parse}
+    else:
+        assert args.additional_config == {"parse": preset.parse}
+        assert args.speculative_config == preset.speculative_config
+    # ... and what the plugin hands vLLM's engine config (plugin.named_speculative_config)
+    spec, additional = named_speculative_config(args.speculative_config, args.additional_config)
+    assert additional == {"parse": preset.parse}
+    if preset.speculative_config:
+        assert spec == {**preset.speculative_config, "method": "draft_model"}
     for key, value in preset.engine.items():
         assert getattr(args, key.replace("-", "_")) == value, key
 
@@ -116,7 +128,7 @@ def test_config_flags_are_accepted_by_vllm_serve(path, vllm_parser):
 def test_preset_is_a_parse_pair_sized_for_its_hardware(path):
     preset = load_preset(path)
     spec, hw = preset.speculative_config, preset.hardware
-    assert spec["method"] == "draft_model" and spec["num_speculative_tokens"] >= 8
+    assert spec["method"] == "parse" and spec["num_speculative_tokens"] >= 8
     assert spec["model"] != preset.model
     assert preset.parse, "a preset names PARSE explicitly"
     assert hw is not None and hw.get("description"), "a preset says what hardware it is for"
@@ -283,7 +295,57 @@ BAD = {
         "model: t\nspeculative_config: {method: draft_model, model: d, num_speculative_tokens: 4, windw: 3}\n",
         "speculative_config: unknown keys ['windw']",
     ),
+    "speculative key, method parse": (
+        "model: t\nspeculative_config: {method: parse, model: d, num_speculative_tokens: 4, windw: 3}\n",
+        "speculative_config: unknown keys ['windw']",
+    ),
+    "parse option in speculative_config": (
+        "speculative_config: {method: parse, model: d, num_speculative_tokens: 4, guard: -1}\n",
+        "parse.guard must be an integer >= 0",
+    ),
+    "parse option twice": (
+        "speculative_config: {method: parse, model: d, num_speculative_tokens: 4, threshold: 0.3}\nparse: {threshold: 0.6}\n",
+        "threshold: 0.3 in speculative_config, 0.6 in the preset's parse section",
+    ),
+    "no draft, method parse": (
+        "speculative_config: {method: parse, num_speculative_tokens: 4}\n",
+        "speculative_config.model=None",
+    ),
 }
+
+
+def test_a_parse_method_preset_becomes_one_speculative_config(tmp_path):
+    path = tmp_path / "preset.yaml"
+    path.write_text(
+        "speculative_config: {method: parse, model: d, num_speculative_tokens: 4, guard: 1}\n"
+        "parse: {threshold: 0.3, guard: 1}\n"
+    )
+    preset = load_preset(path)
+    assert preset.speculative_config == {"method": "parse", "model": "d", "num_speculative_tokens": 4}
+    assert preset.parse == {"threshold": 0.3, "guard": 1}
+    flags = preset.flags()
+    assert flags[0] == "--speculative-config" and "--additional-config" not in flags
+    assert json.loads(flags[1]) == {
+        "method": "parse",
+        "model": "d",
+        "num_speculative_tokens": 4,
+        "threshold": 0.3,
+        "guard": 1,
+    }
+
+
+def test_options_preset_beside_a_parse_method_speculative_config(no_engine, vllm_parser):
+    """configs/redraft.yaml gives PARSE options only: they join a speculative config naming
+    PARSE from the command line, and one option given twice differently is refused."""
+    redraft = str(ROOT / "configs" / "redraft.yaml")
+    spec = '{"method": "parse", "model": "d", "num_speculative_tokens": 8, "guard": 1}'
+    cli.main(["serve", "my/target", "--config", redraft, "--speculative-config", spec])
+    assert no_engine and no_engine[0][-2:] == ["--speculative-config", spec]
+    clash = '{"method": "parse", "model": "d", "num_speculative_tokens": 8, "on_reject": "continue"}'
+    with pytest.raises(
+        PresetError, match="on_reject: 'continue' in speculative_config, 'redraft' in additional_config"
+    ):
+        cli.main(["serve", "my/target", "--config", redraft, "--speculative-config", clash])
 
 
 @pytest.mark.parametrize("case", BAD, ids=list(BAD))

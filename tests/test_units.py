@@ -356,11 +356,14 @@ def test_yaml_configs_turn_into_flags():
     for path in configs:
         preset = load_preset(path)
         argv, _ = expand_config_flag(["--port", "8000", "--parse-config", str(path)])
-        i = argv.index("--additional-config")
-        assert json.loads(argv[i + 1]) == {"parse": preset.parse}
         if preset.speculative_config:
+            # PARSE named in the speculative config, its options with it
             j = argv.index("--speculative-config")
-            assert json.loads(argv[j + 1])["method"] == "draft_model"
+            assert json.loads(argv[j + 1]) == {**preset.speculative_config, "method": "parse", **preset.parse}
+            assert "--additional-config" not in argv
+        else:
+            i = argv.index("--additional-config")
+            assert json.loads(argv[i + 1]) == {"parse": preset.parse}
 
 
 def test_yaml_config_errors(tmp_path):
