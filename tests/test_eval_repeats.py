@@ -209,4 +209,6 @@ def test_the_committed_end_to_end_speed_keys_come_from_the_committed_timings():
     speed = [k for k in rebuilt if "_speed_" in k or "_time_per_task_" in k]
     assert len(speed) >= 20 and all(k.endswith(("_ci", "_by_repeat", "_verdict", "_baseline_bs1")) or
                                     f"{k}_by_repeat" in rebuilt for k in speed)  # fmt: skip
-    assert {k: rebuilt[k] for k in speed} == {k: committed[k] for k in speed}
+    # every end-to-end key, the rows and noise floors included, as committed
+    assert len(rebuilt) >= 40
+    assert {k: rebuilt[k] for k in rebuilt} == {k: committed.get(k) for k in rebuilt}

@@ -243,13 +243,24 @@ def test_zero_window_rows_are_labelled_and_unresolved_ratios_claim_nothing(tmp_p
         "sets": ["humaneval-odd"],
         "rows": [{k: r.get(k) for k in report.ROW_KEYS} for r in rows],
         "baselines": [],
+        # the target's second repeat 10% slower on every task: 1/1.1 = 0.91x, a spread of 10% / 1.05
         "noise_floor": report.noise_floor_summary(
-            [{"set": "humaneval-odd", "batch": 8, **timing.noise_floor([list(rows[0]["task_s"])] * 2)}]
+            [
+                {
+                    "set": "humaneval-odd",
+                    "batch": 8,
+                    **timing.noise_floor([list(rows[0]["task_s"]), list(np.asarray(rows[0]["task_s"]) * 1.1)]),
+                }
+            ]
         ),
         **report.recommend(rows, 1.0, 1.0),
     }
+    nf = summary["noise_floor"]["by_set_batch"][0]
+    assert nf["self_ratio"] == pytest.approx(1 / 1.1) and nf["self_ratio_ci"] == pytest.approx([1 / 1.1] * 2)
+    assert nf["spread"] == pytest.approx(0.1 / 1.05) and summary["noise_floor"]["max_spread"] == nf["spread"]
     paths = report.write(summary, tmp_path)
     md = paths["md"].read_text()
+    assert "repeat 2 over repeat 1: 0.91x [0.91, 0.91]" in md
     assert "| parse W=128 adaptive-k4 τ=0.7 (no window opened: token-level) |" in md
     assert "no difference (" in md and "## Noise floor" in md and "repeat 2 over repeat 1" in md
     assert "- Machine: AMD EPYC, 2 cores, 24 GiB; every job on this boot of it (b-1)" in md
@@ -290,13 +301,27 @@ def test_bench_adaptive_and_judge_e2e_label_zero_window_rows_and_give_intervals(
 
     je = _script("judge_e2e")
     (tmp_path / "judge.json").write_text(json.dumps({"auc_head_whole_odd": 0.7}))
-    head = [dict(r, tau=0.7) for r in rows + at1 if r["config"] == "parse W=128 k4"]
+    # the head: 1.25x accept-all's time on every task at batch 1 (0.8x its speed, an interval
+    # of one point: slower), and at batch 8 faster on half the tasks and slower on the rest
+    # (no difference), passing 13 of 16 where accept-all passes 16
+    mixed = np.where(np.arange(16) % 2 == 0, 0.5, 1.5)
+    head = [
+        dict(r, tau=0.7, task_s=list(np.asarray(r["task_s"]) * (1.25 if r["batch"] == 1 else mixed)), pass_at_1=13 / 16)
+        for r in rows + at1
+        if r["config"] == "parse W=128 k4"
+    ]
     (runs / "summary.json").write_text(json.dumps({"rows": rows + at1 + head, "noise_floor": nf}))
     assert je.main([str(runs), "--tau", "0.7", "--summary", str(tmp_path / "judge.json")]) == 0
     j = json.loads((tmp_path / "judge.json").read_text())
-    assert j["odd_speed_head_over_accept_all_bs1"] == pytest.approx(1.0)
-    assert j["odd_speed_head_over_accept_all_bs1_verdict"] == "no difference"
-    assert len(j["odd_speed_head_over_accept_all_bs1_ci"]) == 2 and len(j["odd_speed_head_over_target_bs8_ci"]) == 2
+    assert j["odd_speed_head_over_accept_all_bs1"] == pytest.approx(0.8)
+    assert j["odd_speed_head_over_accept_all_bs1_ci"] == pytest.approx([0.8, 0.8])
+    assert j["odd_speed_head_over_accept_all_bs1_verdict"] == "slower"
+    acc8 = next(r for r in rows if r["config"] == "parse W=128 k4")["task_s"]
+    want = sum(acc8) / sum(np.asarray(acc8) * mixed)
+    assert j["odd_speed_head_over_accept_all_bs8"] == pytest.approx(want)
+    assert j["odd_speed_head_over_accept_all_bs8_verdict"] == "no difference"
+    assert j["odd_pass_at_1_head"] == pytest.approx(13 / 16) and j["odd_pass_at_1_target"] == 1.0
+    assert len(j["odd_speed_head_over_target_bs8_ci"]) == 2
     labels = {r["label"] for r in j["e2e_odd"]}
     assert "parse W=128 adaptive-k4 τ=0.7 (no window opened: token-level)" in labels
     assert j["odd_e2e_noise_floor"]["by_set_batch"]
@@ -337,18 +362,26 @@ def test_too_few_batch1_tasks_and_a_single_repeat_are_refused(tiny_models, tmp_p
     assert rc == 2 and "--repeats must be >= 2" in capsys.readouterr().err
 
 
+# Made-up seconds per task unit by (config, τ): the target 2, so each row's speed-up is 2 / its own
+SCALE = {("target", None): 2.0, ("token-k4", None): 1.0, ("parse W=8 k4", 0.0): 1.6, ("parse W=8 k4", 0.7): 2.5,
+         ("parse W=8 adaptive-k4", 0.7): 2.0}  # fmt: skip
+
+
 def _made_up_engine(ran: list):
-    """A stand-in for run.run_engine: each job's record made up (identical timings), each job
-    noted in `ran` as (config, τ, batch, repeat)."""
+    """A stand-in for run.run_engine: each job's record made up, each job noted in `ran` as
+    (config, τ, batch, repeat). Task i of a job takes SCALE · (i + 1) seconds, 10% more in
+    repeat 2 for every configuration (a slow spell every repeat shares)."""
 
     def fake(config, kw, jobs, *, max_tokens, is_parse, progress, warmup, on_done=None):
         out = []
         for j in jobs:
             ran.append((config, j["tau"], j["batch"], j["repeat"]))
             n = len(j["prompts"])
+            task_s = [SCALE.get((config, j["tau"]), 1.0) * (i + 1) * (1 + 0.1 * j["repeat"]) for i in range(n)]
             rec = {
                 **{k: j[k] for k in ("config", "set", "batch", "tau", "guard", "repeat", "order", "item_ids")},
-                "engine": "fresh", "wall_s": float(n), "tokens": 3 * n, "tok_s": 3.0, "task_s": [1.0] * n,
+                "engine": "fresh", "wall_s": sum(task_s), "tokens": 3 * n, "tok_s": 3 * n / sum(task_s),
+                "task_s": task_s,
                 "latency_s": [1.0] * n, "latency_p50_s": 1.0, "latency_p90_s": 1.0, "outputs": [[42] * 3] * n,
                 "acceptance": None if config == "target" else {"drafts": 0, "windows_opened": {}},
                 "prefix_cache": {"emptied": True, "hits": 0, "queries": 0},
@@ -375,8 +408,11 @@ def test_a_variant_can_run_its_own_taus(tiny_models, tmp_path, monkeypatch, caps
     assert [(c, t) for c, t, _, _ in ran] == once * 2 and [r for *_, r in ran] == [0] * 5 + [1] * 5
     s = json.loads((tmp_path / "v" / "summary.json").read_text())
     assert {(r["config"], r["tau"]) for r in s["rows"]} == set(once)
-    for r in s["rows"]:  # identical made-up timings: every ratio 1.0, no difference
-        assert r["speedup"] == 1.0 and (r["config"] == "target" or r["speedup_verdict"] == "no difference")
+    verdicts = {1.0: "no difference", 2.0: "faster", 1.25: "faster", 0.8: "slower"}
+    for r in s["rows"]:  # by hand: 2 / SCALE, the same in each repeat (an interval of one point)
+        want = 2.0 / SCALE[(r["config"], r["tau"])]
+        assert r["speedup"] == pytest.approx(want) and r["speedup_by_repeat"] == pytest.approx([want, want])
+        assert r["config"] == "target" or r["speedup_verdict"] == verdicts[round(want, 2)]
         if r["config"].startswith("parse"):
             assert r["label"].endswith("(no window opened: token-level)")
     capsys.readouterr()
