@@ -42,6 +42,13 @@ step with one window among B - 1 plain requests over the all-plain step, plus it
 tokens and its share of passes, against decode(B) / B per token.
 
     python -m parse_vllm.tools.benchmarks.projection gpu_costs.json bench/eagle3/summary.json
+
+Each arm of one run (issue 47 item 6: target alone, token-level k 4, PARSE's whole window,
+chunked judging without and with the next chunk drafted while the target judges, adaptive),
+``project_arms`` / ``arms_projection``, ARM_ASSUMPTIONS; ``roofline:h100`` stands in for a
+gpu_costs.json where none was measured:
+
+    python -m parse_vllm.tools.benchmarks.projection roofline:h100 --arms [--chunk 16]
 """
 
 from __future__ import annotations
@@ -54,6 +61,8 @@ from pathlib import Path
 
 #: eval summaries whose rows are projected when none are named
 DEFAULT_COUNTERS = (Path("bench/eagle3/summary.json"), Path("bench/eval-coder/summary.json"))
+#: the run whose arms `--arms` projects when none is named (HumanEval odd, the Coder pair, τ_head)
+ARMS_COUNTERS = Path("bench/judge-coder/e2e-odd/summary.json")
 
 ASSUMPTIONS = (
     "Acceptance transfers: the counters come from runs of a small pair on this CPU (float32); the projection "
@@ -236,6 +245,7 @@ class Counters:
     drafter_rows: int = 0  # requests in those calls
     # vLLM's own proposer (a row without PARSE counters): it drafts for every request of a step at once
     batched_proposer: bool = False
+    rejections: int = 0  # judged windows rejected at a boundary (the arms' split: window_split)
 
 
 def _sum_by(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
@@ -279,6 +289,7 @@ def counters_from_row(row: dict) -> Counters | None:
         drafter_calls=int(a.get("drafter_passes", 0)),
         drafter_rows=int(a.get("drafter_rows", 0)),
         batched_proposer="drafts" not in a,
+        rejections=int(a.get("rejections", 0)),
     )
 
 
@@ -296,6 +307,7 @@ def add(a: Counters, b: Counters) -> Counters:
             "suffix_tokens",
             "drafter_calls",
             "drafter_rows",
+            "rejections",
         )
     }
     return Counters(
@@ -605,6 +617,358 @@ def section(proj: dict, gpu_costs: dict, costs_name: str = "gpu_costs.json") -> 
     return out
 
 
+# --------------------------------------------------------------------------- arms (issue 47 item 6)
+
+#: the arms `arms_projection` projects, in its table's order
+ARMS = ("target", "token_level", "continue", "chunked", "chunked_overlap", "adaptive")
+ARM_LABELS = {
+    "target": "target alone",
+    "token_level": "token-level k 4",
+    "continue": "PARSE whole window (`continue`)",
+    "chunked": "PARSE chunked, no overlap",
+    "chunked_overlap": "PARSE chunked, draft ‖ judge",
+    "adaptive": "adaptive (best arm + exploration)",
+    "adaptive_as_run": "adaptive, its CPU run's counters",
+}
+
+ARM_ASSUMPTIONS = (
+    "Arms: each arm's counters are its own committed row of one eval run (token-level k 4: vLLM's draft-model "
+    "proposer; PARSE whole window: the `continue` row at the run's τ_head; adaptive as run: the adaptive row, "
+    "whose choices were made with this CPU's costs). Speed-ups are ratios of time per output token against "
+    "the target alone at the same batch.",
+    "Chunked judging is modelled, not measured: the text accepted is the whole window's (a first-failure rule), "
+    "so tokens, target steps, token-level drafts and the rest of the run are the `continue` row's; only each "
+    "window's own cost changes (its marginal cost, `per_window`, replaced by the chunked window's).",
+    "Where a window fails: a window taken whole drafts W (the row's mean); a rejected window takes "
+    "a = (tokens accepted in windows - whole windows x W) / rejections tokens (the counters' mean) and, judged in "
+    "chunks of c, drafts min(W, a + c): the chunk that held its first failing boundary (the policy's "
+    "expected_drafted rule, an upper bound: the failure lies somewhere in that chunk), so it discards at most c "
+    "draft tokens, where whole-window judging discards W - a.",
+    "A chunked window is judged J = drafted / c times (each a forward of the target over c tokens, riding in an "
+    "engine step beside B - 1 plain requests: its slot plus what c tokens add to the step); its boundaries, the "
+    "`continue` row's copies per window, are split over min(J, copies per window) passes (at least the row's "
+    "passes per window), each costed as the row's verification pass at that many copies. The window's boundaries "
+    "past its failure are still costed (an upper bound). J is a mean (the failure anywhere in its chunk), so "
+    "a window's draft costs J x c draft steps.",
+    "Overlap (a GPU): the draft drafts chunk i + 1 while the target judges chunk i, on the same GPU, without "
+    "slowing each other (an optimistic bound: both read weights from the same memory). A window then costs "
+    "c x draft step + (J - 1) x max(c x draft step, judge) + its last judge, never more than without overlap; "
+    "where the last judgment fails, what the draft wrote of the next chunk meanwhile (min(c, judge / draft "
+    "step) tokens) is thrown away too, so it discards up to 2c. Without overlap the draft and the judge add "
+    "up: J x (c x draft step + judge).",
+    "Adaptive: the policy picks, per request, the arm of higher expected goodput; the projection gives it the "
+    "fastest of token-level, whole-window and chunked (with and without overlap) arms; where token-level is "
+    "the fastest, plus the most its exploration can cost (window_policy.exploration_bound: per request "
+    "MIN_WINDOW-token probes at output tokens b, 3b, 7b, ..., each taken as wholly wasted: its draft tokens, a "
+    "forward over them and one verification pass, none of its tokens kept); where a window arm is the fastest, "
+    "its probes are that arm's windows and nothing is added. A worst case: the adaptive row's own counters "
+    "(`adaptive, its CPU run's counters`) show what its exploration cost in fact, with CPU-made choices. Every request is taken to favour the same arm (the counters are per run, not per "
+    "request), so a mix of requests that favour different arms would do better than this.",
+    "Step costs without a gpu_costs.json (`roofline:<gpu>`): a roofline stand-in, not a measurement: per "
+    "decoder layer max(bytes read / (peak bandwidth x 0.8), FLOPs / (peak bf16 dense x 0.6)) plus 30 µs of "
+    "kernel overheads (CUDA graphs), the LM head likewise plus 20 µs; bytes = the layer's bf16 weights + the KV "
+    "cache of a 1,024-token context per sequence; FLOPs = 2 x weights x tokens + the attention's.",
+)
+
+#: roofline stand-ins for a gpu_costs.json: peak memory bandwidth (bytes/s), bf16 dense FLOP/s
+ROOFLINE_GPUS = {"h100": (3.35e12, 989e12), "h200": (4.8e12, 989e12)}
+ROOFLINE_BW_EFF, ROOFLINE_FLOP_EFF = 0.8, 0.6
+ROOFLINE_LAYER_OVERHEAD_MS, ROOFLINE_HEAD_OVERHEAD_MS = 0.030, 0.020
+#: Qwen3 geometries (scripts/gpu_costs.py's GEOMETRIES: hidden, layers, q heads, kv heads, head dim,
+#: intermediate, vocab), copied so that this module stays pure
+QWEN3 = {
+    "qwen3-0.6b": (1024, 28, 16, 8, 128, 3072, 151936),
+    "qwen3-1.7b": (2048, 28, 16, 8, 128, 6144, 151936),
+    "qwen3-8b": (4096, 36, 32, 8, 128, 12288, 151936),
+    "qwen3-32b": (5120, 64, 64, 8, 128, 25600, 151936),
+}
+QWEN3_PAIRS = (("qwen3-0.6b", "qwen3-8b"), ("qwen3-1.7b", "qwen3-32b"))
+
+
+def roofline_costs(gpu: str = "h100", context: int = 1024, batches=(1, 8)) -> dict:
+    """A gpu_costs.json-shaped dict for the Qwen3 pairs from a roofline (ARM_ASSUMPTIONS' last),
+    for when no measured gpu_costs.json exists: decode steps, forwards over 2..256 new tokens
+    a sequence and verification forwards of 1..16 copies of 24 tokens, at each batch."""
+    bw, flops = ROOFLINE_GPUS[gpu]
+    bw, flops = bw * ROOFLINE_BW_EFF, flops * ROOFLINE_FLOP_EFF
+
+    def layer_ms(g, batch, new):
+        H, _, Hq, Hkv, D, Im, _ = g
+        weights = H * Hq * D + 2 * H * Hkv * D + Hq * D * H + 3 * H * Im
+        kv = batch * context * 2 * Hkv * D
+        moved = 2 * (weights + kv)
+        work = 2 * weights * batch * new + 4 * batch * new * (context + new) * Hq * D
+        return max(moved / bw, work / flops) * 1e3 + ROOFLINE_LAYER_OVERHEAD_MS
+
+    def head_ms(g, positions):
+        H, V = g[0], g[6]
+        return max(2 * V * H / bw, 2 * V * H * positions / flops) * 1e3 + ROOFLINE_HEAD_OVERHEAD_MS
+
+    models = {}
+    for name, g in QWEN3.items():
+        depth = g[1]
+        cases = []
+        for b in batches:
+            kinds = [("decode", 1, 1)] + [("window_forward", n, n) for n in (2, 4, 8, 16, 32, 64, 128, 256)]
+            kinds += [("verify_forward", k * 24, k) for k in (1, 2, 4, 8, 16)]
+            for kind, new, pos in kinds:
+                lm, hm = layer_ms(g, b, new), head_ms(g, b * pos)
+                cases.append(
+                    {
+                        "case": kind,
+                        "batch": b,
+                        "new_tokens": new,
+                        "logit_positions": b * pos,
+                        "layer_ms": lm,
+                        "head_ms": hm,
+                        "model_ms": lm * depth + hm,
+                    }
+                )
+        models[name] = {
+            "geometry": {"num_hidden_layers": depth},
+            "cases": [c for c in cases if c["batch"] == 1 or c["case"] == "decode"],
+            "batch_cases": [c for c in cases if c["batch"] != 1 and c["case"] != "decode"],
+        }
+    return {
+        "device": {"name": f"{gpu.upper()} (roofline stand-in)"},
+        "dtype": "bfloat16",
+        "measurement": f"a roofline stand-in, not measured (projection.roofline_costs('{gpu}'))",
+        "settings": {"context": context},
+        "pairs": [{"draft": d, "target": t} for d, t in QWEN3_PAIRS],
+        "models": models,
+        "verify_attention": [],
+    }
+
+
+def window_split(c: Counters) -> dict:
+    """Where the row's windows ended (ARM_ASSUMPTIONS): windows taken whole (all that were
+    not rejected), rejections, W and the tokens a rejected window took (the means)."""
+    W = c.window_tokens / c.windows if c.windows else 0.0
+    rejected = min(c.rejections, c.windows)
+    whole = c.windows - rejected
+    taken = (c.accepted_in_windows - whole * W) / rejected if rejected else 0.0
+    return {"window": W, "whole": whole, "rejected": rejected, "taken_when_rejected": min(max(taken, 0.0), W)}
+
+
+def chunked_window(p: dict, c: Counters, target: ModelCosts, chunk: int, overlap: bool) -> dict:
+    """A window of the `continue` projection `p` (project()) judged in chunks of `chunk` draft
+    tokens, with or without the draft of the next chunk overlapping the judgment (ARM_ASSUMPTIONS):
+    its mean cost in ms (the same terms as p's per_window), the draft tokens it drafts and
+    those a rejected window discards."""
+    B = p["batch"]
+    s = window_split(c)
+    W, a, cw = s["window"], s["taken_when_rejected"], float(chunk)
+    drafted_whole, drafted_rejected = W, min(W, a + cw)
+    decode = p["step_ms"]["target_decode"]
+    rows = p["at_batch"]["rows_per_drafter_call"]
+    d_tok = p["step_ms"]["draft_decode"] / rows  # one draft token of this request
+    forward = target.step_ms(B, B - 1 + cw, B - 1 + cw) if B > 1 else target.forward_ms(cw, cw)
+    slot_forward = decode / B + (forward - decode) if B > 1 else forward
+    copies_per_window = c.copies / c.windows if c.windows else 0.0
+    L = c.suffix_tokens / c.copies if c.copies else 0.0
+    per_pass = p["at_batch"]["requests_per_pass"]
+
+    def cost(drafted: float, rejected: bool) -> tuple[float, float]:
+        J = max(drafted / cw, 1.0)  # chunks judged (a mean: the last one's failure anywhere in it)
+        passes = max(min(J, copies_per_window), c.passes / c.windows) if copies_per_window else 0.0
+        copies = copies_per_window / passes if passes else 0.0
+        pass_ms = target.step_ms(per_pass, copies * L, copies) if passes else 0.0
+        judge = slot_forward + passes * pass_ms / J  # one chunk's judgment, its share of the passes
+        draft = cw * d_tok
+        if not overlap:
+            return J * judge + J * draft, drafted
+        # the first chunk alone, then each next chunk drafted while the last is judged; the last
+        # judgment alone (a rejection stops the drafter, whose tokens of the next chunk are lost)
+        wasted = min(cw, judge / d_tok) if rejected and d_tok > 0 else 0.0
+        return draft + (J - 1) * max(draft, judge) + judge, drafted + wasted
+
+    n = s["whole"] + s["rejected"]
+    (ms_w, dr_w), (ms_r, dr_r) = cost(drafted_whole, False), cost(drafted_rejected, True)
+    ms = (s["whole"] * ms_w + s["rejected"] * ms_r) / n if n else 0.0
+    return {
+        "chunk": chunk,
+        "overlap": overlap,
+        "ms": ms,
+        "ms_whole": ms_w,
+        "ms_rejected": ms_r,
+        "drafted_per_window": (s["whole"] * dr_w + s["rejected"] * dr_r) / n if n else 0.0,
+        "discarded_per_rejection": dr_r - a,
+        "split": s,
+    }
+
+
+def _arm(name: str, ms: float, target_ms: float, tokens: int, **extra) -> dict:
+    return {"arm": name, "ms": ms, "ms_per_token": ms / tokens, "speedup": target_ms / ms if ms > 0 else None, **extra}
+
+
+def project_arms(
+    rows: dict[str, Counters],
+    target: ModelCosts,
+    draft: ModelCosts,
+    batch: int,
+    requests: int,
+    chunk: int = 16,
+) -> dict:
+    """Each arm (ARMS) of one run at `batch`, from its rows' counters ({"token_level": the
+    k 4 row, "continue": the whole-window row, optionally "adaptive": the adaptive row as
+    run}), `requests` the run's prompts. Speed-ups per output token against the target alone
+    (ARM_ASSUMPTIONS). Raises NotProjectable where the costs miss the batch."""
+    out: dict = {"target": target.name, "draft": draft.name, "batch": batch, "chunk": chunk, "arms": {}}
+    decode = target.decode_at(batch)
+    per_token_target = decode / batch
+    arms = out["arms"]
+    arms["target"] = {"arm": "target", "ms_per_token": per_token_target, "speedup": 1.0}
+    tl = project(rows["token_level"], target, draft, batch)
+    arms["token_level"] = _arm("token_level", tl["time_ms"]["total"], tl["target_alone_ms"], rows["token_level"].tokens)
+    cont_c = rows["continue"]
+    cont = project(cont_c, target, draft, batch)
+    base = cont["time_ms"]["total"]
+    whole = cont.get("per_window", {}).get("ms", 0.0)
+    s = window_split(cont_c)
+    arms["continue"] = _arm(
+        "continue",
+        base,
+        cont["target_alone_ms"],
+        cont_c.tokens,
+        discarded_per_rejection=s["window"] - s["taken_when_rejected"] if s["rejected"] else 0.0,
+        window_ms=whole,
+        split=s,
+    )
+    for name, overlap in (("chunked", False), ("chunked_overlap", True)):
+        if cont_c.windows:
+            w = chunked_window(cont, cont_c, target, chunk, overlap)
+            ms = base + cont_c.windows * (w["ms"] - whole)
+        else:
+            w, ms = {"discarded_per_rejection": 0.0, "ms": 0.0}, base
+        arms[name] = _arm(
+            name,
+            ms,
+            cont["target_alone_ms"],
+            cont_c.tokens,
+            discarded_per_rejection=w["discarded_per_rejection"],
+            window_ms=w["ms"],
+        )
+    # adaptive: the best arm plus the most its exploration can cost (ARM_ASSUMPTIONS)
+    from parse_vllm.window_policy import FIRST_BACKOFF, MIN_WINDOW, exploration_bound
+
+    best = min(("token_level", "continue", "chunked", "chunked_overlap"), key=lambda a: arms[a]["ms_per_token"])
+    answer = max(cont_c.tokens / max(requests, 1), 1.0)
+    probe_tokens = exploration_bound(int(answer), MIN_WINDOW, FIRST_BACKOFF)
+    probes = probe_tokens / MIN_WINDOW
+    rows_per_call = cont["at_batch"]["rows_per_drafter_call"]
+    probe_forward = (
+        decode / batch + target.step_ms(batch, batch - 1 + MIN_WINDOW + 1, batch - 1 + MIN_WINDOW + 1) - decode
+        if batch > 1
+        else target.forward_ms(MIN_WINDOW + 1, MIN_WINDOW + 1)
+    )
+    probe_ms = MIN_WINDOW * cont["step_ms"]["draft_decode"] / rows_per_call + probe_forward
+    probe_ms += cont["step_ms"]["verification_pass"]
+    # where a window arm is the best, the probes are that arm's own windows: nothing to add
+    explore_per_token = probes * probe_ms / answer if best == "token_level" else 0.0
+    ms_per_token = arms[best]["ms_per_token"] + explore_per_token
+    arms["adaptive"] = {
+        "arm": "adaptive",
+        "best_arm": best,
+        "ms_per_token": ms_per_token,
+        "speedup": per_token_target / ms_per_token,
+        "exploration_ms_per_token": explore_per_token,
+        "probes_per_request": probes,
+        "answer_tokens": answer,
+    }
+    for a in ("token_level", "continue", "chunked", "chunked_overlap"):
+        arms[a]["ms_per_token"] = arms[a]["ms"] / (rows["token_level"].tokens if a == "token_level" else cont_c.tokens)
+    if "adaptive" in rows:
+        ar = project(rows["adaptive"], target, draft, batch)
+        arms["adaptive_as_run"] = _arm(
+            "adaptive_as_run", ar["time_ms"]["total"], ar["target_alone_ms"], rows["adaptive"].tokens
+        )
+    out["adaptive_over_token_level"] = arms["adaptive"]["speedup"] / arms["token_level"]["speedup"]
+    return out
+
+
+def arm_rows(summary: dict) -> dict[int, tuple[dict[str, Counters], int]]:
+    """{batch: ({arm: counters}, requests)} of one eval run (a `judge_e2e` summary): its
+    `token-k4` row, its whole-window PARSE row at τ_head (else the highest τ) and its adaptive
+    row, at each batch that has the first two."""
+    tau = (summary.get("tau_head") or {}).get("tau")
+    by: dict[int, dict] = {}
+    for r in summary.get("rows", []):
+        c = counters_from_row(r)
+        if c is None:
+            continue
+        b = int(r.get("batch") or 1)
+        cfg = str(r.get("config", ""))
+        slot = by.setdefault(b, {"requests": int(r.get("n_prompts") or 1)})
+        if cfg == "token-k4":
+            slot["token_level"] = c
+        elif cfg.startswith("parse") and "adaptive" in cfg:
+            slot["adaptive"] = c
+        elif cfg.startswith("parse") and r.get("tau") is not None:
+            prev = slot.get("_tau")
+            if (tau is not None and r["tau"] == tau) or (tau is None and (prev is None or r["tau"] > prev)):
+                slot["continue"], slot["_tau"] = c, r["tau"]
+    return {
+        b: ({k: v for k, v in s.items() if k in ("token_level", "continue", "adaptive")}, s["requests"])
+        for b, s in sorted(by.items())
+        if "token_level" in s and "continue" in s
+    }
+
+
+def arms_projection(gpu_costs: dict, summary: dict, source: str = "", chunk: int = 16) -> dict:
+    """project_arms for every pair of `gpu_costs` at every batch of `summary` (arm_rows)."""
+    out = {"source": source, "gpu": gpu_costs.get("device", {}).get("name"), "chunk": chunk, "runs": []}
+    out["measurement"] = gpu_costs.get("measurement")
+    for p in gpu_costs.get("pairs", []):
+        try:
+            t, d = model_costs(gpu_costs, p["target"]), model_costs(gpu_costs, p["draft"])
+        except KeyError:
+            continue
+        for b, (rows, n) in arm_rows(summary).items():
+            try:
+                out["runs"].append(project_arms(rows, t, d, b, n, chunk))
+            except NotProjectable as e:
+                out["runs"].append({"target": t.name, "draft": d.name, "batch": b, "not_projected": str(e)})
+    out["assumptions"] = list(ASSUMPTIONS) + list(ARM_ASSUMPTIONS)
+    return out
+
+
+def arms_section(proj: dict) -> list[str]:
+    """The arms as a Markdown table: one column per (pair, batch), one row per arm."""
+    runs = [r for r in proj["runs"] if "arms" in r]
+    out = [
+        f"## The arms on {proj['gpu']} (`{proj['source']}` counters, chunks of {proj['chunk']})",
+        "",
+        f"Costs: {proj['measurement']}. Speed-up per output token over the target alone at the same batch; "
+        "a model, not a measurement (assumptions below).",
+        "",
+    ]
+    if not runs:
+        return out + ["Nothing projected.", ""]
+    out.append("| arm | " + " | ".join(f"{r['draft']} → {r['target']}, batch {r['batch']}" for r in runs) + " |")
+    out.append("|---|" + "---:|" * len(runs))
+    names = list(ARMS) + (["adaptive_as_run"] if any("adaptive_as_run" in r["arms"] for r in runs) else [])
+    for a in names:
+        cells = [_f(r["arms"].get(a, {}).get("speedup")) + "x" if a in r["arms"] else "—" for r in runs]
+        out.append(f"| {ARM_LABELS[a]} | " + " | ".join(cells) + " |")
+    out.append("| adaptive / token-level k 4 | " + " | ".join(_f(r["adaptive_over_token_level"]) for r in runs) + " |")
+    out.append("| adaptive's best arm | " + " | ".join(r["arms"]["adaptive"]["best_arm"] for r in runs) + " |")
+    out.append(
+        "| draft tokens discarded per rejection: whole / chunked / overlap | "
+        + " | ".join(
+            " / ".join(
+                _f(r["arms"][a]["discarded_per_rejection"], ".0f") for a in ("continue", "chunked", "chunked_overlap")
+            )
+            for r in runs
+        )
+        + " |"
+    )
+    left = [r["not_projected"] for r in proj["runs"] if "not_projected" in r]
+    if left:
+        out += ["", "Not projected: " + "; ".join(left)]
+    out += ["", "Assumptions (the arms):", ""] + [f"- {a}" for a in ARM_ASSUMPTIONS]
+    return out
+
+
 def load_summaries(paths) -> dict[str, dict]:
     """{the summary's folder name: its content} for the eval summaries that exist."""
     return {p.parent.name or str(p): json.loads(p.read_text()) for p in map(Path, paths) if p.is_file()}
@@ -614,16 +978,43 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m parse_vllm.tools.benchmarks.projection", description=__doc__.split("\n\n")[0]
     )
-    ap.add_argument("gpu_costs", type=Path, help="a gpu_costs.json (scripts/gpu_costs.py)")
+    ap.add_argument(
+        "gpu_costs",
+        help="a gpu_costs.json (scripts/gpu_costs.py), or roofline:h100 / roofline:h200 (a stand-in, not measured)",
+    )
     ap.add_argument("summaries", type=Path, nargs="*", default=list(DEFAULT_COUNTERS), help="eval summary.json files")
     ap.add_argument("--json", action="store_true", help="print the projection as JSON instead of Markdown")
-    args = ap.parse_args(argv)
-    costs = json.loads(args.gpu_costs.read_text())
+    ap.add_argument(
+        "--arms",
+        action="store_true",
+        help="each arm (target, token-level k 4, whole window, chunked with and without overlap, adaptive) of each "
+        f"run instead; summaries default to {ARMS_COUNTERS}",
+    )
+    ap.add_argument("--chunk", type=int, default=16, help="draft tokens per judged chunk (--arms; default 16)")
+    args = ap.parse_intermixed_args(argv)
+    if args.gpu_costs.startswith("roofline:"):
+        gpu = args.gpu_costs.split(":", 1)[1]
+        if gpu not in ROOFLINE_GPUS:
+            ap.error(f"no roofline for {gpu!r} (known: {', '.join(ROOFLINE_GPUS)})")
+        costs, name = roofline_costs(gpu), args.gpu_costs
+    else:
+        costs, name = json.loads(Path(args.gpu_costs).read_text()), Path(args.gpu_costs).name
+    if args.arms:
+        paths = args.summaries if args.summaries != list(DEFAULT_COUNTERS) else [ARMS_COUNTERS]
+        summaries = {str(p.parent): json.loads(p.read_text()) for p in map(Path, paths) if p.is_file()}
+        if not summaries:
+            ap.error("none of the summaries exists: " + ", ".join(map(str, paths)))
+        projs = [arms_projection(costs, s, src, args.chunk) for src, s in summaries.items()]
+        if args.json:
+            print(json.dumps(projs, indent=1))
+        else:
+            print("\n".join(line for p in projs for line in arms_section(p) + [""]))
+        return 0
     summaries = load_summaries(args.summaries)
     if not summaries:
         ap.error("none of the summaries exists: " + ", ".join(map(str, args.summaries)))
     proj = projection(costs, summaries)
-    print(json.dumps(proj, indent=1) if args.json else "\n".join(section(proj, costs, args.gpu_costs.name)))
+    print(json.dumps(proj, indent=1) if args.json else "\n".join(section(proj, costs, name)))
     return 0
 
 
