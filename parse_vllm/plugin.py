@@ -143,7 +143,7 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
     if spec is None or spec.method != "draft_model":
         raise ParseConfigError(
             'PARSE needs a draft model: pass speculative_config={"method": '
-            '"draft_model", "model": DRAFT, "num_speculative_tokens": W} '
+            '"parse", "model": DRAFT, "num_speculative_tokens": W} '
             f"(got {None if spec is None else spec.method!r})"
         )
     method = getattr(spec, "rejection_sample_method", "standard")
