@@ -108,6 +108,27 @@ def test_spec_method_alias_names_parse():
         named_speculative_config(_spec(), {}, spec_method="parse")
 
 
+def test_the_hook_fails_loudly_on_a_vllm_that_changed(monkeypatch):
+    from vllm.engine.arg_utils import EngineArgs
+
+    import parse_vllm._vllm.engine_args as engine_args
+    from parse_vllm import _vllm
+    from parse_vllm.plugin import register
+
+    register()
+    assert getattr(EngineArgs.create_engine_config, "__parse_vllm_hook__", False)
+    _vllm.check_engine_args_hook()  # the vLLM installed is the one checked
+    monkeypatch.setattr(EngineArgs, "create_engine_config", lambda self, usage_context=None, headless=False, x=0: 0)
+    with pytest.raises(
+        _vllm.VllmChangedError, match=r"EngineArgs.create_engine_config takes \('self', 'usage_context'"
+    ):
+        _vllm.check_engine_args_hook()
+    monkeypatch.undo()
+    monkeypatch.setattr(engine_args, "speculative_methods", lambda: {"draft_model", "parse"})
+    with pytest.raises(_vllm.VllmChangedError, match='has a method "parse" of its own'):
+        _vllm.check_engine_args_hook()
+
+
 # -- the engine config vLLM builds -------------------------------------------------
 
 
