@@ -210,6 +210,19 @@ def test_old_spelling_gives_the_same_engine_config(tiny_models, v2_env_unset):
     assert old.parallel_config.worker_cls == new.parallel_config.worker_cls
 
 
+def test_spec_method_alias_builds_the_same_engine_config(tiny_models, v2_env_unset):
+    cfg = _engine_config(
+        tiny_models,
+        spec_method="parse",
+        spec_model=str(tiny_models["draft"]),
+        spec_tokens=8,
+        speculative_config={"guard": 1},
+    )
+    assert cfg.speculative_config.method == "draft_model" and cfg.speculative_config.num_speculative_tokens == 8
+    assert cfg.additional_config["parse"]["guard"] == 1
+    assert os.environ[V2_ENV] == "0"
+
+
 def test_runner_v2_asked_for_or_forced_is_refused_saying_why(tiny_models, monkeypatch):
     spec = {"method": "parse", "model": str(tiny_models["draft"]), "num_speculative_tokens": 8}
     monkeypatch.setenv(V2_ENV, "1")
