@@ -56,7 +56,8 @@ CONFIG_FLAGS = ("--config", "--parse-config")  # `parse-vllm serve` flags that n
 def check_with_vllm(preset: Preset | None, argv: list[str]) -> argparse.Namespace:
     """Run `vllm serve ARGV` through vLLM's own parser and its pre-start checks
     (validate_parsed_serve_args), naming the preset's field when one of its
-    values is refused. No engine starts. Returns vLLM's parsed arguments."""
+    values is refused, then read a speculative config naming PARSE as the plugin
+    will. No engine starts. Returns vLLM's parsed arguments."""
     from parse_vllm import _vllm
 
     parser, serve_parser = _vllm.vllm_serve_parser()
@@ -87,10 +88,11 @@ def check_with_vllm(preset: Preset | None, argv: list[str]) -> argparse.Namespac
         args.validate(args)
     except (TypeError, ValueError) as e:
         raise PresetError(f"{where}: {e}") from None
+    check_parse_named(args, where)
     return args
 
 
-def check_parse_named(args: argparse.Namespace) -> None:
+def check_parse_named(args: argparse.Namespace, where: str) -> None:
     """A speculative config naming PARSE ("method": "parse"), read as the plugin reads it
     inside vLLM (plugin.named_speculative_config), so that a bad PARSE key or a clash with
     --additional-config stops the command with its message and no traceback. The plugin
@@ -106,7 +108,7 @@ def check_parse_named(args: argparse.Namespace) -> None:
             aliases={"model": args.spec_model, "num_speculative_tokens": args.spec_tokens},
         )
     except ParseConfigError as e:
-        raise PresetError(f"--speculative-config: {e}") from None
+        raise PresetError(f"{where}: {e}") from None
 
 
 # -- `parse-vllm serve` / `parse-vllm flags` -----------------------------------
@@ -165,7 +167,6 @@ def serve(argv: list[str]) -> None:
     # vLLM's own parser and pre-start checks (a preset's values refused are
     # reported against the preset's fields), before any engine starts.
     args = check_with_vllm(preset, argv)
-    check_parse_named(args)
     from parse_vllm import _vllm
 
     if args.data_parallel_size == 1 and args.distributed_executor_backend in (None, "uni"):
