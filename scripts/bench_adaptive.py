@@ -231,6 +231,41 @@ def goal_keys(rows: list[dict], tau: float | None = None) -> dict:
     return out
 
 
+def goal_lines(keys: dict) -> list[str]:
+    """The policy's goals (goal_keys) as a table: adaptive's time per task against the best of the
+    target, token-level k 4 and `continue` per set and batch (goal ≥ 0.97 pooled and in each
+    repeat), pass@1 against the target's (goal: at most one problem per 40 tasks lost), and the
+    draft tokens thrown away per rejected window (goal: 3x fewer judged in parts)."""
+    lines = [
+        "| set | batch | adaptive × best (time per task) [95% CI]; by repeat | best | goal ≥ 0.97 |",
+        "|---|---:|---|---|---|",
+    ]
+    for name in GOAL_SETS.values():
+        for batch in (1, 8):
+            key = f"policy_over_best_{name}_bs{batch}"
+            if key not in keys:
+                lines.append(f"| {name} | {batch} | not measured | — | — |")
+                continue
+            ratio, by = keys[key], keys[f"{key}_by_repeat"]
+            met = "met" if ratio >= 0.97 and all(b is not None and b >= 0.97 for b in by) else "**not met**"
+            text = timing.describe_ratio(ratio, keys[f"{key}_ci"], by_repeat=by)
+            lines.append(f"| {name} | {batch} | {text} | {keys[f'{key}_baseline']} | {met} |")
+    lines += ["", "| set | pass@1 adaptive | pass@1 target |", "|---|---:|---:|"]
+    for name in GOAL_SETS.values():
+        a, t = keys.get(f"policy_pass_at_1_{name}"), keys.get(f"target_pass_at_1_{name}")
+        lines.append(f"| {name} | {'—' if a is None else f'{a:.3f}'} | {'—' if t is None else f'{t:.3f}'} |")
+    before, after = keys.get("discarded_draft_per_rejection_before"), keys.get("discarded_draft_per_rejection_after")
+    lines += [
+        "",
+        "Draft tokens thrown away per rejected window at batch 8, `continue`: "
+        + ("—" if before is None else f"{before:.1f}")
+        + " judged whole, "
+        + ("not measured" if after is None else f"{after:.1f}")
+        + " judged in parts (goal: 3x fewer).",
+    ]
+    return lines
+
+
 def speed(ref: dict, row: dict, few: bool = False) -> dict:
     """ref's time per task over row's, pooled, by repeat, with the interval over repeats and
     tasks and the verdict (timing.speed_figures)."""
@@ -444,6 +479,10 @@ def section(rows: list[dict], noise: dict[str, dict] | None = None) -> str:
                 render(rows).rstrip("\n"),
                 "",
                 *goals(rows),
+                "",
+                "The policy's goals (issue 47), from the Coder rows at the head's τ:",
+                "",
+                *goal_lines(goal_keys(rows)),
                 *(["", "Noise floor of each run:", "", *noise_lines(noise)] if noise else []),
             ]
         )
