@@ -104,8 +104,9 @@ def _gpu_worker():
         def _make_model_runner(self):
             if self.use_v2_model_runner:
                 raise RuntimeError(
-                    "PARSE runs on vLLM's model runner V1; set VLLM_USE_V2_MODEL_RUNNER=0 "
-                    "(parse-vllm sets it when PARSE is named; something overrode it)"
+                    "PARSE runs on vLLM's model runner V1, but this engine chose V2 (the plugin sets "
+                    "VLLM_USE_V2_MODEL_RUNNER=0 when PARSE is named, so something overrode it after the "
+                    "config was built, or vLLM chose V2 for a feature PARSE does not support)"
                 )
             from parse_vllm.runner import ParseGPUModelRunner
 
