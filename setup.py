@@ -31,6 +31,7 @@ Knobs (environment variables)
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import re
@@ -220,7 +221,22 @@ def _extensions():
         _rel("csrc", "cpu", "prefix_verify_attention.cpp"),
         _rel("csrc", "cpu", "prefix_verify_tc_emulator.cpp"),
     ]
-    cxx = ["-O3", "-fopenmp", "-Wno-unused-function", "-Wno-maybe-uninitialized", *_ISA_FLAGS[isa]]
+    # The kernels' version (parse_vllm/ops/kernel_sources.py): a hash of csrc/, reported by the op.
+    root = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "_pv_kernel_sources", os.path.join(root, "parse_vllm", "ops", "kernel_sources.py")
+    )
+    kernel_sources = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel_sources)
+    kernel_hash = kernel_sources.kernel_sources_hash(root)
+    cxx = [
+        "-O3",
+        "-fopenmp",
+        "-Wno-unused-function",
+        "-Wno-maybe-uninitialized",
+        f"-DPARSE_VLLM_KERNEL_HASH={kernel_hash}",
+        *_ISA_FLAGS[isa],
+    ]
     link = ["-fopenmp", *_shared_libstdcxx()]
     if build_cuda:
         arch_list = (

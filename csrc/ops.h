@@ -8,6 +8,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <array>
+#include <cstdlib>
+#include <string>
 
 namespace parse_vllm {
 
@@ -40,7 +42,10 @@ struct PrefixVerifyArgs {
 // tensors are on the host, where reading them costs nothing (on a GPU it would
 // synchronise).  Throws c10::Error whose message starts with
 // "prefix_verify_attention: " (the Python face turns it into ValueError).
-void check_prefix_verify_args(const PrefixVerifyArgs& a);
+// check_values = false skips the index values wherever they are: what a call
+// with its indices on a GPU gets (the CPU emulator of the CUDA kernel uses it
+// to run the calls a GPU would take unchecked).
+void check_prefix_verify_args(const PrefixVerifyArgs& a, bool check_values = true);
 
 void prefix_verify_attention_cpu(const PrefixVerifyArgs& a);
 
@@ -50,10 +55,34 @@ void prefix_verify_attention_cpu(const PrefixVerifyArgs& a);
 void prefix_verify_attention_cuda(const PrefixVerifyArgs& a);
 bool prefix_verify_attention_cuda_tc(const PrefixVerifyArgs& a);
 
-// Which CUDA kernel serves a call of this dtype, for the factory's recorded
-// measurements ("tc-1": tensor cores, bf16/fp16; "cc-1": the CUDA-core kernel).
-inline constexpr const char* kTensorCoreKernelVersion = "tc-1";
-inline constexpr const char* kCudaCoreKernelVersion = "cc-1";
+// Which CUDA kernel serves a call: the tensor-core one for bf16 / fp16 whose
+// rows are 16-byte aligned (and T * Hq < 2^31), unless PARSE_VLLM_CUDA_KERNEL=
+// cuda-core asks for the CUDA-core one, which serves everything else.  The one
+// rule: prefix_verify_attention_cuda dispatches by it, and the op's
+// cuda_kernel_version(dtype) reports it, so that the factory's recorded
+// measurements are looked up under the kernel that will serve.
+enum class CudaKernel : int { kNone = 0, kTensorCore = 1, kCudaCore = 2 };
+
+inline bool cuda_core_forced() {
+  const char* which = std::getenv("PARSE_VLLM_CUDA_KERNEL");
+  return which != nullptr && std::string(which) == "cuda-core";
+}
+
+inline CudaKernel cuda_kernel_for(at::ScalarType dt, bool rows_aligned) {
+  const bool tc_dtype = dt == at::kBFloat16 || dt == at::kHalf;
+  return !cuda_core_forced() && tc_dtype && rows_aligned ? CudaKernel::kTensorCore : CudaKernel::kCudaCore;
+}
+
+// "tc-<hash>" / "cc-<hash>": the kernel and a hash of csrc/ built in by setup.py
+// (parse_vllm/ops/kernel_sources.py), so that a changed kernel never inherits
+// old measurements.  Defined in torch_bindings.cpp.
+std::string cuda_kernel_version(CudaKernel k);
+
+// The kernel that served the latest CUDA call of this process (kNone before
+// any): the CUDA dispatcher notes it, torch.ops.parse_vllm.last_cuda_kernel()
+// reports its version.  No host synchronisation: it is known at launch.
+void note_cuda_kernel_served(CudaKernel k);
+CudaKernel last_cuda_kernel_served();
 
 // The CPU emulation of the tensor-core kernel's schedule and numerics
 // (csrc/cpu/prefix_verify_tc_emulator.cpp): same tiling header, same split plan

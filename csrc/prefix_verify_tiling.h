@@ -27,8 +27,10 @@
 //   (960 + 64 <= 1000), [1024, 1088) and [1088, 1152) PARTIAL (rows of copy 0 stop
 //   at 1000), [1152, ...) SKIPPED (never loaded).  Its suffix keys: tokens
 //   [0, 32) of k_new, causal within each copy.
-//   Grid: x = an upper bound of the row tiles, ceil(T * G / kRows) + C = 6 + 4 =
-//   10 (CTAs past the real 7 tiles return at once), y = Hkv, z = the key splits.
+//   Grid: one dimension of (row tile, kv head, split) CTAs, row tile slowest
+//   (tc_cta_coords), over an upper bound of the row tiles, ceil(T * G / kRows) +
+//   C = 6 + 4 = 10: the CTAs of the 3 tiles past the real 7 come last in
+//   dispatch order and return at once.
 #pragma once
 
 #include <cstdint>
@@ -81,6 +83,24 @@ PV_HD int64_t max_row_tiles(int64_t T, int64_t num_copies, int64_t G, int64_t ro
   return ceil_div(T * G, rows_per_tile) + num_copies;
 }
 
+// CTA `linear` of the one-dimensional grid: row tile slowest, then kv head,
+// then split.  The grid holds max_row_tiles x Hkv x S CTAs; GPUs dispatch
+// blockIdx.x in increasing order, so every CTA of a real row tile is dispatched
+// before the empty ones past the last tile (which only find that they have no
+// rows and return).
+struct CtaCoords {
+  int64_t tile, h, split;
+};
+
+PV_HD CtaCoords tc_cta_coords(int64_t linear, int64_t Hkv, int64_t num_splits) {
+  CtaCoords c;
+  c.split = linear % num_splits;
+  const int64_t th = linear / num_splits;
+  c.h = th % Hkv;
+  c.tile = th / Hkv;
+  return c;
+}
+
 // One query row of a run.
 struct RowInfo {
   bool valid;     // false past the run's last row (tile padding)
@@ -93,13 +113,15 @@ struct RowInfo {
 };
 
 // Row r of the run of copies [c0, c1).  The copy of token t is found by a
-// binary search of cu over the run's copies (empty copies are skipped).
+// binary search of cu over the run's copies (empty copies are skipped).  A
+// token at or past T (cu_copy_lens[-1] > T breaks the contract, and on a GPU
+// the values are not checked) is no row: nothing is read or written past T.
 PV_HD RowInfo run_row(const int32_t* cu, const int32_t* copy_prefix_len, int64_t c0, int64_t c1, int64_t G,
-                      int64_t window, int64_t r) {
+                      int64_t window, int64_t T, int64_t r) {
   RowInfo x{};
   const int64_t tok0 = cu[c0];
   const int64_t t = tok0 + r / G;
-  x.valid = t < cu[c1];
+  x.valid = t < cu[c1] && t < T;
   if (!x.valid) return x;
   int64_t lo = c0, hi = c1;  // invariant: cu[lo] <= t < cu[hi]
   while (hi - lo > 1) {
@@ -184,38 +206,74 @@ PV_HD KeyRange suffix_key_range(const RowBounds& b) {
 // ---------------------------------------------------------------- key splits
 
 // Split-KV (flash-decoding): split s walks the cached keys [s * chunk, (s + 1)
-// * chunk).  Chosen on the host from the real bound of the call's prefixes
-// (max_prefix_len, which the caller knows) and the GPU's size, never from the
-// block table's width: enough (row tile, kv head, split) CTAs for about
-// `target_ctas`, each split at least kTcMinChunk keys, chunk a whole number of
-// key tiles so that no tile straddles two splits.
+// * chunk), and the last split runs on to the largest prefix of its rows: a
+// prefix longer than the max_prefix_len the plan was made for (a caller's
+// mistake, or a CUDA graph captured with shorter prefixes and replayed with
+// longer ones) costs time in the last split, never keys.  The chunk is a whole
+// number of key tiles, so that no tile straddles two splits.
 struct SplitPlan {
   int64_t num_splits;
   int64_t chunk;
 };
 
-PV_HD SplitPlan plan_splits(int64_t max_prefix_len, int64_t est_row_tiles, int64_t Hkv, int64_t target_ctas,
+// The plan's cost model, in units of one key tile of one CTA: a CTA costs its
+// key tiles plus kTcCtaOverheadTiles (finding its rows, loading Q, the first
+// tile's latency); several splits add kTcMergeTiles (the fp32 partial states
+// written and read again, and the merge launch).  CTAs run in waves of `slots`
+// (SMs x resident CTAs per SM), so a call costs its number of waves times one
+// CTA.  Rough figures from the 2026-11-28 review's H100 model (about 0.9 us a
+// tile, a 3 us cold prologue, about 5 us for the merge and its launch).
+constexpr int64_t kTcCtaOverheadTiles = 2;
+constexpr int64_t kTcMergeTiles = 5;
+// Resident CTAs per SM the plan assumes: 87 KB of shared memory per CTA up to
+// D = 128 (two per SM on sm_80 / sm_90; one on sm_86 / sm_89, whose plan is then
+// half a wave deep, never wrong).
+constexpr int64_t kTcCtasPerSm = 2;
+
+PV_HD int64_t tc_plan_cost(int64_t key_tiles, int64_t splits, int64_t pairs, int64_t slots) {
+  const int64_t per_cta = ceil_div(key_tiles, splits) + kTcCtaOverheadTiles;
+  return ceil_div(pairs * splits, slots) * per_cta + (splits > 1 ? kTcMergeTiles : 0);
+}
+
+// The split count of least modelled cost for `est_row_tiles` row tiles x Hkv
+// kv heads over max_prefix_len keys (the caller's bound, never the block
+// table's width), each split at least kTcMinChunk keys and at most
+// kTcMaxSplits splits; ties go to fewer splits.  So a split count is never
+// rounded up into a partial wave (1.09 waves at 288 CTAs for 264 slots cost
+// two), and where one wave of unsplit CTAs already covers the work there is
+// no split and no merge launch.
+PV_HD SplitPlan plan_splits(int64_t max_prefix_len, int64_t est_row_tiles, int64_t Hkv, int64_t slots,
                             int64_t keys_per_tile) {
-  SplitPlan s{1, keys_per_tile};
   const int64_t P = max_prefix_len > 0 ? max_prefix_len : 1;
   const int64_t pairs = (est_row_tiles > 0 ? est_row_tiles : 1) * (Hkv > 0 ? Hkv : 1);
-  int64_t want = ceil_div(target_ctas, pairs);
-  const int64_t most = ceil_div(P, kTcMinChunk);
-  want = want < most ? want : most;
-  want = want < kTcMaxSplits ? want : kTcMaxSplits;
-  want = want > 1 ? want : 1;
-  s.chunk = ceil_div(ceil_div(P, want), keys_per_tile) * keys_per_tile;
-  s.num_splits = ceil_div(P, s.chunk);
-  return s;
+  const int64_t S_slots = slots > 0 ? slots : 1;
+  const int64_t tiles = ceil_div(P, keys_per_tile);
+  const int64_t min_tiles = ceil_div(kTcMinChunk, keys_per_tile);
+  int64_t most = ceil_div(tiles, min_tiles);
+  most = most < kTcMaxSplits ? most : kTcMaxSplits;
+  SplitPlan best{1, tiles * keys_per_tile};
+  int64_t best_cost = tc_plan_cost(tiles, 1, pairs, S_slots);
+  for (int64_t s = 2; s <= most; ++s) {
+    const int64_t per = ceil_div(tiles, s);
+    if (ceil_div(tiles, per) != s) continue;  // the same chunk as a smaller count
+    const int64_t cost = tc_plan_cost(tiles, s, pairs, S_slots);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = SplitPlan{s, per * keys_per_tile};
+    }
+  }
+  return best;
 }
 
 // The cached key tiles split `s` walks for rows `b`: tile starts k0 in
-// [first, end) step keys_per_tile, aligned to keys_per_tile.
+// [first, end) step keys_per_tile, aligned to keys_per_tile.  The last split
+// has no upper end of its own (see SplitPlan).
 PV_HD KeyRange split_key_tiles(const RowBounds& b, const SplitPlan& sp, int64_t s, int64_t keys_per_tile) {
   KeyRange r;
-  const int64_t s_lo = s * sp.chunk, s_hi = s_lo + sp.chunk;
+  const int64_t s_lo = s * sp.chunk;
+  const bool last = s + 1 >= sp.num_splits;
   const int64_t lo = b.lo_min > s_lo ? b.lo_min : s_lo;
-  const int64_t hi = b.hi_max < s_hi ? b.hi_max : s_hi;
+  const int64_t hi = last || b.hi_max < s_lo + sp.chunk ? b.hi_max : s_lo + sp.chunk;
   r.lo = (lo / keys_per_tile) * keys_per_tile;
   r.hi = hi;
   if (hi <= lo) r.lo = r.hi = 0;
@@ -226,6 +284,36 @@ PV_HD KeyRange split_key_tiles(const RowBounds& b, const SplitPlan& sp, int64_t 
 // is zero-filled): those some row of the CTA sees.  Keys at or past hi_max may
 // lie in blocks the request does not own.
 PV_HD bool cached_key_loaded(int64_t key, const RowBounds& b) { return key >= b.lo_min && key < b.hi_max; }
+
+// Where slot n of a key tile is read from: the element offset of its key row
+// (kv head h) in the key and value source (the caches for a cached tile, k_new
+// and v_new for a suffix tile), or -1 for a zero-filled slot.  Computed once
+// per key of a tile (one block-table read, one division), not per 16-byte chunk.
+struct KeySource {
+  int64_t k, v;
+};
+
+PV_HD KeySource cached_key_source(int64_t key, const KeyRange& walk, const RowBounds& b, const int32_t* bt_row,
+                                  int64_t block_size, const CacheStrides& ks, const CacheStrides& vs, int64_t h) {
+  if (key >= walk.hi || !cached_key_loaded(key, b)) return KeySource{-1, -1};
+  const int64_t logical_block = key / block_size;
+  const int64_t slot = key - logical_block * block_size;
+  const int64_t physical = static_cast<int64_t>(bt_row[logical_block]);
+  return KeySource{physical * ks.block + slot * ks.token + h * ks.head, physical * vs.block + slot * vs.token + h * vs.head};
+}
+
+PV_HD KeySource suffix_key_source(int64_t tk, const KeyRange& walk, int64_t kn_s0, int64_t kn_s1, int64_t vn_s0,
+                                  int64_t vn_s1, int64_t h) {
+  if (tk >= walk.hi) return KeySource{-1, -1};
+  return KeySource{tk * kn_s0 + h * kn_s1, tk * vn_s0 + h * vn_s1};
+}
+
+// Rows the merge writes: those some split wrote a state for, the tokens
+// [cu[0], min(cu[C], T)) (a call whose cu_copy_lens stops short of T leaves the
+// rest of `out` as it was, with one split or several).
+PV_HD bool merge_row_written(const int32_t* cu, int64_t num_copies, int64_t t) {
+  return num_copies > 0 && t >= cu[0] && t < cu[num_copies];
+}
 
 // ---------------------------------------------------------------- softmax, base 2
 //

@@ -10,16 +10,18 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
 #include "ops.h"
+#include "prefix_verify_tiling.h"
 
 namespace parse_vllm {
 
 #define PV_CHECK(cond, ...) TORCH_CHECK(cond, "prefix_verify_attention: ", __VA_ARGS__)
 
-void check_prefix_verify_args(const PrefixVerifyArgs& a) {
+void check_prefix_verify_args(const PrefixVerifyArgs& a, bool check_values) {
   PV_CHECK(a.q.dim() == 3, "q must be [T, Hq, D], got shape ", a.q.sizes());
   const int64_t T = a.q.size(0), Hq = a.q.size(1), D = a.q.size(2);
   for (const auto& [t, name] : {std::pair{&a.k_new, "k_new"}, std::pair{&a.v_new, "v_new"}}) {
@@ -81,7 +83,7 @@ void check_prefix_verify_args(const PrefixVerifyArgs& a) {
   PV_CHECK(a.max_prefix_len >= 0, "max_prefix_len must be >= 0 (0 = bounded by the block table), got ",
            a.max_prefix_len);
 
-  if (!a.copy_req.device().is_cpu()) return;  // values: only where reading them is free
+  if (!check_values || !a.copy_req.device().is_cpu()) return;  // values: only where reading them is free
   const int32_t* cu = a.cu_copy_lens.data_ptr<int32_t>();
   const int32_t* req = a.copy_req.data_ptr<int32_t>();
   const int32_t* plen = a.copy_prefix_len.data_ptr<int32_t>();
@@ -135,18 +137,19 @@ void prefix_verify_attention(at::Tensor& out, const at::Tensor& q, const at::Ten
 }
 
 // The tensor-core kernel's schedule run on the host (tests/test_kernel_tc_schedule.py): same
-// arguments as the op (CPU tensors), the GPU's SM count for the split plan, and the pair counter.
+// arguments as the op (CPU tensors), the GPU's SM count for the split plan, the pair counter, and
+// whether the index values are checked (false: as a call with its indices on a GPU, unchecked).
 void prefix_verify_tc_emulate_op(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_new,
                                  const at::Tensor& v_new, const at::Tensor& key_cache,
                                  const at::Tensor& value_cache, const at::Tensor& block_table,
                                  const at::Tensor& copy_req, const at::Tensor& copy_prefix_len,
                                  const at::Tensor& cu_copy_lens, double scale, double softcap,
                                  int64_t sliding_window, int64_t max_prefix_len, int64_t num_sms,
-                                 at::Tensor& visits) {
+                                 at::Tensor& visits, bool check_values) {
   const PrefixVerifyArgs a{out,         q,        k_new,           v_new,        key_cache, value_cache,
                            block_table, copy_req, copy_prefix_len, cu_copy_lens, scale,     softcap,
                            sliding_window, max_prefix_len};
-  check_prefix_verify_args(a);
+  check_prefix_verify_args(a, check_values);
   TORCH_CHECK(q.device().is_cpu(), "prefix_verify_tc_emulate: CPU tensors only");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
               "prefix_verify_tc_emulate: the tensor-core kernel takes bfloat16 / float16, got ", q.scalar_type());
@@ -158,11 +161,48 @@ void prefix_verify_tc_emulate_op(at::Tensor& out, const at::Tensor& q, const at:
   prefix_verify_tc_emulate(a, num_sms, visits);
 }
 
+std::atomic<int> g_last_cuda_kernel{0};
+
+// The tensor-core kernel's launch plan for a call of these sizes on a GPU of `num_sms` SMs
+// (tests/test_kernel_tc_schedule.py): [splits, chunk, row tiles bound, CTAs].
+std::vector<int64_t> prefix_verify_tc_plan(int64_t max_prefix_len, int64_t T, int64_t C, int64_t G, int64_t Hkv,
+                                           int64_t num_sms, int64_t head_size) {
+  TORCH_CHECK(T >= 0 && C >= 0 && G > 0 && Hkv > 0 && num_sms > 0, "prefix_verify_tc_plan: bad sizes");
+  TORCH_CHECK(std::find(kSupportedHeadSizes.begin(), kSupportedHeadSizes.end(), head_size) != kSupportedHeadSizes.end(),
+              "prefix_verify_tc_plan: head size ", head_size, " not supported");
+  const int64_t keys = head_size <= 128 ? pv::TcShape<128>::kKeys : pv::TcShape<256>::kKeys;
+  const int64_t est = pv::ceil_div(T * G, pv::kTcRows), bound = pv::max_row_tiles(T, C, G, pv::kTcRows);
+  const pv::SplitPlan sp = pv::plan_splits(max_prefix_len, est, Hkv, pv::kTcCtasPerSm * num_sms, keys);
+  return {sp.num_splits, sp.chunk, bound, bound * Hkv * sp.num_splits};
+}
+
 std::vector<int64_t> supported_head_sizes() {
   return {kSupportedHeadSizes.begin(), kSupportedHeadSizes.end()};
 }
 
 }  // namespace
+
+#ifndef PARSE_VLLM_KERNEL_HASH
+#error "PARSE_VLLM_KERNEL_HASH (a hash of csrc/, parse_vllm/ops/kernel_sources.py) is set by setup.py"
+#endif
+#define PV_HASH_STRINGIFY(x) #x
+#define PV_HASH_XSTRINGIFY(x) PV_HASH_STRINGIFY(x)
+
+std::string cuda_kernel_version(CudaKernel k) {
+  const std::string hash = PV_HASH_XSTRINGIFY(PARSE_VLLM_KERNEL_HASH);
+  switch (k) {
+    case CudaKernel::kTensorCore: return "tc-" + hash;
+    case CudaKernel::kCudaCore: return "cc-" + hash;
+    default: return "";
+  }
+}
+
+void note_cuda_kernel_served(CudaKernel k) { g_last_cuda_kernel.store(static_cast<int>(k), std::memory_order_relaxed); }
+
+CudaKernel last_cuda_kernel_served() {
+  return static_cast<CudaKernel>(g_last_cuda_kernel.load(std::memory_order_relaxed));
+}
+
 }  // namespace parse_vllm
 
 // setup.py passes the CUDA archs as a bare comma-separated list (-DPARSE_VLLM_CUDA_ARCHS=8.0,9.0+PTX:
@@ -185,13 +225,19 @@ TORCH_LIBRARY(parse_vllm, m) {
       "prefix_verify_tc_emulate(Tensor(a!) out, Tensor q, Tensor k_new, Tensor v_new, "
       "Tensor key_cache, Tensor value_cache, Tensor block_table, Tensor copy_req, "
       "Tensor copy_prefix_len, Tensor cu_copy_lens, float scale, float softcap, "
-      "int sliding_window, int max_prefix_len, int num_sms, Tensor(b!) visits) -> ()");
-  // Which CUDA kernel serves a call of this dtype (the verifier factory keys its recorded
-  // measurements by it): "tc-1" (tensor cores: bf16 / fp16), "cc-1" (CUDA cores: float32).
-  m.def("cuda_kernel_version(ScalarType dtype) -> str", [](c10::ScalarType dt) {
-    return std::string(dt == at::kFloat ? parse_vllm::kCudaCoreKernelVersion
-                                        : parse_vllm::kTensorCoreKernelVersion);
-  });
+      "int sliding_window, int max_prefix_len, int num_sms, Tensor(b!) visits, bool check_values=True) -> ()");
+  // Which CUDA kernel would serve a call of this dtype with rows 16-byte aligned or not, under
+  // this process's PARSE_VLLM_CUDA_KERNEL (the verifier factory keys its recorded measurements by
+  // it): "tc-<hash of csrc/>" (tensor cores) or "cc-<hash>" (CUDA cores).
+  m.def("cuda_kernel_version(ScalarType dtype, bool rows_aligned=True) -> str",
+        [](c10::ScalarType dt, bool rows_aligned) {
+          return parse_vllm::cuda_kernel_version(parse_vllm::cuda_kernel_for(dt, rows_aligned));
+        });
+  // The version of the kernel that served this process's latest CUDA call ("" before any).
+  m.def("last_cuda_kernel() -> str",
+        []() { return parse_vllm::cuda_kernel_version(parse_vllm::last_cuda_kernel_served()); });
+  m.def("prefix_verify_tc_plan(int max_prefix_len, int T, int C, int G, int Hkv, int num_sms, int head_size) -> int[]",
+        &parse_vllm::prefix_verify_tc_plan);
   m.def("cpu_isa() -> str", []() { return std::string(parse_vllm::cpu_isa_name()); });
   m.def("cpu_uses_brgemm(ScalarType dtype) -> bool",
         [](c10::ScalarType dt) { return parse_vllm::cpu_uses_brgemm(dt); });

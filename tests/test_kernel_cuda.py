@@ -295,19 +295,64 @@ def test_unaligned_rows_take_the_cuda_core_kernel():
     assert float((out.cpu().double() - torch.from_numpy(ref)).abs().max()) < 3e-2
 
 
+def _ring_case(D: int):
+    """One request, two copies after 900 and 1000 cached tokens, 8-token suffixes, G = 2: a
+    row tile whose split walks many key tiles (bf16, block size 16, a permuted block table)."""
+    import numpy as np
+
+    from parse_vllm.ops import PrefixVerifyMetadata
+
+    g = torch.Generator().manual_seed(D)
+    Hkv, G, L, prefixes, bs = 1, 2, 8, (900, 1000), 16
+    T, nb = L * len(prefixes), -(-max(prefixes) // bs) + 1
+    rnd = lambda *shape: torch.randn(*shape, generator=g).bfloat16()  # noqa: E731
+    return dict(
+        q=rnd(T, G * Hkv, D), k_new=rnd(T, Hkv, D), v_new=rnd(T, Hkv, D),
+        key_cache=rnd(nb + 3, bs, Hkv, D), value_cache=rnd(nb + 3, bs, Hkv, D),
+        md=PrefixVerifyMetadata(
+            block_table=torch.randperm(nb + 3, generator=g)[:nb].int().view(1, nb).contiguous(),
+            copy_req=torch.zeros(2, dtype=torch.int32), copy_prefix_len=torch.tensor(prefixes, dtype=torch.int32),
+            cu_copy_lens=torch.from_numpy(np.array([0, L, 2 * L], dtype=np.int32)), num_actual_tokens=T,
+            scale=D**-0.5, max_prefix_len=max(prefixes),
+        ),
+    )  # fmt: skip
+
+
 def test_one_small_case_of_each_kernel(monkeypatch):
-    """The case scripts/gpu_check.sh runs under compute-sanitizer (memcheck, racecheck): the
-    tensor-core kernel with one split and with several (the merge), and the CUDA-core kernel."""
+    """The cases scripts/gpu_check.sh runs under compute-sanitizer (memcheck, racecheck), each
+    against float64 here and the emulator's pair counts: the tensor-core kernel at D = 64 and
+    D = 256 (its one-stage variant) with several splits (the merge), and with max_prefix_len = 1
+    below both prefixes (issue 49 C1: one split whose CTA walks every key tile, so every ring
+    stage is refilled many times: 16 tiles at D = 64, 32 at D = 256), a call whose cu_copy_lens
+    stops short of T (C2: the rows past it untouched, with and without splits), and the
+    CUDA-core kernel."""
     import dataclasses
 
-    from test_kernel_tc_schedule import reference_f64, visibility
+    from test_kernel_tc_schedule import emulate, reference_f64, visibility
 
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for D in (64, 256):
+        case = _ring_case(D)
+        ref = torch.from_numpy(reference_f64(case, visibility(case)))
+        md = case["md"]
+        T, Hq, _ = case["q"].shape
+        for max_prefix_len in (1000, 1):
+            plan = torch.ops.parse_vllm.prefix_verify_tc_plan(max_prefix_len, T, 2, Hq, 1, sms, D)
+            assert (plan[0] > 1) == (max_prefix_len == 1000), plan  # several splits, then one
+            c = dict(case, md=dataclasses.replace(md, max_prefix_len=max_prefix_len))
+            assert float((_run_on_gpu(c).double() - ref).abs().max()) < 3e-2, (D, max_prefix_len)
+            _, visits = emulate(dict(c, num_sms=sms), check_values=False)
+            assert int(visits.max()) == 1 and int(visits.sum()) == int(visibility(c).sum()) * Hq
+        # cu_copy_lens[-1] = 8 < T = 16: rows 8.. keep what out held
+        short = dataclasses.replace(md, cu_copy_lens=torch.tensor([0, 8, 8], dtype=torch.int32))
+        for max_prefix_len in (1000, 1):
+            c = map_tensors(dict(case, md=dataclasses.replace(short, max_prefix_len=max_prefix_len)), lambda t: t.cuda())
+            out = torch.full_like(c["q"], 7.0)
+            ops.prefix_verify_attention(c["q"], c["k_new"], c["v_new"], c["key_cache"], c["value_cache"], c["md"], out=out)
+            torch.cuda.synchronize()
+            assert bool((out[8:] == 7.0).all()), (D, max_prefix_len)
+            assert float((out[:8].cpu().double() - ref[:8]).abs().max()) < 3e-2
     (case,) = _tc_cases(1, 4300, dtype=torch.bfloat16, D=64)
     ref = reference_f64(case, visibility(case))
-    md = case["md"]
-    longest = int(md.copy_prefix_len.max())
-    for max_prefix_len in (longest, max(longest, 1) * 64):  # the second forces splits
-        c = dict(case, md=dataclasses.replace(md, max_prefix_len=max_prefix_len))
-        assert float((_run_on_gpu(c).double() - torch.from_numpy(ref)).abs().max()) < 3e-2
     monkeypatch.setenv("PARSE_VLLM_CUDA_KERNEL", "cuda-core")
     assert float((_run_on_gpu(case).double() - torch.from_numpy(ref)).abs().max()) < 3e-2

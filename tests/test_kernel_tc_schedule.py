@@ -128,14 +128,16 @@ def visibility(case) -> np.ndarray:
     return vis
 
 
-def emulate(case):
+def emulate(case, *, out=None, check_values=True):
+    """The emulated kernel's output and pair counts; check_values=False runs the call as a GPU
+    takes it (index values unchecked), for the contract breaches the kernel must survive."""
     md = case["md"]
     T, Hq, _ = case["q"].shape
     Kcols = int(md.copy_prefix_len.max()) if md.copy_prefix_len.numel() else 0
-    out = torch.zeros_like(case["q"])
+    out = torch.zeros_like(case["q"]) if out is None else out
     visits = torch.zeros((T, Hq, Kcols + T), dtype=torch.int32)
     args = ops.op_arguments(case["q"], case["k_new"], case["v_new"], case["key_cache"], case["value_cache"], md, out)
-    torch.ops.parse_vllm.prefix_verify_tc_emulate(*args, case["num_sms"], visits)
+    torch.ops.parse_vllm.prefix_verify_tc_emulate(*args, case["num_sms"], visits, check_values)
     return out, visits
 
 
@@ -299,3 +301,121 @@ def test_a_prefix_beyond_max_prefix_len_is_refused():
         ops.prefix_verify_attention(
             case["q"], case["k_new"], case["v_new"], case["key_cache"], case["value_cache"], bad
         )
+
+
+def _with(case, **md_changes):
+    return dict(case, md=ops.PrefixVerifyMetadata(**{**case["md"].__dict__, **md_changes}))
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_prefix_past_max_prefix_len_loses_no_key_on_a_gpu(seed):
+    """Issue 49 C1. With its indices on a GPU the op cannot read the prefixes (that would
+    synchronise), so a max_prefix_len below a prefix (a caller's mistake, or a CUDA graph
+    captured with shorter prefixes and replayed with longer ones) reaches the kernel. The
+    splits are planned for max_prefix_len; the last one runs on to the rows' largest prefix,
+    so every visible pair is still accumulated once, with one split and with many."""
+    rng = np.random.default_rng(3000 + seed)
+    n_split = 0
+    for i in range(40):
+        case = make_case(rng, D=int(rng.choice([32, 64, 256])), big=True)
+        top = int(case["md"].copy_prefix_len.max())
+        if top < 2:
+            continue
+        case["num_sms"] = int(rng.choice([1, 16, 132]))
+        short = _with(case, max_prefix_len=int(rng.integers(1, top)))
+        T, Hq, D = case["q"].shape
+        G = Hq // case["k_new"].shape[1]
+        splits = torch.ops.parse_vllm.prefix_verify_tc_plan(
+            short["md"].max_prefix_len, T, len(case["md"].copy_req), G, case["k_new"].shape[1], case["num_sms"], D
+        )[0]
+        n_split += splits > 1
+        out, vis = _check_with(short, check_values=False)
+        ref = reference_f64(short, vis)
+        tol = 3e-2 if case["q"].dtype == torch.bfloat16 else 4e-3
+        assert np.abs(out.double().numpy() - ref).max() < tol, f"case {i}"
+    assert n_split >= 5, n_split  # the many-split path was taken
+
+
+def test_rows_past_cu_copy_lens_are_left_alone(monkeypatch):
+    """Issue 49 C2. cu_copy_lens[-1] < T breaks the contract (checked only where the indices
+    are on the host): the kernel writes the rows of the copies and leaves out[cu[-1]:T] as it
+    was, with one split and with several (the merge used to write uninitialised workspace
+    there). cu_copy_lens[-1] > T: nothing is read or written past T."""
+    rng = np.random.default_rng(7)
+    seen = set()
+    for i in range(30):
+        case = make_case(rng, D=32, big=bool(i % 2))
+        case["num_sms"] = int(rng.choice([1, 132]))
+        T, Hq, D = case["q"].shape
+        Hkv = case["k_new"].shape[1]
+        extra = 5
+        long = dict(
+            case,
+            q=torch.cat([case["q"], torch.randn(extra, Hq, D).to(case["q"].dtype)]),
+            k_new=torch.cat([case["k_new"], torch.randn(extra, Hkv, D).to(case["q"].dtype)]),
+            v_new=torch.cat([case["v_new"], torch.randn(extra, Hkv, D).to(case["q"].dtype)]),
+        )
+        long["md"] = ops.PrefixVerifyMetadata(**{**case["md"].__dict__, "num_actual_tokens": T + extra})
+        splits = torch.ops.parse_vllm.prefix_verify_tc_plan(
+            long["md"].max_prefix_len or 0, T + extra, len(case["md"].copy_req), Hq // Hkv, Hkv, case["num_sms"], D
+        )[0]
+        seen.add(splits > 1)
+        sentinel = torch.full_like(long["q"], 7.0)
+        out, visits = emulate(long, out=sentinel, check_values=False)
+        assert torch.equal(out[T:], torch.full_like(out[T:], 7.0)), f"case {i}: rows past cu[-1] written"
+        assert int(visits[T:].sum()) == 0
+        ref_out, ref_visits = emulate(case)
+        assert torch.equal(out[:T], ref_out) and torch.equal(visits[:T, :, : ref_visits.shape[2] - T], ref_visits[:, :, : ref_visits.shape[2] - T])
+        # cu[-1] > T: the kernel sees T - 3 rows
+        if T > 3:
+            short = dict(case, q=case["q"][: T - 3], k_new=case["k_new"][: T - 3], v_new=case["v_new"][: T - 3])
+            out_s, visits_s = emulate(short, check_values=False)
+            Kc = ref_visits.shape[2] - T
+            assert torch.equal(visits_s[:, :, :Kc], ref_visits[: T - 3, :, :Kc])
+            assert torch.equal(visits_s[:, :, Kc:], ref_visits[: T - 3, :, Kc : Kc + T - 3])
+    assert seen == {True, False}
+
+
+def _check_with(case, **kw):
+    out, visits = emulate(case, **kw)
+    vis = visibility(case)
+    expected = np.repeat(vis[:, None, :], case["q"].shape[1], axis=1).astype(np.int32)
+    assert np.array_equal(visits.numpy(), expected), "pairs accumulated != visible"
+    return out, vis
+
+
+# The issue-49 model's goal shapes on an H100 (132 SMs, 2 CTAs each: 264 slots), head size
+# 128, 24-token suffixes: (ctx, K, Hq, Hkv) -> splits the review found rounded up to 1.09 waves.
+@pytest.mark.parametrize("ctx, K, Hq, Hkv", ops.GOAL_SHAPES)
+def test_the_split_count_fills_whole_waves(ctx, K, Hq, Hkv):
+    """Issue 49 P2 / P4: the real row tiles' CTAs (tiles x Hkv x splits) never spill a sliver
+    into one more wave of the 264 slots (the review's 288 CTAs, 1.09 waves): one wave, or a
+    last wave at least half full; the plan is the cost model's best over every split count
+    (checked here by brute force from the same costs)."""
+    T, G = K * 24, Hq // Hkv
+    splits, chunk, bound, ctas = torch.ops.parse_vllm.prefix_verify_tc_plan(ctx, T, K, G, Hkv, 132, 128)
+    tiles = -(-T * G // ROWS)
+    real = tiles * Hkv * splits
+    waves = -(-real // 264)
+    assert waves == 1 or real - (waves - 1) * 264 >= 132, (splits, real)
+    assert chunk % 64 == 0 and (splits - 1) * chunk < ctx <= splits * chunk
+    assert bound == tiles + K and ctas == bound * Hkv * splits
+
+    def cost(s):
+        per = -(-ctx // 64)
+        c = -(-per // s)
+        return -(-(tiles * Hkv * s) // 264) * (c + 2) + (5 if s > 1 else 0)
+
+    best = min(range(1, 65), key=lambda s: (cost(s), s))
+    assert cost(splits) == cost(best)
+
+
+def test_one_wave_of_unsplit_ctas_means_no_split():
+    """Enough rows to fill the GPU's waves without splitting: one split, no workspace, no merge."""
+    # 22 copies x 24 tokens x G 4 = 2112 rows = 33 tiles x 8 kv heads = 264 CTAs: one full wave
+    assert torch.ops.parse_vllm.prefix_verify_tc_plan(8192, 22 * 24, 22, 4, 8, 132, 128)[0] == 1
+    # 44 copies: 528 CTAs, two full waves
+    assert torch.ops.parse_vllm.prefix_verify_tc_plan(32768, 44 * 24, 44, 4, 8, 132, 128)[0] == 1
+    # a 2k context and one small request: split, but into whole waves
+    s = torch.ops.parse_vllm.prefix_verify_tc_plan(2048, 16 * 24, 16, 4, 2, 132, 128)[0]
+    assert 24 * 2 * s <= 264 and s > 1

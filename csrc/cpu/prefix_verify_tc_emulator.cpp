@@ -77,8 +77,8 @@ void emulate(const PrefixVerifyArgs& a, int64_t num_sms, const at::Tensor& visit
 
   const int64_t max_prefix_len = a.max_prefix_len > 0 ? a.max_prefix_len : bt.size(1) * block_size;
   const int64_t est_tiles = pv::ceil_div(T * G, pv::kTcRows);
-  const int64_t grid_x = pv::max_row_tiles(T, C, G, pv::kTcRows);
-  const pv::SplitPlan sp = pv::plan_splits(max_prefix_len, est_tiles, Hkv, 2 * num_sms, N);
+  const int64_t row_tiles = pv::max_row_tiles(T, C, G, pv::kTcRows);
+  const pv::SplitPlan sp = pv::plan_splits(max_prefix_len, est_tiles, Hkv, pv::kTcCtasPerSm * num_sms, N);
   const int64_t S = sp.num_splits;
   std::vector<float> ws_m, ws_l, ws_acc;
   if (S > 1) {
@@ -89,124 +89,125 @@ void emulate(const PrefixVerifyArgs& a, int64_t num_sms, const at::Tensor& visit
 
   std::vector<float> Kt(N * D), Vt(N * D);
   std::vector<char> loaded(N);
-  for (int64_t x = 0; x < grid_x; ++x) {
-    const TileRef tile = find_tile(copy_req, cu, C, G, x);
-    if (tile.c0 < 0) continue;  // a CTA past the real tiles: returns at once
-    const int32_t* bt_row = btp + static_cast<int64_t>(copy_req[tile.c0]) * bt.stride(0);
-    pv::RowInfo ri[pv::kTcRows];
-    pv::RowBounds wb[pv::kTcWarps];
-    pv::RowBounds cb = pv::empty_bounds();
-    for (int w = 0; w < pv::kTcWarps; ++w) {
-      wb[w] = pv::empty_bounds();
-      for (int r = w * 16; r < w * 16 + 16; ++r) {
-        ri[r] = pv::run_row(cu, plen, tile.c0, tile.c1, G, window, tile.row0 + r);
-        pv::add_row(wb[w], ri[r]);
-      }
-      cb = pv::merge_bounds(cb, wb[w]);
-    }
-    for (int64_t h = 0; h < Hkv; ++h) {
-      for (int64_t split = 0; split < S; ++split) {
-        const pv::KeyRange cached = pv::split_key_tiles(cb, sp, split, N);
-        const pv::KeyRange suffix = split == 0 ? pv::suffix_key_range(cb) : pv::KeyRange{0, 0};
-        const int64_t n_cached = cached.hi > cached.lo ? pv::ceil_div(cached.hi - cached.lo, N) : 0;
-        const int64_t n_suffix = suffix.hi > suffix.lo ? pv::ceil_div(suffix.hi - suffix.lo, N) : 0;
-        // per-row state
-        std::vector<float> m(pv::kTcRows, pv::kNegInf), l(pv::kTcRows, 0.f), o(pv::kTcRows * D, 0.f);
-        std::vector<float> Q(pv::kTcRows * D, 0.f);
-        for (int r = 0; r < pv::kTcRows; ++r) {
-          if (!ri[r].valid) continue;
-          const scalar_t* src = qp + ri[r].t * q.stride(0) + (h * G + ri[r].g) * q.stride(1);
-          for (int d = 0; d < D; ++d) Q[r * D + d] = static_cast<float>(src[d]);
+  // The CTAs in the kernel's dispatch order (one grid dimension, row tile slowest); the rows of
+  // a tile are found once per tile, as every CTA of that tile finds them.
+  TileRef tile;
+  int64_t tile_of_rows = -1;
+  pv::RowInfo ri[pv::kTcRows];
+  pv::RowBounds wb[pv::kTcWarps];
+  pv::RowBounds cb = pv::empty_bounds();
+  const int32_t* bt_row = nullptr;
+  for (int64_t linear = 0; linear < row_tiles * Hkv * S; ++linear) {
+    const pv::CtaCoords cta = pv::tc_cta_coords(linear, Hkv, S);
+    const int64_t h = cta.h, split = cta.split;
+    if (cta.tile != tile_of_rows) {
+      tile_of_rows = cta.tile;
+      tile = find_tile(copy_req, cu, C, G, cta.tile);
+      if (tile.c0 < 0) continue;  // a CTA past the real tiles: returns at once
+      bt_row = btp + static_cast<int64_t>(copy_req[tile.c0]) * bt.stride(0);
+      cb = pv::empty_bounds();
+      for (int w = 0; w < pv::kTcWarps; ++w) {
+        wb[w] = pv::empty_bounds();
+        for (int r = w * 16; r < w * 16 + 16; ++r) {
+          ri[r] = pv::run_row(cu, plen, tile.c0, tile.c1, G, window, T, tile.row0 + r);
+          pv::add_row(wb[w], ri[r]);
         }
-        for (int64_t i = 0; i < n_cached + n_suffix; ++i) {
-          const bool is_cached = i < n_cached;
-          const int64_t k0 = is_cached ? cached.lo + i * N : suffix.lo + (i - n_cached) * N;
+        cb = pv::merge_bounds(cb, wb[w]);
+      }
+    }
+    if (tile.c0 < 0) continue;
+    const pv::KeyRange cached = pv::split_key_tiles(cb, sp, split, N);
+    const pv::KeyRange suffix = split == 0 ? pv::suffix_key_range(cb) : pv::KeyRange{0, 0};
+    const int64_t n_cached = cached.hi > cached.lo ? pv::ceil_div(cached.hi - cached.lo, N) : 0;
+    const int64_t n_suffix = suffix.hi > suffix.lo ? pv::ceil_div(suffix.hi - suffix.lo, N) : 0;
+    // per-row state
+    std::vector<float> m(pv::kTcRows, pv::kNegInf), l(pv::kTcRows, 0.f), o(pv::kTcRows * D, 0.f);
+    std::vector<float> Q(pv::kTcRows * D, 0.f);
+    for (int r = 0; r < pv::kTcRows; ++r) {
+      if (!ri[r].valid) continue;
+      const scalar_t* src = qp + ri[r].t * q.stride(0) + (h * G + ri[r].g) * q.stride(1);
+      for (int d = 0; d < D; ++d) Q[r * D + d] = static_cast<float>(src[d]);
+    }
+    for (int64_t i = 0; i < n_cached + n_suffix; ++i) {
+      const bool is_cached = i < n_cached;
+      const int64_t k0 = is_cached ? cached.lo + i * N : suffix.lo + (i - n_cached) * N;
+      const scalar_t* kbase = is_cached ? kcp : knp;
+      const scalar_t* vbase = is_cached ? vcp : vnp;
+      for (int n = 0; n < N; ++n) {
+        const int64_t key = k0 + n;
+        const pv::KeySource src =
+            is_cached ? pv::cached_key_source(key, cached, cb, bt_row, block_size, ks, vs, h)
+                      : pv::suffix_key_source(key, suffix, k_new.stride(0), k_new.stride(1), v_new.stride(0),
+                                              v_new.stride(1), h);
+        const bool load = src.k >= 0;
+        loaded[n] = load;
+        for (int d = 0; d < D; ++d) {
+          Kt[n * D + d] = load ? static_cast<float>(kbase[src.k + d]) : 0.f;
+          Vt[n * D + d] = load ? static_cast<float>(vbase[src.v + d]) : 0.f;
+        }
+      }
+      for (int w = 0; w < pv::kTcWarps; ++w) {
+        const pv::TileKind kind =
+            is_cached ? pv::classify_cached_tile(k0, k0 + N, wb[w]) : pv::classify_suffix_tile(k0, k0 + N, wb[w]);
+        if (kind == pv::kTileSkip) continue;
+        for (int r = w * 16; r < w * 16 + 16; ++r) {
+          float xs[N];
+          float mx = pv::kNegInf;
           for (int n = 0; n < N; ++n) {
             const int64_t key = k0 + n;
-            bool load;
-            const scalar_t *ksrc = nullptr, *vsrc = nullptr;
-            if (is_cached) {
-              load = key < cached.hi && pv::cached_key_loaded(key, cb);
-              if (load) {
-                ksrc = kcp + pv::cache_offset(bt_row, key, block_size, ks, h);
-                vsrc = vcp + pv::cache_offset(bt_row, key, block_size, vs, h);
-              }
-            } else {
-              load = key < suffix.hi;
-              if (load) {
-                ksrc = knp + key * k_new.stride(0) + h * k_new.stride(1);
-                vsrc = vnp + key * v_new.stride(0) + h * v_new.stride(1);
-              }
+            bool keep = true;
+            if (kind == pv::kTilePartial) {
+              keep = ri[r].valid && (is_cached ? pv::cached_pair_visible(key, ri[r].lo, ri[r].P)
+                                               : pv::suffix_pair_visible(key, ri[r].t, ri[r].tok0, window));
             }
-            loaded[n] = load;
-            for (int d = 0; d < D; ++d) {
-              Kt[n * D + d] = load ? static_cast<float>(ksrc[d]) : 0.f;
-              Vt[n * D + d] = load ? static_cast<float>(vsrc[d]) : 0.f;
+            float dot = 0.f;
+            for (int d = 0; d < D; ++d) dot += Q[r * D + d] * Kt[n * D + d];
+            xs[n] = keep ? pv::tc_logit(dot, scale, softcap) : pv::kNegInf;
+            mx = std::max(mx, xs[n]);
+            if (keep && ri[r].valid) {
+              TORCH_CHECK(loaded[n], "prefix_verify_tc_emulate: row ", tile.row0 + r, " of run at copy ",
+                          tile.c0, " keeps ", is_cached ? "cached key " : "suffix token ", key,
+                          " that the kernel did not load");
+              const int64_t col = is_cached ? key : K_cols + key;
+              TORCH_CHECK(col >= 0 && col < vis_cols && (!is_cached || key < K_cols),
+                          "prefix_verify_tc_emulate: accumulated ", is_cached ? "cached key " : "suffix token ",
+                          key, " outside the visits table (", K_cols, " cached columns)");
+              ++vis[(ri[r].t * Hq + h * G + ri[r].g) * vis_cols + col];
             }
           }
-          for (int w = 0; w < pv::kTcWarps; ++w) {
-            const pv::TileKind kind =
-                is_cached ? pv::classify_cached_tile(k0, k0 + N, wb[w]) : pv::classify_suffix_tile(k0, k0 + N, wb[w]);
-            if (kind == pv::kTileSkip) continue;
-            for (int r = w * 16; r < w * 16 + 16; ++r) {
-              float xs[N];
-              float mx = pv::kNegInf;
-              for (int n = 0; n < N; ++n) {
-                const int64_t key = k0 + n;
-                bool keep = true;
-                if (kind == pv::kTilePartial) {
-                  keep = ri[r].valid && (is_cached ? pv::cached_pair_visible(key, ri[r].lo, ri[r].P)
-                                                   : pv::suffix_pair_visible(key, ri[r].t, ri[r].tok0, window));
-                }
-                float dot = 0.f;
-                for (int d = 0; d < D; ++d) dot += Q[r * D + d] * Kt[n * D + d];
-                xs[n] = keep ? pv::tc_logit(dot, scale, softcap) : pv::kNegInf;
-                mx = std::max(mx, xs[n]);
-                if (keep && ri[r].valid) {
-                  TORCH_CHECK(loaded[n], "prefix_verify_tc_emulate: row ", tile.row0 + r, " of run at copy ",
-                              tile.c0, " keeps ", is_cached ? "cached key " : "suffix token ", key,
-                              " that the kernel did not load");
-                  const int64_t col = is_cached ? key : K_cols + key;
-                  TORCH_CHECK(col >= 0 && col < vis_cols && (!is_cached || key < K_cols),
-                              "prefix_verify_tc_emulate: accumulated ", is_cached ? "cached key " : "suffix token ",
-                              key, " outside the visits table (", K_cols, " cached columns)");
-                  ++vis[(ri[r].t * Hq + h * G + ri[r].g) * vis_cols + col];
-                }
-              }
-              const float m_new = std::max(m[r], mx);
-              const float alpha = pv::tc_rescale(m[r], m_new);
-              m[r] = m_new;
-              l[r] *= alpha;
-              for (int d = 0; d < D; ++d) o[r * D + d] *= alpha;
-              for (int n = 0; n < N; ++n) {
-                const float pw = rnd(pv::tc_weight(xs[n], m_new));
-                if (pw == 0.f) continue;
-                l[r] += pw;
-                for (int d = 0; d < D; ++d) o[r * D + d] += pw * Vt[n * D + d];
-              }
-            }
+          const float m_new = std::max(m[r], mx);
+          const float alpha = pv::tc_rescale(m[r], m_new);
+          m[r] = m_new;
+          l[r] *= alpha;
+          for (int d = 0; d < D; ++d) o[r * D + d] *= alpha;
+          for (int n = 0; n < N; ++n) {
+            const float pw = rnd(pv::tc_weight(xs[n], m_new));
+            if (pw == 0.f) continue;
+            l[r] += pw;
+            for (int d = 0; d < D; ++d) o[r * D + d] += pw * Vt[n * D + d];
           }
         }
-        for (int r = 0; r < pv::kTcRows; ++r) {
-          if (!ri[r].valid) continue;
-          const int64_t t = ri[r].t, hq = h * G + ri[r].g;
-          if (S == 1) {
-            const float inv = pv::finalize_scale(l[r]);
-            for (int d = 0; d < D; ++d)
-              op[t * out.stride(0) + hq * out.stride(1) + d] = static_cast<scalar_t>(o[r * D + d] * inv);
-          } else {
-            const int64_t idx = (split * T + t) * Hq + hq;
-            ws_m[idx] = m[r];
-            ws_l[idx] = l[r];
-            for (int d = 0; d < D; ++d) ws_acc[idx * D + d] = o[r * D + d];
-          }
-        }
+      }
+    }
+    for (int r = 0; r < pv::kTcRows; ++r) {
+      if (!ri[r].valid) continue;
+      const int64_t t = ri[r].t, hq = h * G + ri[r].g;
+      if (S == 1) {
+        const float inv = pv::finalize_scale(l[r]);
+        for (int d = 0; d < D; ++d)
+          op[t * out.stride(0) + hq * out.stride(1) + d] = static_cast<scalar_t>(o[r * D + d] * inv);
+      } else {
+        const int64_t idx = (split * T + t) * Hq + hq;
+        ws_m[idx] = m[r];
+        ws_l[idx] = l[r];
+        for (int d = 0; d < D; ++d) ws_acc[idx * D + d] = o[r * D + d];
       }
     }
   }
   if (S == 1) return;
   for (int64_t row = 0; row < T * Hq; ++row) {
     const int64_t t = row / Hq, hq = row - t * Hq;
+    if (!pv::merge_row_written(cu, C, t)) continue;  // no split wrote it: the merge leaves it
     float m_max = pv::kNegInf;
     for (int64_t s = 0; s < S; ++s) {
       TORCH_CHECK(ws_l[s * T * Hq + row] >= 0.f, "prefix_verify_tc_emulate: split ", s, " wrote no state for token ",

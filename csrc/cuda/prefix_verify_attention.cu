@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kThreads)
   if (tid < ROWS) {
     const int rho = sh_row0 + tid;
     int t = -1, P = 0, j = 0, cc = -1;
-    if (rho < rows_g) {
+    if (rho < rows_g && tok0 + rho / p.G < p.T) {  // no row past T (cu[C] > T breaks the contract)
       t = tok0 + rho / p.G;
       cc = c0;
       while (p.cu[cc + 1] <= t) ++cc;  // skips copies without suffix tokens
@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* bt_row = p.block_table + static_cast<int64_t>(req) * p.bt_s0;
   const int64_t split_lo = static_cast<int64_t>(split) * p.chunk;
   const int64_t kb = split_lo > sh_lo ? split_lo : sh_lo;
-  const int64_t ke = pv::pv_min64(sh_hi, split_lo + p.chunk);
+  // the last split runs to the largest prefix: a prefix past max_prefix_len costs time, never keys
+  const int64_t ke = split + 1 == p.num_splits ? sh_hi : pv::pv_min64(sh_hi, split_lo + p.chunk);
   for (int64_t k0 = kb; k0 < ke; k0 += kKT) {
     const int n = static_cast<int>(pv::pv_min64(kKT, ke - k0));
     __syncthreads();  // previous tile fully consumed (and Qs ready on the first pass)
@@ -329,6 +330,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename scalar_t, int D>
 __global__ void __launch_bounds__(128) prefix_verify_merge_kernel(const Params<scalar_t> p) {
   const int t = blockIdx.x, hq = blockIdx.y;
+  if (p.C == 0 || t < p.cu[0] || t >= p.cu[p.C]) return;  // no split wrote this row (cu[C] < T): out untouched
   // copy of token t: last c with cu[c] <= t
   int lo = 0, hi = p.C;  // invariant: cu[lo] <= t < cu[hi]
   while (hi - lo > 1) {
@@ -416,10 +418,12 @@ void prefix_verify_attention_cuda(const PrefixVerifyArgs& a) {
   TORCH_CHECK(q.is_cuda(), "prefix_verify_attention (CUDA): tensors must be on a CUDA device");
   const c10::cuda::CUDAGuard guard(q.device());
   // bf16 / fp16 with aligned rows: the tensor-core kernel (prefix_verify_attention_tc.cu), unless
-  // PARSE_VLLM_CUDA_KERNEL=cuda-core asks for this one (benchmarks compare the two).
-  const char* which = std::getenv("PARSE_VLLM_CUDA_KERNEL");
-  const bool force_cuda_core = which != nullptr && std::string(which) == "cuda-core";
-  if (!force_cuda_core && q.size(0) > 0 && prefix_verify_attention_cuda_tc(a)) return;
+  // PARSE_VLLM_CUDA_KERNEL=cuda-core asks for this one (benchmarks compare the two): cuda_kernel_for,
+  // the rule the op's cuda_kernel_version reports.
+  if (q.size(0) > 0 && !cuda_core_forced() && prefix_verify_attention_cuda_tc(a)) {
+    note_cuda_kernel_served(CudaKernel::kTensorCore);
+    return;
+  }
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
   if (T == 0) return;
   TORCH_CHECK(T * Hq < (int64_t{1} << 31) && key_cache.numel() < (int64_t{1} << 62),
@@ -445,6 +449,7 @@ void prefix_verify_attention_cuda(const PrefixVerifyArgs& a) {
                            " not supported (32, 64, 80, 96, 128, 256)");
     }
   };
+  note_cuda_kernel_served(CudaKernel::kCudaCore);
   switch (q.scalar_type()) {  // float32 / float16 / bfloat16 only (no double instances)
     case at::kFloat: run(static_cast<float*>(nullptr)); break;
     case at::kHalf: run(static_cast<c10::Half*>(nullptr)); break;

@@ -7,11 +7,16 @@
 // (prefix_verify_attention.cu).
 //
 // One CTA = 4 warps = (row tile of kTcRows = 64 packed rows of one run, kv
-// head, key split).  Warp w owns rows [16 w, 16 w + 16): one m16 MMA tile.
+// head, key split), all CTAs in one grid dimension with the row tile slowest
+// (pv::tc_cta_coords: real tiles are dispatched before the empty ones past
+// them).  Warp w owns rows [16 w, 16 w + 16): one m16 MMA tile.
 //   * Q of the tile is loaded once into shared memory (bf16/fp16, padded rows).
 //   * The split's cached key tiles (64 keys; 32 for D = 256) are gathered
 //     through the block table with 16-byte cp.async into a 2-stage ring, keys
-//     no row sees zero-filled; tiles no row sees are never loaded.
+//     no row sees zero-filled; tiles no row sees are never loaded.  Each key's
+//     source offset (one block-table read and one division per key, not per
+//     16-byte chunk) is computed two tiles ahead into shared memory: read from
+//     global memory before a tile's MMAs, stored after them.
 //   * S = Q K^T and O += P V by mma.sync m16n8k16 (bf16/fp16 in, fp32
 //     accumulate), fragments read by ldmatrix (x4; .trans for V) from rows
 //     padded by 16 bytes (conflict-free).  P is rounded to the input dtype in
@@ -22,6 +27,9 @@
 //   * Split 0 also walks the rows' own suffix keys (k_new), causally per copy.
 //   * One split: the CTA writes `out`.  Several: partial (m, l, acc) to an fp32
 //     workspace, merged by prefix_verify_tc_merge_kernel in the same stream.
+//     The split count (pv::plan_splits) fills whole waves and is 1, with no
+//     merge launch, where one wave of unsplit CTAs covers the work; the last
+//     split runs to the rows' largest prefix whatever max_prefix_len said.
 // Nothing is read on the host: the grid comes from T, C, Hkv and the caller's
 // max_prefix_len; the CTA finds its run and row tile on the device by a
 // block-wide prefix sum of the runs' tile counts (CUDA-graph safe).
@@ -44,6 +52,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <mutex>
 
 #include "../ops.h"
 #include "../prefix_verify_common.h"
@@ -191,11 +200,13 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   __shared__ int sh_scan[kTcThreads];
   __shared__ pv::RowBounds sh_wb[kTcWarps];
   __shared__ int32_t row_t[kTcRows], row_hq[kTcRows];
+  __shared__ pv::KeySource sh_src[2][N];  // key sources of tiles j (buffer j & 1)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gid = lane >> 2, tig = lane & 3;
-  const int h = blockIdx.y, split = blockIdx.z;
-  const int my_tile = blockIdx.x;
+  const pv::CtaCoords cta = pv::tc_cta_coords(blockIdx.x, p.Hkv, p.num_splits);
+  const int h = static_cast<int>(cta.h), split = static_cast<int>(cta.split);
+  const int my_tile = static_cast<int>(cta.tile);
 
   // ---- which run and row tile is mine: prefix sum of the runs' tile counts
   if (tid == 0) {
@@ -235,7 +246,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = warp * 16 + gid + 8 * i;
-    ri[i] = pv::run_row(p.cu, p.copy_prefix_len, c0, c1, p.G, p.window, sh_row0 + r);
+    ri[i] = pv::run_row(p.cu, p.copy_prefix_len, c0, c1, p.G, p.window, p.T, sh_row0 + r);
     pv::add_row(wb, ri[i]);
     if (tig == 0) {
       row_t[r] = ri[i].valid ? ri[i].t : -1;
@@ -281,34 +292,36 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   auto tile_key0 = [&](int i) -> int64_t {
     return i < n_cached ? cached.lo + static_cast<int64_t>(i) * N : suffix.lo + static_cast<int64_t>(i - n_cached) * N;
   };
+  // Source of slot tid of tile j (threads tid < N), or nothing past the last tile.
+  auto key_source = [&](int j) -> pv::KeySource {
+    if (j >= n_tiles || tid >= N) return pv::KeySource{-1, -1};
+    const int64_t key = tile_key0(j) + tid;
+    return j < n_cached ? pv::cached_key_source(key, cached, cb, bt_row, p.block_size, p.ks, p.vs, h)
+                        : pv::suffix_key_source(key, suffix, p.kn_s0, p.kn_s1, p.vn_s0, p.vn_s1, h);
+  };
   auto load_tile = [&](int i, int stage) {
     uint16_t* kd = Ks + stage * SM::kv_elems;
     uint16_t* vd = Vs + stage * SM::kv_elems;
-    const int64_t k0 = tile_key0(i);
     const bool is_cached = i < n_cached;
+    const scalar_t* kbase = is_cached ? p.kc : p.k_new;
+    const scalar_t* vbase = is_cached ? p.vc : p.v_new;
+    const pv::KeySource* src = sh_src[i & 1];
     for (int e = tid; e < N * CPR; e += kTcThreads) {
       const int n = e / CPR, part = e - n * CPR;
-      const int64_t key = k0 + n;
-      const scalar_t* ksrc = p.kc;
-      const scalar_t* vsrc = p.vc;
-      bool load;
-      if (is_cached) {
-        load = key < cached.hi && pv::cached_key_loaded(key, cb);
-        if (load) {
-          ksrc = p.kc + pv::cache_offset(bt_row, key, p.block_size, p.ks, h) + part * 8;
-          vsrc = p.vc + pv::cache_offset(bt_row, key, p.block_size, p.vs, h) + part * 8;
-        }
-      } else {
-        load = key < suffix.hi;
-        if (load) {
-          ksrc = p.k_new + key * p.kn_s0 + h * p.kn_s1 + part * 8;
-          vsrc = p.v_new + key * p.vn_s0 + h * p.vn_s1 + part * 8;
-        }
-      }
-      cp_async16(kd + n * RS + part * 8, ksrc, load);
-      cp_async16(vd + n * RS + part * 8, vsrc, load);
+      const pv::KeySource ks = src[n];
+      const bool load = ks.k >= 0;
+      cp_async16(kd + n * RS + part * 8, load ? kbase + ks.k + part * 8 : kbase, load);
+      cp_async16(vd + n * RS + part * 8, load ? vbase + ks.v + part * 8 : vbase, load);
     }
   };
+  {
+    const pv::KeySource s0 = key_source(0), s1 = key_source(1);
+    if (tid < N) {
+      sh_src[0][tid] = s0;
+      sh_src[1][tid] = s1;
+    }
+  }
+  __syncthreads();  // sources of tiles 0 and 1 visible
 
   // ---- accumulators: O [DT][4], m and l for rows gid and gid + 8
   float o[DT][4];
@@ -336,7 +349,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     } else {
       cp_async_wait<0>();
     }
-    __syncthreads();  // tile i (and Q) visible to every warp
+    __syncthreads();  // tile i (and Q) visible to every warp; every thread has issued tile i's and i + 1's loads
+    // sources of tile i + 2 (into tile i's buffer, free now): read before the MMAs, stored after
+    const pv::KeySource next_src = key_source(i + 2);
 
     const int64_t k0 = tile_key0(i);
     const bool is_cached = i < n_cached;
@@ -431,7 +446,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         }
       }
     }
-    __syncthreads();  // every warp done with this stage before it is refilled
+    if (tid < N && i + 2 < n_tiles) sh_src[i & 1][tid] = next_src;
+    __syncthreads();  // every warp done with this stage before it is refilled; tile i + 2's sources visible
   }
   cp_async_wait<0>();
 
@@ -470,13 +486,15 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 
 // Merges the split partial states: one warp per (token, query head).  Every
 // split wrote a state for every row of every row tile that exists (an empty one
-// with m = -inf, l = 0 when the split held nothing for the row).
+// with m = -inf, l = 0 when the split held nothing for the row); rows of no row
+// tile are not touched.
 template <typename scalar_t, int D>
 __global__ void __launch_bounds__(128) prefix_verify_tc_merge_kernel(const Params<scalar_t> p) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= static_cast<int64_t>(p.T) * p.Hq) return;
   const int64_t t = row / p.Hq, hq = row - t * p.Hq;
+  if (!pv::merge_row_written(p.cu, p.C, t)) return;  // no split wrote this row's state
   const int64_t stride = static_cast<int64_t>(p.T) * p.Hq;
   float m_max = pv::kNegInf;
   for (int s = 0; s < p.num_splits; ++s) m_max = fmaxf(m_max, p.ws_m[s * stride + row]);
@@ -493,17 +511,49 @@ __global__ void __launch_bounds__(128) prefix_verify_tc_merge_kernel(const Param
   }
 }
 
+// What the launcher needs of a device, read once per device (attribute queries
+// and cudaFuncSetAttribute cost microseconds on every eager call otherwise).
+struct TcDevice {
+  int sms = 0, smem_optin = 0;
+};
+constexpr int kTcMaxDevices = 64;
+
+inline const TcDevice& tc_device(int device) {
+  static TcDevice cache[kTcMaxDevices];
+  static std::once_flag once[kTcMaxDevices];
+  TORCH_CHECK(device >= 0 && device < kTcMaxDevices, "prefix_verify_attention (CUDA): device ", device);
+  std::call_once(once[device], [device] {
+    TcDevice d;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cache[device] = d;
+  });
+  return cache[device];
+}
+
+// The kernel instance's shared-memory opt-in, once per (instance, device).
+template <typename scalar_t, int D>
+void tc_set_smem(int device) {
+  static std::once_flag once[kTcMaxDevices];
+  std::call_once(once[device], [] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(prefix_verify_tc_kernel<scalar_t, D>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(TcSmem<D>::bytes)));
+  });
+}
+
 template <typename scalar_t, int D>
 void launch_tc(Params<scalar_t>& p, int64_t max_prefix_len, const at::Tensor& q, cudaStream_t stream) {
   using SM = TcSmem<D>;
-  int device = 0, sms = 0, smem_optin = 0;
+  int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const TcDevice& dev = tc_device(device);
+  TORCH_CHECK(static_cast<int64_t>(SM::bytes) <= dev.smem_optin, "prefix_verify_attention (CUDA): head size ", D,
+              " needs ", SM::bytes, " bytes of shared memory per block, this GPU allows ", dev.smem_optin);
+  tc_set_smem<scalar_t, D>(device);
   const int64_t est_tiles = pv::ceil_div(static_cast<int64_t>(p.T) * p.G, kTcRows);
-  const int64_t grid_x = pv::max_row_tiles(p.T, p.C, p.G, kTcRows);
-  // about two CTAs per SM (87 KB of shared memory each up to D = 128)
-  const pv::SplitPlan sp = pv::plan_splits(max_prefix_len, est_tiles, p.Hkv, 2 * static_cast<int64_t>(sms),
+  const int64_t row_tiles = pv::max_row_tiles(p.T, p.C, p.G, kTcRows);
+  const pv::SplitPlan sp = pv::plan_splits(max_prefix_len, est_tiles, p.Hkv, pv::kTcCtasPerSm * dev.sms,
                                            pv::TcShape<D>::kKeys);
   p.num_splits = static_cast<int>(sp.num_splits);
   p.chunk = static_cast<int>(sp.chunk);
@@ -515,13 +565,10 @@ void launch_tc(Params<scalar_t>& p, int64_t max_prefix_len, const at::Tensor& q,
     p.ws_l = p.ws_m + n;
     p.ws_acc = p.ws_l + n;
   }
-  auto kernel = prefix_verify_tc_kernel<scalar_t, D>;
-  TORCH_CHECK(static_cast<int64_t>(SM::bytes) <= smem_optin, "prefix_verify_attention (CUDA): head size ", D,
-              " needs ", SM::bytes, " bytes of shared memory per block, this GPU allows ", smem_optin);
-  C10_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(SM::bytes)));
-  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(p.Hkv), static_cast<unsigned>(sp.num_splits));
-  kernel<<<grid, kTcThreads, SM::bytes, stream>>>(p);
+  const int64_t ctas = row_tiles * p.Hkv * sp.num_splits;
+  TORCH_CHECK(ctas < (int64_t{1} << 31), "prefix_verify_attention (CUDA): ", ctas, " CTAs is too many for one grid");
+  prefix_verify_tc_kernel<scalar_t, D>
+      <<<static_cast<unsigned>(ctas), kTcThreads, SM::bytes, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (sp.num_splits > 1) {
     const int64_t rows = static_cast<int64_t>(p.T) * p.Hq;
