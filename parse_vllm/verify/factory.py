@@ -14,10 +14,14 @@ the runner (worker) builds the same verifier (`build`).
    nothing `_vllm.kernel_verify_config_unsupported` names), and
 2. the record of GPU measurements shipped beside this file
    (kernel_measurements.json) holds a measurement of THIS kernel (the version the
-   op reports for the target's dtype, `kernel_version`), in that dtype, on this
-   GPU (same device name, else same compute capability), in which the op is
-   faster than the per-copy attention the forked verifier stands for at every
-   shape of GOAL_SHAPES (`measured_verdict`).
+   op reports for the target's dtype under this process's PARSE_VLLM_CUDA_KERNEL,
+   `kernel_version`: a hash of the kernel's sources, so a changed kernel has no
+   measurement), in that dtype, at the target's head size, on a GPU of this
+   GPU's name (another GPU of the same architecture does not count: an H200's
+   figures say little of an H20), in which the op is faster than the forked
+   verifier's own attention (`forked_us`: the attention call the forked path
+   makes over all copies, or one FlashInfer paged batch call; the fastest
+   recorded) at every shape of GOAL_SHAPES (`measured_verdict`).
 
 Else "forked", with one log line saying why (the configuration's reason, or the
 measurement's verdict, or its absence): a kernel nobody has timed is not
@@ -45,12 +49,14 @@ from parse_vllm.verify.forked import ForkedBlockTableVerifier, scratch_block_cou
 
 logger = _vllm.init_logger("parse_vllm.verify")
 
-# The record "auto" trusts: GPU measurements of the op against per-copy attention,
+# The record "auto" trusts: GPU measurements of the op against the forked path's attention,
 # one entry per (kernel_version, GPU) run; format in docs/compiled-op.md.
 MEASUREMENTS_PATH = Path(__file__).with_name("kernel_measurements.json")
 MEASUREMENTS_SCHEMA = "parse-vllm/kernel-measurements/1"
 # The shapes that matter (ops.GOAL_SHAPES, the benchmark's goal table): the op must be
-# faster than the fastest recorded per-copy baseline at every one of them.
+# faster than the fastest recorded forked-path attention at every one of them, in rows of
+# the target's head size (a D = 128 measurement says nothing of D = 256, which runs a
+# one-stage variant of the kernel).
 GOAL_SHAPES = _ops.GOAL_SHAPES
 GOAL_HEAD_SIZE, GOAL_SUFFIX = 128, 24
 
@@ -73,10 +79,11 @@ def kernel_unavailable(vllm_config, on_cuda: bool) -> str | None:
 
 
 def kernel_version(dtype: torch.dtype) -> str | None:
-    """The version of the CUDA kernel that serves calls in `dtype`,
-    `torch.ops.parse_vllm.cuda_kernel_version(dtype)`: the key of its measurements in the
-    record. None where the op exports none (builds before it existed): such a kernel is
-    unmeasured by construction."""
+    """The version of the CUDA kernel that serves calls in `dtype` (rows 16-byte aligned, as
+    the KV caches and the verifier's buffers are) under this process's PARSE_VLLM_CUDA_KERNEL,
+    `torch.ops.parse_vllm.cuda_kernel_version(dtype)`: "tc-<hash>" or "cc-<hash>", the hash of
+    csrc/ built into the op, the key of its measurements in the record. None where the op
+    exports none (builds before it existed): such a kernel is unmeasured by construction."""
     try:
         version = torch.ops.parse_vllm.cuda_kernel_version(dtype)
     except Exception:  # noqa: BLE001 - no such op (older build, no build): unmeasured
@@ -107,14 +114,16 @@ def _check_entry(e) -> dict:
             isinstance(r.get(k), int) and r[k] > 0 for k in ("ctx", "K", "Hq", "Hkv")
         ):
             raise ValueError(f"{where}: ctx, K, Hq, Hkv must be positive integers")
-        per_copy = r.get("per_copy_us")
-        times = [r.get("op_us")] + (list(per_copy.values()) if isinstance(per_copy, dict) else [])
-        if (
-            not isinstance(per_copy, dict)
-            or not per_copy
-            or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for t in times)
-        ):
-            raise ValueError(f"{where}: op_us and per_copy_us (baseline name -> us, at least one) must be positive")
+        if "D" in r and not (isinstance(r["D"], int) and r["D"] > 0):
+            raise ValueError(f"{where}: D must be a positive integer")
+        baselines = [r.get(k) for k in ("per_copy_us", "forked_us") if k in r]
+        if not baselines or not all(isinstance(b, dict) and b for b in baselines):
+            raise ValueError(
+                f"{where}: forked_us and / or per_copy_us (baseline name -> us, at least one) must be given"
+            )
+        times = [r.get("op_us")] + [t for b in baselines for t in b.values()]
+        if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for t in times):
+            raise ValueError(f"{where}: op_us and every baseline's us must be positive numbers")
     return e
 
 
@@ -135,36 +144,44 @@ def _shape(s) -> str:
     return f"ctx {ctx} K {k} {hq}:{hkv}"
 
 
-def entry_verdict(entry: dict) -> tuple[bool, str]:
-    """Whether one measurement shows the op faster than the per-copy alternative at every
-    goal shape (the alternative's time at a shape: the fastest per-copy baseline recorded
-    there), and why, in one clause."""
+def entry_verdict(entry: dict, head_size: int = GOAL_HEAD_SIZE) -> tuple[bool, str]:
+    """Whether one measurement shows the op faster than the forked path's attention at every
+    goal shape, in rows of head size `head_size` (the alternative's time at a shape: the
+    fastest `forked_us` baseline recorded there; `per_copy_us`, K per-copy calls, is not what
+    a user otherwise gets and does not count), and why, in one clause."""
     rows = {
         (r["ctx"], r["K"], r["Hq"], r["Hkv"]): r
         for r in entry["rows"]
-        if r.get("D", GOAL_HEAD_SIZE) == GOAL_HEAD_SIZE and r.get("L", GOAL_SUFFIX) == GOAL_SUFFIX
+        if r.get("D") == head_size and r.get("L", GOAL_SUFFIX) == GOAL_SUFFIX
     }
     missing = [s for s in GOAL_SHAPES if s not in rows]
     if missing:
         return (
             False,
-            f"it does not cover {len(missing)} of the {len(GOAL_SHAPES)} goal shapes ({_shape(missing[0])}, ...)",
+            f"it does not cover {len(missing)} of the {len(GOAL_SHAPES)} goal shapes at head size {head_size} "
+            f"({_shape(missing[0])}, ...)",
+        )
+    untimed = [s for s in GOAL_SHAPES if not rows[s].get("forked_us")]
+    if untimed:
+        return False, (
+            f"it holds no time of the forked path's attention (forked_us) at {len(untimed)} of the "
+            f"{len(GOAL_SHAPES)} goal shapes ({_shape(untimed[0])}, ...), only what the forked verifier does not run"
         )
     timed = []
     for s in GOAL_SHAPES:
-        name, alt = min(rows[s]["per_copy_us"].items(), key=lambda kv: kv[1])
+        name, alt = min(rows[s]["forked_us"].items(), key=lambda kv: kv[1])
         timed.append((rows[s]["op_us"] / alt, s, rows[s]["op_us"], alt, name))
     slower = [t for t in timed if t[0] >= 1.0]
     if slower:
         ratio, s, op, alt, name = max(slower)
         return False, (
-            f"the op is slower than K per-copy attention calls at {len(slower)} of {len(GOAL_SHAPES)} goal shapes "
-            f"(worst {_shape(s)}: {op:g} us against {alt:g} us for K per-copy {name} calls, {ratio:.2f}x)"
+            f"the op is slower than the forked path's attention at {len(slower)} of {len(GOAL_SHAPES)} goal shapes "
+            f"(worst {_shape(s)}: {op:g} us against {alt:g} us for {name}, {ratio:.2f}x)"
         )
     ratio, s, op, alt, name = max(timed)
     return True, (
-        f"the op is faster than K per-copy attention calls at all {len(GOAL_SHAPES)} goal shapes "
-        f"(least at {_shape(s)}: {op:g} us against {alt:g} us, {1 / ratio:.2f}x)"
+        f"the op is faster than the forked path's attention at all {len(GOAL_SHAPES)} goal shapes "
+        f"(least at {_shape(s)}: {op:g} us against {alt:g} us for {name}, {1 / ratio:.2f}x)"
     )
 
 
@@ -172,30 +189,26 @@ def measured_verdict(
     version: str | None,
     dtype: str,
     device_name: str | None,
-    capability: tuple[int, int] | None,
+    head_size: int,
     entries: list[dict],
 ) -> tuple[bool, str]:
-    """Whether the record shows kernel `version` faster in `dtype` ("bfloat16") on this GPU,
-    and why (one clause, naming the measurement or its absence). A measurement counts on a
-    GPU of the same name; where there is none, on one of the same compute capability. Every
+    """Whether the record shows kernel `version` faster in `dtype` ("bfloat16") at head size
+    `head_size` on this GPU, and why (one clause, naming the measurement or its absence). A
+    measurement counts on a GPU of the same name (compared without case) only; every
     counting measurement must show the op faster."""
     if version is None:
         return False, "this build of the op reports no cuda_kernel_version(), so no recorded measurement is of it"
     mine = [e for e in entries if e["kernel_version"] == version and e["dtype"] == dtype]
     if not mine:
         return False, f"kernel {version} has no recorded {dtype} measurement in {MEASUREMENTS_PATH.name}"
-    arch = None if capability is None else f"{capability[0]}.{capability[1]}"
-    named = [e for e in mine if device_name and e["device"].strip().lower() == device_name.strip().lower()]
-    counting = named or [e for e in mine if e["capability"] == arch]
-    here = f"{device_name or 'unnamed'}" + (f" sm_{capability[0]}{capability[1]}" if capability else "")
+    counting = [e for e in mine if device_name and e["device"].strip().lower() == device_name.strip().lower()]
     if not counting:
-        measured = ", ".join(sorted({f"{e['device']} (sm_{e['capability'].replace('.', '')})" for e in mine}))
-        return False, f"kernel {version} was measured on {measured}, not on this GPU ({here})"
-    verdicts = [(e, *entry_verdict(e)) for e in counting]
+        measured = ", ".join(sorted({e["device"] for e in mine}))
+        return False, f"kernel {version} was measured on {measured}, not on this GPU ({device_name or 'unnamed'})"
+    verdicts = [(e, *entry_verdict(e, head_size)) for e in counting]
     e, faster, why = next((v for v in verdicts if not v[1]), verdicts[0])
-    same = "" if named else f"; this GPU, {here}, has its architecture"
     return faster, (
-        f"kernel {version} measured on {e['device']} (sm_{e['capability'].replace('.', '')}{same}) "
+        f"kernel {version} measured on {e['device']} (sm_{e['capability'].replace('.', '')}) "
         f"on {e['date']}, {MEASUREMENTS_PATH.name}: {why}"
     )
 
@@ -210,7 +223,7 @@ def kernel_speed(vllm_config) -> tuple[bool, str]:
         return False, f"the record of kernel measurements cannot be read ({type(e).__name__}: {e})"
     dtype = _vllm.target_dtype(vllm_config)
     return measured_verdict(
-        kernel_version(dtype), _dtype_name(dtype), _vllm.cuda_device_name(), _vllm.cuda_device_capability(), entries
+        kernel_version(dtype), _dtype_name(dtype), _vllm.cuda_device_name(), _vllm.target_head_size(vllm_config), entries
     )
 
 
