@@ -429,9 +429,20 @@ def time_interleaved(fns, x, out, stat="median", min_time=0.5, min_reps=3, max_r
     return [agg(t) for t in times]
 
 
+# GPU cycles the stream spins (torch.cuda._sleep) before each timed call: about 50 us at
+# 1.5-2 GHz, far longer than the host takes to enqueue the start event, a graph replay and
+# the end event, so the start event runs on a busy stream right before the call and no
+# reading holds host launch latency.
+HOST_COVER_CYCLES = 100_000
+
+
 def time_interleaved_cuda(fns, x, out, flush, stat="median", min_time=0.25, min_reps=5, max_reps=50):
-    """CUDA: round-robin like time_interleaved; each call is timed by events from
-    an idle GPU after `flush` (a large buffer) has been zeroed, i.e. with a cold L2."""
+    """CUDA: round-robin like time_interleaved, each call with a cold L2 (`flush`, a large
+    buffer, zeroed first). The events are recorded on the stream inside the timed region:
+    flush, a spin of HOST_COVER_CYCLES, start event, the call, end event are enqueued with
+    no synchronisation between them, so the GPU reaches the start event only once the
+    call is already queued behind it (the start event used to be recorded on an idle GPU
+    after a synchronize, so every reading held the host's launch latency)."""
     for fn in fns:  # warm-up
         fn(x, out)
     torch.cuda.synchronize()
@@ -442,7 +453,7 @@ def time_interleaved_cuda(fns, x, out, flush, stat="median", min_time=0.25, min_
         events = []
         for fn in fns:
             flush.zero_()
-            torch.cuda.synchronize()
+            torch.cuda._sleep(HOST_COVER_CYCLES)
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             fn(x, out)
@@ -1070,6 +1081,79 @@ def make_flashinfer(x, flashinfer):
     return run, info
 
 
+def make_forked_attention(x, varlen):
+    """The forked verifier's own attention (parse_vllm/verify/forked.py): copy k is a
+    pseudo-request whose block table is its request's blocks holding only prefix tokens,
+    then scratch pages: the block holding the prefix's partial last block copied whole,
+    the suffix written after the prefix (both inside the timed region, as the forked
+    verifier does every pass); then ONE call of vLLM's paged FlashAttention varlen kernel
+    (vllm.vllm_flash_attn.flash_attn_varlen_func, what the FLASH_ATTN backend runs) over
+    all copies, causal (bottom-right). Returns (fn, info)."""
+    q, kc, vc, md = x["q"], x["key_cache"], x["value_cache"], x["md"]
+    bs, Hkv, D = kc.shape[1], kc.shape[2], kc.shape[3]
+    dev = q.device
+    _, _, cu = x["lists"]
+    copies = list(_copies(x))
+    T = cu[-1]
+    bt = md.block_table.cpu()
+    spare = sum(-(-((p % bs) + t1 - t0) // bs) for t0, t1, _, p in copies)
+    fk = torch.cat([kc, kc.new_zeros(spare, bs, Hkv, D)])
+    fv = torch.cat([vc, vc.new_zeros(spare, bs, Hkv, D)])
+    tables, seqused, src_blocks, dst_blocks, slots = [], [], [], [], []
+    page = kc.shape[0]
+    for t0, t1, r, p in copies:
+        full, tail, L = p // bs, p % bs, t1 - t0
+        n_scratch = -(-(tail + L) // bs)
+        tables.append(bt[r, :full].tolist() + list(range(page, page + n_scratch)))
+        if tail:
+            src_blocks.append(int(bt[r, full]))
+            dst_blocks.append(page)
+        slots += [page * bs + tail + j for j in range(L)]
+        seqused.append(p + L)
+        page += n_scratch
+    width = max(len(t) for t in tables)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+    src = torch.tensor(src_blocks, dtype=torch.long, device=dev)
+    dst = torch.tensor(dst_blocks, dtype=torch.long, device=dev)
+    slot = torch.tensor(slots, dtype=torch.long, device=dev)
+    cu_q = torch.tensor(cu, dtype=torch.int32, device=dev)
+    used = torch.tensor(seqused, dtype=torch.int32, device=dev)
+    max_q = max(t1 - t0 for t0, t1, _, _ in copies)
+    qT, knT, vnT = q[:T], x["k_new"][:T], x["v_new"][:T]
+    out = torch.empty_like(qT)
+
+    def run():
+        if src.numel():
+            fk.index_copy_(0, dst, kc.index_select(0, src))
+            fv.index_copy_(0, dst, vc.index_select(0, src))
+        fk.view(-1, Hkv, D).index_copy_(0, slot, knT)
+        fv.view(-1, Hkv, D).index_copy_(0, slot, vnT)
+        return varlen(
+            qT, fk, fv, max_seqlen_q=max_q, cu_seqlens_q=cu_q, max_seqlen_k=max(seqused), seqused_k=used,
+            softmax_scale=md.scale, causal=True, block_table=table, out=out,
+        )  # fmt: skip
+
+    run()
+    if q.is_cuda:
+        torch.cuda.synchronize()
+    info = {
+        "form": "the forked verifier's pass: partial prefix blocks and suffix KV written into scratch pages, "
+        "then one vllm_flash_attn.flash_attn_varlen_func call over all copies (paged, causal)",
+        "graphable": True,
+    }
+    return run, info
+
+
+def forked_attention_function():
+    """vLLM's paged FlashAttention varlen function (the FLASH_ATTN backend's kernel), or the
+    reason it does not import here."""
+    try:
+        from vllm.vllm_flash_attn import flash_attn_varlen_func
+    except Exception as e:  # noqa: BLE001 - no vLLM, a CPU build, or one built for another torch
+        return None, f"not usable: {type(e).__name__}: {str(e)[:120]}"
+    return flash_attn_varlen_func, "vllm.vllm_flash_attn"
+
+
 def capture(fn):
     """fn (no arguments, returns a tensor) captured once in a CUDA graph after a
     warm-up on a side stream; the returned callable replays it and returns the
@@ -1127,7 +1211,9 @@ def measure_rates(device, dtype=GOAL_DTYPE, quick=False) -> dict:
     }
 
 
-def goal_row(shape, args, device, flush=None, rates=None, flash_attn=None, flashinfer=None, gpu_path=None) -> dict:
+def goal_row(
+    shape, args, device, flush=None, rates=None, flash_attn=None, flashinfer=None, gpu_path=None, forked_attn=None
+) -> dict:
     """Every method on one goal shape, same inputs, one process: correctness
     against float64, CUDA-graph replays timed with a cold L2 (median of
     args.reps), the floor and the goals (judge_goals).  `gpu_path` (default:
@@ -1213,6 +1299,13 @@ def goal_row(shape, args, device, flush=None, rates=None, flash_attn=None, flash
             fns["flash"] = lambda: fa(x, o)
         except Exception as e:  # noqa: BLE001
             row["skipped"]["flash"] = f"{type(e).__name__}: {str(e)[:200]}"
+    if forked_attn is None:
+        row["skipped"]["forked"] = "vLLM's paged FlashAttention (vllm.vllm_flash_attn) does not import here"
+    else:
+        try:
+            fns["forked"], row["forked"] = make_forked_attention(x, forked_attn)
+        except Exception as e:  # noqa: BLE001
+            row["skipped"]["forked"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     if flashinfer is None:
         row["skipped"]["flashinfer"] = "flashinfer not installed (or --no-flashinfer)"
     else:
@@ -1290,13 +1383,17 @@ def goal_row(shape, args, device, flush=None, rates=None, flash_attn=None, flash
             row["op_over_floor"] = op / row["floor_us"]
         row["op_TFLOPs"] = row["flops"] / (op * 1e-6) / 1e12
         row["speedup"] = {
-            n: row["us"][n] / op for n in ("flex", "flex_gather", "sdpa", "flash", "flashinfer") if row["us"].get(n)
+            n: row["us"][n] / op
+            for n in ("flex", "flex_gather", "sdpa", "flash", "flashinfer", "forked")
+            if row["us"].get(n)
         }
     row["goals"] = judge_goals(row)
     return row
 
 
-GOAL_COLS = ("op", "op_wide", "op_eager", "op_cuda_core", "flex", "flex_gather", "sdpa", "flash", "flashinfer")
+GOAL_COLS = (
+    "op", "op_wide", "op_eager", "op_cuda_core", "flex", "flex_gather", "sdpa", "flash", "flashinfer", "forked",
+)  # fmt: skip
 
 
 def goal_header():
@@ -1326,28 +1423,41 @@ def print_goal_row(row):
     )
 
 
-def kernel_measurement(meta: dict, rows: list) -> dict | None:
+# The forked path's attention a measurement compares the op with (the verifier factory's
+# alternative): the forked verifier's own call, and one FlashInfer paged batch call.
+FORKED_BASELINES = ("forked", "flashinfer")
+
+
+def kernel_measurement(meta: dict, rows: list, complete: bool = True, failed: list | None = None) -> dict | None:
     """The goal table as one entry of parse_vllm/verify/kernel_measurements.json (the record
     the verifier factory reads: `auto` takes the kernel only where an entry of the op's
-    cuda_kernel_version shows it faster than the per-copy baselines at every goal shape).
-    None where the op reports no version or no row has both the op and a per-copy time."""
+    cuda_kernel_version shows it faster than the forked path's attention, `forked_us`, at
+    every goal shape of its head size on a GPU of its name). Written for whatever rows were
+    timed: `complete` false and `failed` (the steps or shapes that failed) say what is
+    missing, and the factory refuses an entry that does not cover the goal shapes. None
+    where the op reports no version or no row has the op and a baseline."""
     version_of = getattr(torch.ops.parse_vllm, "cuda_kernel_version", None)
     version = version_of(GOAL_DTYPE) if version_of is not None else None
     out = []
     for r in rows:
         us = r.get("us") or {}
+        forked = {k: round(us[k], 1) for k in FORKED_BASELINES if us.get(k)}
         per_copy = {k: round(us[k], 1) for k in ("sdpa", "flash") if us.get(k)}
-        if not us.get("op") or not per_copy or not r.get("op_ok", False):
+        if not us.get("op") or not (forked or per_copy) or not r.get("op_ok", False):
             continue
         e = {k: r[k] for k in ("ctx", "K", "Hq", "Hkv", "D", "L")}
-        e.update(op_us=round(us["op"], 1), per_copy_us=per_copy)
+        e["op_us"] = round(us["op"], 1)
+        if forked:
+            e["forked_us"] = forked
+        if per_copy:
+            e["per_copy_us"] = per_copy
         if us.get("flex"):
             e["flex_us"] = round(us["flex"], 1)
         out.append(e)
     if not version or not out:
         return None
     cap = meta.get("capability") or [0, 0]
-    return {
+    entry = {
         "kernel_version": version,
         "kernel": f"the CUDA kernel serving {meta['dtype']} calls (cuda_kernel_version {version})",
         "device": meta.get("device_name", "?"),
@@ -1357,8 +1467,12 @@ def kernel_measurement(meta: dict, rows: list) -> dict | None:
         "dtype": meta["dtype"],
         "source": "scripts/bench_kernel.py --goals (scripts/gpu_check.sh, step goals): data/goals.json",
         "timing": meta.get("timing", ""),
+        "complete": bool(complete),
         "rows": out,
     }
+    if failed:
+        entry["failed"] = list(failed)
+    return entry
 
 
 def run_goals(args) -> int:
@@ -1366,7 +1480,7 @@ def run_goals(args) -> int:
     printed and (--json) written; exit 1 only when the op is wrong."""
     shapes = args.goal_shapes or list(GOAL_SHAPES)
     device = torch.device(args.device)
-    flush = flash_attn = flashinfer = None
+    flush = flash_attn = flashinfer = forked_attn = None
     meta = {
         "schema": "parse-vllm/kernel-goals/1",
         "device": args.device,
@@ -1403,6 +1517,7 @@ def run_goals(args) -> int:
             else:
                 meta[key] = getattr(m, "__version__", "?")
                 flash_attn, flashinfer = (m, flashinfer) if mod == "flash_attn" else (flash_attn, m)
+        forked_attn, meta["forked"] = forked_attention_function()
         meta.update(
             device_name=torch.cuda.get_device_name(device),
             capability=list(torch.cuda.get_device_capability(device)),
@@ -1410,8 +1525,8 @@ def run_goals(args) -> int:
             cuda=torch.version.cuda,
             flush_bytes=flush.numel(),
             timing=f"CUDA-graph replay per method (eager where capture failed), L2 flushed (a {flush.numel() >> 20} "
-            f"MiB buffer zeroed, device synchronised) before each replay, CUDA events; median of {args.reps} "
-            "round-robin replays",
+            f"MiB buffer zeroed) and a {HOST_COVER_CYCLES}-cycle GPU spin before each replay, CUDA events recorded "
+            f"on the stream around the replay (no host latency inside); median of {args.reps} round-robin replays",
         )
     else:
         meta["timing"] = f"CPU smoke (not a measurement): eager calls, median of {args.reps}"
@@ -1440,6 +1555,9 @@ def run_goals(args) -> int:
     rows = []
 
     def dump(complete):
+        if args.device == "cuda":  # the record as far as it goes, after every shape
+            failed = [r["shape"] for r in rows if r.get("error") or not r.get("op_ok", False)]
+            meta["kernel_measurement"] = kernel_measurement(meta, rows, complete, failed)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(
@@ -1452,7 +1570,7 @@ def run_goals(args) -> int:
     for shape in shapes:
         t1 = time.perf_counter()
         try:
-            row = goal_row(shape, args, device, flush, rates, flash_attn, flashinfer)
+            row = goal_row(shape, args, device, flush, rates, flash_attn, flashinfer, forked_attn=forked_attn)
         except Exception as e:  # noqa: BLE001 - one shape's failure (e.g. out of memory) is that row's
             row = {
                 "shape": shape_name(*shape),
@@ -1475,8 +1593,6 @@ def run_goals(args) -> int:
         dump(False)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    if args.device == "cuda":
-        meta["kernel_measurement"] = kernel_measurement(meta, rows)
     dump(True)
     summ = goal_summary(rows)
     print(

@@ -674,6 +674,28 @@ class _FakeFlashInfer(types.SimpleNamespace):
             return out
 
 
+def _fake_varlen(
+    q, k, v, *, max_seqlen_q, cu_seqlens_q, max_seqlen_k, seqused_k, softmax_scale, causal, block_table, out
+):
+    """vllm_flash_attn.flash_attn_varlen_func over SDPA: sequence i's keys are the first
+    seqused_k[i] slots of its block table's pages; causal is bottom-right."""
+    assert causal and int(seqused_k.max()) == max_seqlen_k
+    bs, Hkv, D = k.shape[1:]
+    for i in range(block_table.shape[0]):
+        q0, q1, n = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1]), int(seqused_k[i])
+        assert q1 - q0 <= max_seqlen_q
+        pages = block_table[i, : -(-n // bs)].long()
+        ki, vi = k[pages].reshape(-1, Hkv, D)[:n], v[pages].reshape(-1, Hkv, D)[:n]
+        lq = q1 - q0
+        m = torch.arange(n)[None] <= torch.arange(lq)[:, None] + (n - lq)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q[q0:q1].transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
+            attn_mask=m, scale=softmax_scale, enable_gqa=True,
+        )  # fmt: skip
+        out[q0:q1] = o[0].transpose(0, 1)
+    return out
+
+
 @pytest.mark.parametrize("shape", [(256, 4, 4, 2), (200, 3, 4, 2)], ids=["aligned", "prefix-inside-a-page"])
 def test_goal_row_gpu_path_on_cpu(monkeypatch, capsys, shape):
     """Every method of the goal table on the CPU: the CUDA graph capture and the CUDA timer replaced,
@@ -701,6 +723,7 @@ def test_goal_row_gpu_path_on_cpu(monkeypatch, capsys, shape):
         flash_attn=_FakeFlash(),
         flashinfer=_FakeFlashInfer(),
         gpu_path=True,
+        forked_attn=_fake_varlen,
     )
     assert row["op_ok"] and not row["notes"], row["notes"]
     methods = {
@@ -713,26 +736,33 @@ def test_goal_row_gpu_path_on_cpu(monkeypatch, capsys, shape):
         "sdpa_mask_gqa",
         "flash",
         "flashinfer",
+        "forked",
     }
     assert set(row["us"]) == methods | {"op_eager", "sdpa"}
     # the table as an entry of the verifier factory's record: accepted by its check, keyed by
-    # the version the op reports for bf16, one row per shape with the op and the per-copy times
+    # the version the op reports for bf16, one row per shape with the op, the forked path's
+    # attention (the factory's alternative) and the per-copy times (for information)
     from parse_vllm.verify import factory
 
     meta = {"dtype": "bfloat16", "device_name": "NVIDIA H100 80GB HBM3", "capability": [9, 0], "timing": "t"}
     entry = factory._check_entry(bk.kernel_measurement(meta, [row]))
-    assert entry["kernel_version"] == torch.ops.parse_vllm.cuda_kernel_version(torch.bfloat16) == "tc-1"
-    assert entry["capability"] == "9.0" and entry["device"] == meta["device_name"]
+    version = torch.ops.parse_vllm.cuda_kernel_version(torch.bfloat16)
+    assert entry["kernel_version"] == version and version.startswith("tc-") and len(version) == 19
+    assert entry["capability"] == "9.0" and entry["device"] == meta["device_name"] and entry["complete"] is True
     (r,) = entry["rows"]
     assert r["op_us"] == round(row["us"]["op"], 1) and r["per_copy_us"] == {
         "sdpa": round(row["us"]["sdpa"], 1),
         "flash": round(row["us"]["flash"], 1),
     }
+    assert r["forked_us"] == {"forked": round(row["us"]["forked"], 1), "flashinfer": round(row["us"]["flashinfer"], 1)}
+    assert "forked_attention" not in row["skipped"] and "flash_attn_varlen_func" in row["forked"]["form"]
+    partial = bk.kernel_measurement(meta, [row], complete=False, failed=["sanitizer"])
+    assert partial["complete"] is False and partial["failed"] == ["sanitizer"]
     assert bk.kernel_measurement(meta, [dict(row, op_ok=False)]) is None  # a wrong op measures nothing
     assert row["sdpa_form"] in bk.GOAL_SDPA_FORMS and row["us"]["sdpa"] == row["us"]["sdpa_" + row["sdpa_form"]]
     aligned = shape[0] == 256
     assert row["flashinfer"]["graphable"] is aligned and ("causal" in row["flashinfer"]["form"]) is aligned
-    want_graphed = {m: True for m in methods}
+    want_graphed = {m: True for m in methods}  # the forked pass is graph-safe in both forms
     if not aligned:
         want_graphed["flashinfer"] = "no: not graph-safe in this form"
     assert row["graphed"] == want_graphed and len(captured) == len(methods) - (not aligned)
@@ -758,6 +788,7 @@ def test_goal_row_gpu_path_on_cpu(monkeypatch, capsys, shape):
         "flex": "--flex off",
         "flash": "flash-attn not installed",
         "flashinfer": "flashinfer not installed (or --no-flashinfer)",
+        "forked": "vLLM's paged FlashAttention (vllm.vllm_flash_attn) does not import here",
     }
     assert row["goals"]["iv_error"]["status"] == "N/A"
 
