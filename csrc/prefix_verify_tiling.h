@@ -220,11 +220,17 @@ struct SplitPlan {
 // key tiles plus kTcCtaOverheadTiles (finding its rows, loading Q, the first
 // tile's latency); several splits add kTcMergeTiles (the fp32 partial states
 // written and read again, and the merge launch).  CTAs run in waves of `slots`
-// (SMs x resident CTAs per SM), so a call costs its number of waves times one
-// CTA.  Rough figures from the 2026-11-28 review's H100 model (about 0.9 us a
-// tile, a 3 us cold prologue, about 5 us for the merge and its launch).
+// (SMs x resident CTAs per SM), and a call costs its number of waves times one
+// CTA, except that a last wave of at most kTcFreeSliverPct % of the slots is
+// not charged: the CTAs of nested prefixes are unequal (a row tile of short
+// prefixes ends its last split early), so a sliver past whole waves overlaps
+// the long CTAs' tails.  Rough figures from the 2026-11-28 review's H100 model
+// (about 0.9 us a tile, a 3 us cold prologue, about 5 us for the merge and its
+// launch); the sliver from a list-scheduling simulation of the goal shapes'
+// staircases (docs/compiled-op.md, "Kernel round two").
 constexpr int64_t kTcCtaOverheadTiles = 2;
 constexpr int64_t kTcMergeTiles = 5;
+constexpr int64_t kTcFreeSliverPct = 15;
 // Resident CTAs per SM the plan assumes: 87 KB of shared memory per CTA up to
 // D = 128 (two per SM on sm_80 / sm_90; one on sm_86 / sm_89, whose plan is then
 // half a wave deep, never wrong).
@@ -232,16 +238,17 @@ constexpr int64_t kTcCtasPerSm = 2;
 
 PV_HD int64_t tc_plan_cost(int64_t key_tiles, int64_t splits, int64_t pairs, int64_t slots) {
   const int64_t per_cta = ceil_div(key_tiles, splits) + kTcCtaOverheadTiles;
-  return ceil_div(pairs * splits, slots) * per_cta + (splits > 1 ? kTcMergeTiles : 0);
+  const int64_t charged = pairs * splits - slots * kTcFreeSliverPct / 100;
+  const int64_t waves = charged > slots ? ceil_div(charged, slots) : 1;
+  return waves * per_cta + (splits > 1 ? kTcMergeTiles : 0);
 }
 
 // The split count of least modelled cost for `est_row_tiles` row tiles x Hkv
 // kv heads over max_prefix_len keys (the caller's bound, never the block
 // table's width), each split at least kTcMinChunk keys and at most
-// kTcMaxSplits splits; ties go to fewer splits.  So a split count is never
-// rounded up into a partial wave (1.09 waves at 288 CTAs for 264 slots cost
-// two), and where one wave of unsplit CTAs already covers the work there is
-// no split and no merge launch.
+// kTcMaxSplits splits; ties go to fewer splits.  So a split count is not
+// rounded up into a partial wave of more than a sliver, and where unsplit CTAs
+// already fill their waves there is no split and no merge launch.
 PV_HD SplitPlan plan_splits(int64_t max_prefix_len, int64_t est_row_tiles, int64_t Hkv, int64_t slots,
                             int64_t keys_per_tile) {
   const int64_t P = max_prefix_len > 0 ? max_prefix_len : 1;

@@ -346,9 +346,13 @@ def test_one_small_case_of_each_kernel(monkeypatch):
         # cu_copy_lens[-1] = 8 < T = 16: rows 8.. keep what out held
         short = dataclasses.replace(md, cu_copy_lens=torch.tensor([0, 8, 8], dtype=torch.int32))
         for max_prefix_len in (1000, 1):
-            c = map_tensors(dict(case, md=dataclasses.replace(short, max_prefix_len=max_prefix_len)), lambda t: t.cuda())
+            c = map_tensors(
+                dict(case, md=dataclasses.replace(short, max_prefix_len=max_prefix_len)), lambda t: t.cuda()
+            )
             out = torch.full_like(c["q"], 7.0)
-            ops.prefix_verify_attention(c["q"], c["k_new"], c["v_new"], c["key_cache"], c["value_cache"], c["md"], out=out)
+            ops.prefix_verify_attention(
+                c["q"], c["k_new"], c["v_new"], c["key_cache"], c["value_cache"], c["md"], out=out
+            )
             torch.cuda.synchronize()
             assert bool((out[8:] == 7.0).all()), (D, max_prefix_len)
             assert float((out[:8].cpu().double() - ref[:8]).abs().max()) < 3e-2
