@@ -7,27 +7,37 @@
 # no flash-attn (used when installed), no network, nothing installed from this
 # project (the op is built in place, the package imported from this tree).
 #
-# Steps, stopping at the first one that fails (with its log's tail):
+# Steps, each run even when an earlier one failed (with its log's tail;
+# GPU_CHECK_KEEP_GOING=0 stops at the first failure; a failed environment
+# always stops):
 #   1 environment   python, torch, GPU (torch + nvidia-smi), nvcc, peak bandwidth
 #   2 imports       parse_vllm.ops, tests/conftest.py, the kernel tests and the
 #                   benchmark import with vLLM blocked
 #   3 build         the op in place (python setup.py build_ext --inplace, driven
 #                   without setuptools' pyproject.toml parsing) for the GPU that
 #                   is present: PARSE_VLLM_BUILD_CUDA=1, arch from its capability
-#   4 link          tests/test_build_link.py -m "not slow" (the built _C*.so NEEDs
-#                   libstdc++.so.6 and defines no std::locale symbols); skipped
-#                   when that test file is not in the checkout
-#   5 cuda tests    tests/test_kernel_cuda.py (kernel vs the PyTorch reference)
-#   6 sanitizer     compute-sanitizer memcheck and racecheck over
-#                   tests/test_kernel_cuda.py::test_one_small_case_of_each_kernel
-#                   (skipped without a GPU or without compute-sanitizer)
-#   7 goal table    scripts/bench_kernel.py --goals --device cuda
+#   4 goal table    scripts/bench_kernel.py --goals --device cuda
 #                   --block-table-width 131072 (issue 35's eight shapes: the op,
 #                   the CUDA-core kernel on the same call, one FlexAttention call,
-#                   K per-copy SDPA calls, flash-attn / FlashInfer where installed,
-#                   all CUDA-graph replays with a cold L2; the floor; PASS/FAIL per
-#                   goal per shape) -> OUTDIR/kernel_measurement.json, the entry to
-#                   add to parse_vllm/verify/kernel_measurements.json
+#                   K per-copy SDPA calls, the forked verifier's own attention and
+#                   FlashInfer's paged batch call where they import, flash-attn
+#                   where installed, all CUDA-graph replays with a cold L2; the
+#                   floor; PASS/FAIL per goal per shape), right after the build so
+#                   that a later failure cannot cost the figures; its entry is
+#                   written into parse_vllm/verify/kernel_measurements.json at once
+#                   (parse_vllm/verify/record.py: the same kernel, GPU, dtype and
+#                   head size replaced) and again at the end of the run with the
+#                   steps that failed in its "failed" list; also
+#                   OUTDIR/kernel_measurement.json
+#   5 link          tests/test_build_link.py -m "not slow" (the built _C*.so NEEDs
+#                   libstdc++.so.6 and defines no std::locale symbols); skipped
+#                   when that test file is not in the checkout
+#   6 cuda tests    tests/test_kernel_cuda.py (kernel vs the PyTorch reference)
+#   7 sanitizer     compute-sanitizer memcheck and racecheck over
+#                   tests/test_kernel_cuda.py::test_one_small_case_of_each_kernel
+#                   (D 64 and 256, one CTA walking 16 / 32 key tiles, the split
+#                   merge, cu_copy_lens short of T; skipped without a GPU or
+#                   without compute-sanitizer)
 #   8 benchmark     scripts/bench_kernel.py --device cuda (op vs K per-copy SDPA /
 #                   flash-attn calls and the dense-mask reference; contexts
 #                   512/2k/8k/32k, K 4/8/16, bf16 and fp32)
@@ -53,7 +63,9 @@
 #   GPU_CHECK_QUICK=1        fewer CPU twin cases, a quick benchmark, a goal table of
 #                            two shapes and 10 replays, two geometries' step costs
 #                            (smoke runs)
-#   GPU_CHECK_KEEP_GOING=1   run the later steps after a failed one
+#   GPU_CHECK_KEEP_GOING=0   stop at the first failed step (default 1: run them all)
+#   GPU_CHECK_RECORD=...     the record the measurement is written into (default
+#                            parse_vllm/verify/kernel_measurements.json; "" = none)
 #   GPU_CHECK_CUDA_ARCH=9.0  build the CUDA kernel for this arch even without a GPU
 #                            (checks the build on a GPU-less machine with nvcc)
 #   GPU_PEAK_BW_GBPS=3350    the GPU's peak memory bandwidth, if not known by name
@@ -78,7 +90,7 @@ mkdir -p "$OUT/logs" "$OUT/data" || { echo "gpu_check: cannot create $OUT" >&2; 
 OUT=$(cd "$OUT" && pwd)
 LOGS=$OUT/logs
 DATA=$OUT/data
-rm -rf "$LOGS" "$DATA" "$OUT/gpu_check.json" "$OUT/gpu_check.md" "$OUT/gpu_costs.json"
+rm -rf "$LOGS" "$DATA" "$OUT/gpu_check.json" "$OUT/gpu_check.md" "$OUT/gpu_costs.json" "$OUT/kernel_measurement.json"
 mkdir -p "$LOGS" "$DATA" || exit 2
 if [ -n "${PYTHON:-}" ]; then
     PY=$PYTHON
@@ -107,14 +119,14 @@ export GC_QUICK=${GPU_CHECK_QUICK:-0} GC_CPU_ONLY=${GPU_CHECK_CPU_ONLY:-0} GC_AR
 export GC_STARTED=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 HELPER=$DATA/gpu_check_helper.py
 
-STEPS=(env imports build link cuda_tests sanitizer goals bench costs cpu_tests)
+STEPS=(env imports build goals link cuda_tests sanitizer bench costs cpu_tests)
 declare -A TITLE=(
     [env]="environment"
     [imports]="imports without vLLM"
     [build]="build the op in place"
     [link]="the op's link (tests/test_build_link.py)"
     [cuda_tests]="CUDA kernel tests (tests/test_kernel_cuda.py)"
-    [sanitizer]="compute-sanitizer memcheck + racecheck on one small case of each kernel"
+    [sanitizer]="compute-sanitizer memcheck + racecheck on the small cases of each kernel"
     [goals]="goal table (scripts/bench_kernel.py --goals)"
     [cpu_tests]="CPU twin tests (tests/test_kernel_cpu.py)"
     [bench]="benchmark (scripts/bench_kernel.py)"
@@ -243,8 +255,21 @@ if m:
     json.dump(m, open(sys.argv[2], "w"), indent=1)
     print(f"kernel measurement for the record: {sys.argv[2]}")
 PY
+    write_record "$( [ $rc = 0 ] || echo goals )"
     "$PY" "$HELPER" goals $rc
 )
+
+write_record() {  # write_record "FAILED STEPS": OUTDIR/kernel_measurement.json into the repository's record
+    local record=${GPU_CHECK_RECORD-$ROOT/parse_vllm/verify/kernel_measurements.json}
+    [ -n "$record" ] && [ -f "$OUT/kernel_measurement.json" ] || return 0
+    "$PY" - "$ROOT/parse_vllm/verify/record.py" "$OUT/kernel_measurement.json" "$record" $1 <<'PY' || true
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("_pv_record", sys.argv[1])
+record = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(record)
+print(record.write_measurement(sys.argv[3], json.load(open(sys.argv[2])), sys.argv[4:]))
+PY
+}
 
 step_bench() (
     if [ "$(mode)" = cuda ]; then
@@ -1123,7 +1148,7 @@ for STEP in "${STEPS[@]}"; do
         echo "---- last lines of $log ----" >&2
         tail -n 25 "$log" >&2
         echo "----" >&2
-        if [ "${GPU_CHECK_KEEP_GOING:-0}" != 1 ] || [ "$STEP" = env ]; then
+        if [ "${GPU_CHECK_KEEP_GOING:-1}" != 1 ] || [ "$STEP" = env ]; then
             report final
             echo "gpu_check: stopped after the failed step; report: $OUT/gpu_check.md" >&2
             exit 1
@@ -1132,6 +1157,9 @@ for STEP in "${STEPS[@]}"; do
         report || true
     fi
 done
+# the record once more, with every step that failed (the goals step wrote it first)
+write_record "$(awk -F'\t' '$2 == "failed" {print $1}' "$DATA/steps.tsv" 2>/dev/null | tr '\n' ' ')" \
+    >> "$LOGS/goals.log" 2>&1
 report final || exit 1
 [ -z "$FAILED_STEP" ] || exit 1
 exit 0

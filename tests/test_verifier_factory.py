@@ -38,8 +38,7 @@ def _config(
     )
 
 
-def _entry(version="v-test", device=H100, capability="9.0", speedup=2.0, slower_at=(), shapes=None, D=128,
-           **forked):
+def _entry(version="v-test", device=H100, capability="9.0", speedup=2.0, slower_at=(), shapes=None, D=128, **forked):
     """A measurement of kernel `version` on `device` at head size D: the op `speedup` times faster
     than the forked verifier's attention at every goal shape, 2x slower at those in `slower_at`;
     `forked` adds other forked-path baselines (name=us) to every row. K per-copy SDPA calls,
@@ -471,3 +470,57 @@ def test_the_version_names_the_kernel_that_will_serve(monkeypatch):
     # no CUDA call in this process (a CPU test run): the op reports none served
     if not torch.cuda.is_available():
         assert torch.ops.parse_vllm.last_cuda_kernel() == ""
+
+
+def test_a_gpu_run_writes_its_entry_into_the_record(tmp_path):
+    """Issue 49 F5: scripts/gpu_check.sh writes the goal table's entry into the repository's
+    record itself (parse_vllm/verify/record.py, loaded by path while vLLM is blocked), right
+    after the goal table and again at the end with the steps that failed: a rerun of the same
+    kernel on the same GPU, dtype and head size replaces its entry, another is added, the
+    failed steps and shapes are listed, and the factory does not trust an entry that misses
+    goal shapes."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from parse_vllm.verify import record
+
+    path = tmp_path / "kernel_measurements.json"
+    old = factory.load_measurements()[0]
+    path.write_text(json.dumps({"schema": factory.MEASUREMENTS_SCHEMA, "about": "x", "measurements": [old]}))
+    first = _entry(version="tc-0123456789abcdef")
+    line = record.write_measurement(path, first)
+    assert "added an entry for kernel tc-0123456789abcdef on NVIDIA H100 80GB HBM3 (8 rows)" in line
+    partial = dict(_entry(version="tc-0123456789abcdef", shapes=factory.GOAL_SHAPES[:3]), complete=False)
+    partial["failed"] = ["8192/8/8:2"]
+    line = record.write_measurement(path, partial, ["sanitizer", "cuda_tests"])
+    assert "replaced the entry" in line and "failed: 8192/8/8:2, sanitizer, cuda_tests; incomplete" in line
+    doc = json.loads(path.read_text())
+    assert doc["about"] == "x" and [e["kernel_version"] for e in doc["measurements"]] == [old["kernel_version"]] + [
+        "tc-0123456789abcdef"
+    ]
+    assert doc["measurements"][1]["failed"] == ["8192/8/8:2", "sanitizer", "cuda_tests"]
+    entries = factory.load_measurements(path)
+    faster, why = factory.measured_verdict("tc-0123456789abcdef", "bfloat16", H100, 128, entries)
+    assert not faster and "does not cover 5 of the 8 goal shapes" in why
+    record.write_measurement(path, _entry(version="tc-0123456789abcdef", D=256))  # another head size: added
+    record.write_measurement(path, _entry(version="tc-0123456789abcdef", device="NVIDIA H200"))
+    assert len(factory.load_measurements(path)) == 4
+    with pytest.raises(ValueError, match="'rows' must be a non-empty list"):
+        record.write_measurement(path, dict(first, rows=[]))
+    # as gpu_check.sh loads it: by path, with vLLM blocked
+    shim = tmp_path / "shim" / "vllm"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('blocked')")
+    code = (
+        "import importlib.util, sys; spec = importlib.util.spec_from_file_location('r', sys.argv[1]); "
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); print(m.MEASUREMENTS_SCHEMA)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT / "parse_vllm" / "verify" / "record.py")],
+        env={"PYTHONPATH": str(tmp_path / "shim"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and r.stdout.strip() == factory.MEASUREMENTS_SCHEMA, r.stderr
+    assert importlib.util.find_spec("parse_vllm.verify.record") is not None

@@ -46,13 +46,14 @@ from parse_vllm import ops as _ops
 from parse_vllm.config import ParseConfigError
 from parse_vllm.verify.base import Verifier
 from parse_vllm.verify.forked import ForkedBlockTableVerifier, scratch_block_count
+from parse_vllm.verify.record import MEASUREMENTS_SCHEMA
+from parse_vllm.verify.record import check_entry as _check_entry
 
 logger = _vllm.init_logger("parse_vllm.verify")
 
 # The record "auto" trusts: GPU measurements of the op against the forked path's attention,
 # one entry per (kernel_version, GPU) run; format in docs/compiled-op.md.
 MEASUREMENTS_PATH = Path(__file__).with_name("kernel_measurements.json")
-MEASUREMENTS_SCHEMA = "parse-vllm/kernel-measurements/1"
 # The shapes that matter (ops.GOAL_SHAPES, the benchmark's goal table): the op must be
 # faster than the fastest recorded forked-path attention at every one of them, in rows of
 # the target's head size (a D = 128 measurement says nothing of D = 256, which runs a
@@ -93,38 +94,6 @@ def kernel_version(dtype: torch.dtype) -> str | None:
 
 def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def _check_entry(e) -> dict:
-    """One measurement of the record, checked (ValueError naming what is wrong)."""
-    if not isinstance(e, dict):
-        raise ValueError(f"a measurement must be an object, got {type(e).__name__}")
-    for key in ("kernel_version", "device", "capability", "date", "dtype", "source"):
-        if not isinstance(e.get(key), str) or not e[key]:
-            raise ValueError(f"measurement {e.get('kernel_version')!r}: {key!r} must be a non-empty string")
-    major, _, minor = e["capability"].partition(".")
-    if not (major.isdigit() and minor.isdigit()):
-        raise ValueError(f"measurement {e['kernel_version']!r}: capability {e['capability']!r} is not 'X.Y'")
-    rows = e.get("rows")
-    if not isinstance(rows, list) or not rows:
-        raise ValueError(f"measurement {e['kernel_version']!r}: 'rows' must be a non-empty list")
-    for r in rows:
-        where = f"measurement {e['kernel_version']!r}, row {r!r}"
-        if not isinstance(r, dict) or not all(
-            isinstance(r.get(k), int) and r[k] > 0 for k in ("ctx", "K", "Hq", "Hkv")
-        ):
-            raise ValueError(f"{where}: ctx, K, Hq, Hkv must be positive integers")
-        if "D" in r and not (isinstance(r["D"], int) and r["D"] > 0):
-            raise ValueError(f"{where}: D must be a positive integer")
-        baselines = [r.get(k) for k in ("per_copy_us", "forked_us") if k in r]
-        if not baselines or not all(isinstance(b, dict) and b for b in baselines):
-            raise ValueError(
-                f"{where}: forked_us and / or per_copy_us (baseline name -> us, at least one) must be given"
-            )
-        times = [r.get("op_us")] + [t for b in baselines for t in b.values()]
-        if not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for t in times):
-            raise ValueError(f"{where}: op_us and every baseline's us must be positive numbers")
-    return e
 
 
 def load_measurements(path: Path | None = None) -> list[dict]:
@@ -223,7 +192,11 @@ def kernel_speed(vllm_config) -> tuple[bool, str]:
         return False, f"the record of kernel measurements cannot be read ({type(e).__name__}: {e})"
     dtype = _vllm.target_dtype(vllm_config)
     return measured_verdict(
-        kernel_version(dtype), _dtype_name(dtype), _vllm.cuda_device_name(), _vllm.target_head_size(vllm_config), entries
+        kernel_version(dtype),
+        _dtype_name(dtype),
+        _vllm.cuda_device_name(),
+        _vllm.target_head_size(vllm_config),
+        entries,
     )
 
 
