@@ -65,7 +65,8 @@
 #                            (smoke runs)
 #   GPU_CHECK_KEEP_GOING=0   stop at the first failed step (default 1: run them all)
 #   GPU_CHECK_RECORD=...     the record the measurement is written into (default
-#                            parse_vllm/verify/kernel_measurements.json; "" = none)
+#                            parse_vllm/verify/kernel_measurements.json, none in a
+#                            GPU_CHECK_QUICK run; "" = none)
 #   GPU_CHECK_CUDA_ARCH=9.0  build the CUDA kernel for this arch even without a GPU
 #                            (checks the build on a GPU-less machine with nvcc)
 #   GPU_PEAK_BW_GBPS=3350    the GPU's peak memory bandwidth, if not known by name
@@ -261,6 +262,8 @@ PY
 
 write_record() {  # write_record "FAILED STEPS": OUTDIR/kernel_measurement.json into the repository's record
     local record=${GPU_CHECK_RECORD-$ROOT/parse_vllm/verify/kernel_measurements.json}
+    # a quick run's two shapes and 10 replays are a smoke test, not a measurement to keep
+    [ "$GC_QUICK" = 1 ] && [ -z "${GPU_CHECK_RECORD+set}" ] && return 0
     [ -n "$record" ] && [ -f "$OUT/kernel_measurement.json" ] || return 0
     "$PY" - "$ROOT/parse_vllm/verify/record.py" "$OUT/kernel_measurement.json" "$record" $1 <<'PY' || true
 import importlib.util, json, sys

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -806,3 +807,43 @@ def test_a_wide_block_table_changes_nothing_but_its_width():
     out_x = bk.run_op(x, torch.full_like(x["q"], float("nan")))
     out_y = bk.run_op(y, torch.full_like(y["q"], float("nan")))
     assert torch.equal(out_x, out_y)
+
+
+def test_the_run_writes_its_measurement_into_the_record(tmp_path):
+    """Issue 49 F5: gpu_check.sh's write_record (run after the goal table and at the end of the
+    run) puts OUTDIR/kernel_measurement.json into the record with the failed steps listed,
+    replacing the same run's entry; a quick run and GPU_CHECK_RECORD="" write nothing."""
+    from parse_vllm.verify import factory
+
+    fn = re.search(r"^write_record\(\) \{.*?^\}$", SCRIPT.read_text(), re.S | re.M).group(0)
+    record = tmp_path / "record.json"
+    committed = json.loads((ROOT / "parse_vllm" / "verify" / "kernel_measurements.json").read_text())
+    record.write_text(json.dumps(committed))
+    rows = [
+        dict(ctx=c, K=k, Hq=hq, Hkv=hkv, D=128, L=24, op_us=10.0, forked_us={"forked": 40.0})
+        for c, k, hq, hkv in factory.GOAL_SHAPES
+    ]
+    entry = dict(kernel_version="tc-0011223344556677", device="NVIDIA H100 80GB HBM3", capability="9.0",
+                 date="2026-12-01", dtype="bfloat16", source="t", complete=True, rows=rows)  # fmt: skip
+    (tmp_path / "kernel_measurement.json").write_text(json.dumps(entry))
+
+    def run(failed, **env):
+        script = f'{fn}\nwrite_record "{failed}"\n'
+        e = dict(os.environ, PY=sys.executable, ROOT=str(ROOT), OUT=str(tmp_path), GC_QUICK="0", **env)
+        return subprocess.run(["bash", "-c", script], env=e, capture_output=True, text=True, timeout=60)
+
+    r = run("goals", GPU_CHECK_RECORD=str(record))
+    assert r.returncode == 0 and "added an entry for kernel tc-0011223344556677" in r.stdout, r.stderr
+    r = run("sanitizer cuda_tests", GPU_CHECK_RECORD=str(record))
+    assert "replaced the entry" in r.stdout and "failed: sanitizer, cuda_tests" in r.stdout, r.stdout + r.stderr
+    entries = factory.load_measurements(record)
+    assert len(entries) == len(committed["measurements"]) + 1 and entries[-1]["failed"] == ["sanitizer", "cuda_tests"]
+    assert factory.measured_verdict("tc-0011223344556677", "bfloat16", "NVIDIA H100 80GB HBM3", 128, entries)[0]
+    before = record.read_text()
+    assert run("", GPU_CHECK_RECORD="").stdout == "" and record.read_text() == before
+    r = subprocess.run(
+        ["bash", "-c", f'{fn}\nwrite_record ""\n'],
+        env=dict(os.environ, PY=sys.executable, ROOT=str(tmp_path), OUT=str(tmp_path), GC_QUICK="1"),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0 and r.stdout == ""
