@@ -13,7 +13,7 @@ PYTEST_ARGS ?= -n $(TEST_JOBS) --dist loadfile
 .PHONY: setup models pair demo test test-fast bench bench-full bench-eagle3 bench-adaptive eval-coder judge-coder judge-coder-train clean
 
 setup: $(STAMP)
-$(STAMP): pyproject.toml $(wildcard setup.py) scripts/setup_env.sh $(wildcard csrc/*.h csrc/*/*.cpp csrc/*/*.cu csrc/*.cpp)
+$(STAMP): pyproject.toml $(wildcard setup.py) scripts/setup_env.sh $(wildcard csrc/*.h csrc/*/*.cpp csrc/*/*.cu csrc/*/*.cuh csrc/*.cpp)
 	bash scripts/setup_env.sh $(VENV)
 	touch $@
 
