@@ -164,7 +164,8 @@ def parse_kwargs(tiny_models, window: int = WINDOW, **parse) -> dict:
 @contextlib.contextmanager
 def running_server(cmd: list[str], log_path: Path, env: dict, timeout: float = 600):
     """Start `cmd` (a `parse-vllm serve ...` line), wait for /health, yield its base URL,
-    and stop it whatever happens."""
+    and stop it whatever happens, pytest itself killed included (ServerProcess's watcher
+    ends the server's process group when this process is gone)."""
     from parse_vllm.tools.server_process import ServerProcess
 
     port = cmd[cmd.index("--port") + 1]
