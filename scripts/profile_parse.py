@@ -41,9 +41,10 @@ part (each part's own time, its callees' removed):
   drafter host    the rest of propose_draft_token_ids (PARSE: plan, rows, passes, staging)
   sample other    the rest of sample_tokens (bookkeeping, the drafts' copy, PARSE's report)
 
-and a kind: `prefill` (some row prefills a prompt), `window` (PARSE: a window drafted, open
-or judged, or a draft longer than spec_tokens scheduled), else `token-level` (every row
-decodes with at most spec_tokens draft tokens: the step vLLM's kN runs too). The table
+and a kind: `prefill` (some row prefills a prompt), `judge` (PARSE: a draft longer than
+spec_tokens scheduled, or a draft judged), `window` (PARSE: windows open or drafted beside
+the decoding rows, or alone), else `token-level` (every row decodes with at most spec_tokens
+draft tokens: the step vLLM's kN runs too). The table
 compares the token-level steps with the same number of rows, the batch's full width by
 default (`--rows`).
 
@@ -184,20 +185,23 @@ def engine_kwargs(args, config: str, target, draft) -> dict:
 
 
 def step_kind(sched, runner, before, spec_tokens: int) -> tuple[str, int]:
-    """(prefill | window | token-level, rows) of an engine step from its scheduler output
-    and, under PARSE, the controller's counters before it (`before`: window chunks, copies,
-    judged drafts) and after."""
+    """(prefill | judge | window | token-level, rows) of an engine step from its scheduler
+    output and, under PARSE, the controller's counters before it (`before`: window chunks,
+    copies, judged drafts) and after: `judge` a draft longer than spec_tokens scheduled or a
+    draft judged, `window` windows open or drafted beside the decoding rows."""
     rows = len(sched.num_scheduled_tokens)
     p = getattr(runner, "parse", None)
-    windows = p is not None and (p.windows or parse_counters(p) != before)
-    if not rows:  # (PARSE: every request's window is being drafted)
-        return ("window" if windows else "empty"), rows
+    after = parse_counters(p) if p is not None else before
+    judged = p is not None and after[1:] != before[1:]
+    windows = p is not None and (bool(p.windows) or after[0] != before[0])
     spec = sched.scheduled_spec_decode_tokens
-    if any(n > len(spec.get(r, ())) + 1 for r, n in sched.num_scheduled_tokens.items()):
+    if rows and any(n > len(spec.get(r, ())) + 1 for r, n in sched.num_scheduled_tokens.items()):
         return "prefill", rows
-    if any(len(d) > spec_tokens for d in spec.values()):
+    if judged or any(len(d) > spec_tokens for d in spec.values()):
+        return "judge", rows
+    if windows:
         return "window", rows
-    return ("window" if windows else "token-level"), rows
+    return ("token-level" if rows else "empty"), rows
 
 
 def parse_counters(p) -> tuple[int, int, int]:
@@ -460,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", nargs="+", default=["parse"], help="parse, target, kN (module docstring)")
     ap.add_argument("--repeats", type=int, default=1, help="each configuration's runs, interleaved (ABAB)")
     ap.add_argument("--rows", type=int, default=None, help="the compared steps' rows (default: --batch)")
+    ap.add_argument("--kind", default="token-level", help="the compared steps' kind (token-level, window, judge)")
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--threshold", type=float, default=0.5)
     ap.add_argument("--parse", default="{}", help="more PARSE options, JSON")
@@ -484,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = args.out / f"{config}-r{repeat + 1}"
             run = load_run(run_dir, config) if args.report else profile_one(args, argv, config, run_dir)
             results.append({"repeat": repeat, **run})
-    key = f"token-level rows={args.rows or args.batch}"
+    key = f"{args.kind} rows={args.rows if args.rows is not None else args.batch}"
     table = compare(results, key)
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": results, "compared": key, "table": table}
     (args.out / "profile.json").write_text(json.dumps(result, indent=1) + "\n")
