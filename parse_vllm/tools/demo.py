@@ -22,12 +22,106 @@ boundaries only when it fails), answer positions counted after a 100-token promp
 
 from __future__ import annotations
 
+import json
+import logging
+import logging.config
+import os
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from parse_vllm.judge_head import judgment_passes
+
+# Peak resident memory of a demo run, by pair (`make demo` on the 2-core CPU machine of
+# README: 16.2 GB for the coder pair). Pairs not listed are not checked.
+PEAK_RSS = {"coder": 16.2e9}
+
+
+def mem_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The kernel's estimate of the memory new work can take without swapping (MemAvailable,
+    in bytes); None where /proc/meminfo is missing or lacks it."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # the kernel writes kB
+    except OSError:
+        pass
+    return None
+
+
+def memory_shortfall(need: float, available: int | None) -> str | None:
+    """A plain sentence when `available` bytes are fewer than `need`; None when they suffice
+    or the amount is unknown."""
+    if available is None or available >= need:
+        return None
+    return (
+        f"This machine has {available / 1e9:.1f} GB of memory available and the demo peaks at "
+        f"{need / 1e9:.1f} GB: it may be killed for lack of memory part-way. Close other programs, "
+        "or run the small pair (`parse-vllm demo --pair smollm2`)."
+    )
+
+
+def route_vllm_output(log_path: Path) -> None:
+    """Send what vLLM and the libraries under it write -- its loggers, Python warnings,
+    progress bars, native libraries' messages -- to `log_path`, in this process and the
+    engine processes it starts, so the terminal shows the demo's own lines (stdout). vLLM's
+    errors and an uncaught exception's traceback reach the terminal as well.
+
+    Everything goes by standard error: file descriptor 2 (where C libraries and Python's
+    sys.stderr write) becomes the log, and engine processes inherit it with the environment,
+    where VLLM_LOGGING_CONFIG_PATH sets their vLLM loggers up the same way."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stderr.flush()
+    terminal = os.fdopen(os.dup(2), "w", buffering=1, errors="backslashreplace")
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s"}},
+        "handlers": {"log": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr", "formatter": "plain"}},
+        "loggers": {
+            "vllm": {"handlers": ["log"], "level": "INFO", "propagate": False},
+            "py.warnings": {"handlers": ["log"], "propagate": False},
+        },
+    }
+    config_path = log_path.with_name(log_path.name + ".logging.json")
+    config_path.write_text(json.dumps(config))
+    os.environ["VLLM_CONFIGURE_LOGGING"] = "1"
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(config_path)
+    os.environ["TQDM_DISABLE"] = "1"  # tqdm reads its defaults from TQDM_* when first imported
+    logging.config.dictConfig(config)  # vLLM's logger may be set up already in this process
+    errors = logging.StreamHandler(terminal)
+    errors.setLevel(logging.ERROR)
+    logging.getLogger("vllm").addHandler(errors)
+    logging.captureWarnings(True)
+    default_hook = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        default_hook(kind, value, tb)  # into the log, beside what led to it
+        sys.stderr = terminal
+        default_hook(kind, value, tb)
+
+    sys.excepthook = excepthook
+
+
+def begin(pair: str, log_path: Path | None = None) -> Path:
+    """The demo's first lines: where vLLM's log goes (routed there), and whether the memory
+    the pair needs is available. Returns the log's path."""
+    if log_path is None:
+        log_path = Path(tempfile.gettempdir()) / f"parse-vllm-demo-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    route_vllm_output(log_path)
+    print(f"vLLM's own log: {log_path}")
+    if pair in PEAK_RSS:
+        short = memory_shortfall(PEAK_RSS[pair], mem_available())
+        print(short or f"memory: {PEAK_RSS[pair] / 1e9:.1f} GB needed at peak, and available")
+    return Path(log_path)
 
 
 @dataclass
