@@ -32,8 +32,9 @@ $(PAIR): $(STAMP) parse_vllm/tools/prepare_models.py parse_vllm/tools/chunked_gg
 	touch $@
 
 # PARSE over the first 4 even HumanEval tasks beside the target alone (tools/demo.py)
+DEMO_LOG ?= $(or $(TMPDIR),/tmp)/parse-vllm-demo-vllm.log
 demo: setup pair
-	$(VENV)/bin/parse-vllm demo --compare --tasks 4
+	$(VENV)/bin/parse-vllm demo --compare --tasks 4 --vllm-log $(DEMO_LOG)
 
 test: setup models
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -292,6 +292,12 @@ def demo(argv: list[str]) -> int:
     )
     ap.add_argument("--target", help="another target model folder")
     ap.add_argument("--draft", help="another draft model folder")
+    ap.add_argument(
+        "--vllm-log",
+        type=Path,
+        help="send vLLM's own log (and every library's standard error) to this file, so the terminal shows "
+        "PARSE's story, and check free memory first (make demo does)",
+    )
     args = ap.parse_args(argv)
     if args.tasks is not None and (args.tasks < 1 or args.prompt is not None):
         ap.error("--tasks takes a number of tasks >= 1, and not with --prompt")
@@ -313,6 +319,13 @@ def demo(argv: list[str]) -> int:
         except JudgeHeadError as e:
             ap.error(str(e))
 
+    if args.vllm_log is not None:
+        from parse_vllm.tools.demo import begin
+
+        # After the argument errors (standard error goes to the log from here), before vLLM
+        # is imported: its log to a file, then the memory check. Only when asked: it takes
+        # over this process's standard error for good.
+        begin(args.pair, args.vllm_log)
     from parse_vllm import _vllm
     from parse_vllm.tools.benchmarks.common import cpu_engine_setup
 
