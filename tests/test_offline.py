@@ -398,6 +398,7 @@ def test_request_stats_add_up_to_the_engines_and_go_by_the_callers_ids(parse):
         "draft_tokens": 0,
         "semantic": 0,
         "token_level": mine[2]["token_level"],
+        "policy": {},  # no adaptive policy here
     }
     for o, r in zip(outs, mine):
         assert r["semantic"] + r["token_level"] <= len(o.outputs[0].token_ids)
