@@ -173,6 +173,16 @@ def running_server(cmd: list[str], log_path: Path, env: dict, timeout: float = 6
         yield server.base
 
 
+def load_script(name: str):
+    """scripts/<name>.py as a module (the scripts are no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 _LIVE_ENGINES: set[int] = set()  # id() of the LLMs made here and not closed yet
 
 

@@ -5,23 +5,16 @@ runs' repeats read back from their timings.jsonl; the policy's goal keys of benc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 from parse_vllm.tools.eval import report, timing
 
 ROOT = Path(__file__).parents[1]
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_two_repeats_that_disagree_by_hand():
@@ -142,7 +135,7 @@ def _ba_row(config, batch, split, task_s_repeats, tau=None, pass_at_1=None, **ex
 
 
 def test_the_policys_goal_keys_by_hand():
-    ba = _script("bench_adaptive")
+    ba = load_script("bench_adaptive")
     rows = [
         _ba_row("target", 8, "odd", [[4.0, 4.0], [4.0, 4.0]], pass_at_1=0.5),
         _ba_row("token-k4", 8, "odd", [[2.0, 2.0], [3.0, 3.0]]),  # the fastest: 2.5 s a task
@@ -200,7 +193,7 @@ def test_rescore_rebuilds_a_committed_run_from_its_timings(tmp_path):
 
 
 def test_the_committed_end_to_end_speed_keys_come_from_the_committed_timings():
-    je = _script("judge_e2e")
+    je = load_script("judge_e2e")
     committed = json.loads((ROOT / "bench" / "judge-coder" / "summary.json").read_text())
     odd = je.load_run(ROOT / "bench" / "judge-coder" / "e2e-odd")
     mbpp = je.load_run(ROOT / "bench" / "judge-coder" / "e2e-mbpp-test")

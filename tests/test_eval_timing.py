@@ -6,25 +6,18 @@ prefix cache emptied before every timed job, fresh engines, interleaving and res
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 from parse_vllm import cli
 from parse_vllm.tools import engine as tools_engine
 from parse_vllm.tools.eval import report, run, timing
 
 ROOT = Path(__file__).parents[1]
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # -- the schedule ---------------------------------------------------------------------------
@@ -278,7 +271,7 @@ def test_bench_adaptive_and_judge_e2e_label_zero_window_rows_and_give_intervals(
         [{"set": "humaneval-odd", "batch": 8, **timing.noise_floor([rows[0]["task_s"]] * 2)}]
     )
     (runs / "summary.json").write_text(json.dumps({"rows": rows + at1, "noise_floor": nf}))
-    ba = _script("bench_adaptive")
+    ba = load_script("bench_adaptive")
     assert ba.main(["--coder", str(runs), "--out", str(tmp_path / "adaptive")]) == 0
     s = json.loads((tmp_path / "adaptive" / "summary.json").read_text())
     for r in s["rows"]:  # the committed keys stay, each speed figure gains its interval
@@ -299,7 +292,7 @@ def test_bench_adaptive_and_judge_e2e_label_zero_window_rows_and_give_intervals(
     line = next(x for x in section.splitlines() if x.startswith("| smollm2 | — | 1 | 0.9 | adaptive"))
     assert "(no window opened: token-level)" in line and ba.OLD_RUN in line
 
-    je = _script("judge_e2e")
+    je = load_script("judge_e2e")
     (tmp_path / "judge.json").write_text(json.dumps({"auc_head_whole_odd": 0.7}))
     # the head: 1.25x accept-all's time on every task at batch 1 (0.8x its speed, an interval
     # of one point: slower), and at batch 8 faster on half the tasks and slower on the rest
@@ -669,7 +662,7 @@ def test_judge_e2e_issue_37_keys_by_hand(tmp_path):
     """scripts/judge_e2e.py: the head's time per task at batch 1 over the faster of the target
     and token-level k 4, with its interval; the head's semantic share over the tasks whose
     draft-alone answer passes (per-task counters); MBPP test's n and pass@1 (--mbpp)."""
-    je = _script("judge_e2e")
+    je = load_script("judge_e2e")
     ids = [f"HumanEval/{2 * i + 1}" for i in range(12)]
     t = np.linspace(4.0, 8.0, 12)
 
