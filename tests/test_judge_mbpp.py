@@ -147,6 +147,19 @@ def _readers(hf):
 
 
 @pytest.fixture(scope="module")
+def _negated(head: Path, out: Path) -> Path:
+    """A head whose log-odds are the given head's negated (weight and bias times -1): an
+    "older head" that ranks every pair the other way, so its AUC is 1 - the head's."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    with safe_open(str(head), "np") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    tensors["weight"], tensors["bias"] = -tensors["weight"], -tensors["bias"]
+    save_file(tensors, str(out), metadata=meta)
+    return out
+
+
 def run(tiny_models, tok, hf, tmp_path_factory):
     from parse_vllm.tools.eval.run import _render
     from parse_vllm.tools.judge import prompts
@@ -177,8 +190,9 @@ def run(tiny_models, tok, hf, tmp_path_factory):
             [*base, "--prompts", str(path), "--features", "select", "--balance-samples", "2", "--balance-below", "0"]
         )
         head = out / "judge_head.safetensors"
+        old_head = _negated(head, root / "old_head.safetensors")
         rc_eval = cli.main(
-            [*base, "--prompts", f"{path}:test", "--evaluate", str(head), "--old-head", str(head),
+            [*base, "--prompts", f"{path}:test", "--evaluate", str(head), "--old-head", str(old_head),
              "--balance-samples", "2", "--balance-below", "0"]
         )  # fmt: skip
     finally:
@@ -242,7 +256,15 @@ def test_evaluate_on_mbpp_test_scores_the_head_and_the_old_head_and_writes_csv(r
     s = json.loads((out / "summary.json").read_text())
     for key in ("auc_head_whole_mbpp_test", "auc_zero_shot_whole_mbpp_test", "auc_old_head_whole_mbpp_test"):
         assert key in s, key
-    assert s["auc_old_head_whole_mbpp_test"] == s["auc_head_whole_mbpp_test"]  # the same head twice
+    for kind in ("whole", "prefix"):  # the older head is the head negated: every pair ranked the other way
+        a = s[f"auc_head_{kind}_mbpp_test"]
+        assert s[f"auc_old_head_{kind}_mbpp_test"] == pytest.approx(1 - a, abs=1e-9)
+        assert s[f"auc_head_minus_old_head_{kind}_mbpp_test"] == pytest.approx(2 * a - 1, abs=1e-9)
+        lo, hi = s[f"auc_head_minus_old_head_{kind}_mbpp_test_ci"]
+        assert lo <= 2 * a - 1 <= hi
+    # built with balancing: its figures without the balancing answers (numbered past --samples 2)
+    rows = [r.split(",") for r in (out / "scores" / "mbpp_test.csv").read_text().splitlines()[1:]]
+    assert s["mbpp_test_like_training_n"] == sum(int(r[2]) <= 2 for r in rows) < len(rows)
     assert s["prompt_sets"]["mbpp_test"]["split"] == "test" and s["prompt_sets"]["mbpp_test"]["tasks"] == len(TEST_IDS)
     assert "mbpp_test" in s["pass_rates_at_tau_head"]
     rows = (out / "scores" / "mbpp_test.csv").read_text().splitlines()

@@ -162,6 +162,22 @@ def test_auc_and_brier_against_hand_computed_values():
     assert probe.brier(p, lab, np.array([2.0, 1.0, 1.0])) == pytest.approx(0.15625, abs=1e-12)
 
 
+def test_paired_auc_difference_against_hand_computed_values():
+    """Two tasks, each one failing and one passing row. Judge a ranks 3 of the 4 pairs right
+    (AUC 0.75), judge b all (1.0): difference -0.25. The bootstrap draws the two tasks: t1 t1
+    or t2 t2 (probability 1/4 each; within a task both judges rank right: difference 0), or
+    one of each (1/2: -0.25). So the 2.5th percentile is -0.25 and the 97.5th 0.0."""
+    from parse_vllm.tools.judge import probe
+
+    a, b = np.array([0.1, 0.4, 0.35, 0.8]), np.array([0.0, 0.1, 0.9, 1.0])
+    y, task = np.array([False, False, True, True]), np.array(["t1", "t2", "t1", "t2"])
+    diff, ci = probe.paired_auc_difference(a, b, y, np.ones(4), task)
+    assert diff == -0.25 and ci == [-0.25, 0.0]
+    diff, ci = probe.paired_auc_difference(b, a, y, np.ones(4), task)
+    assert diff == 0.25 and ci == [0.0, 0.25]
+    assert probe.paired_auc_difference(a, b, np.ones(4, dtype=bool), np.ones(4), task) is None  # one class
+
+
 def _made_up(seed: int, tasks: int, per_task: int, dim: int, task_column: bool = False):
     """Examples with random features and labels drawn at random, independent of them: a
     whole answer and per_task - 1 prefixes per task. With task_column, feature 0 is the

@@ -241,7 +241,8 @@ def total_lines(parse: list[TaskRun], target: list[TaskRun] | None) -> list[str]
         )
         lines.append(
             f"  time: PARSE {secs:.1f} s, target alone {t_secs:.1f} s: {t_secs / secs:.2f}x on the same tasks "
-            "(one run each, batch 1, this machine; `parse-vllm eval` measures with repeats and intervals)"
+            "(one run each, batch 1, this machine, the target first: a process runs its later engine slower, so "
+            "this leans against PARSE; `parse-vllm eval` measures with repeats and intervals)"
         )
     elif checked:
         lines.append(f"  tests passed: PARSE {sum(checked)}/{len(checked)}")

@@ -288,6 +288,25 @@ def bootstrap_auc(scores, labels, weight, task, seed: int = 0) -> list[float] | 
     return [float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))]
 
 
+def paired_auc_difference(a, b, labels, weight, task, seed: int = 0) -> tuple[float, list[float]] | None:
+    """AUC(a) - AUC(b) of two judges scored on the same rows, with the 95% interval of a
+    task bootstrap that draws the same tasks for both (paired: the judges' shared
+    task-to-task spread cancels, which two separate intervals cannot show)."""
+    base_a, base_b = auc(a, labels, weight), auc(b, labels, weight)
+    if base_a is None or base_b is None:
+        return None
+    tasks = np.unique(task)
+    rows = {t: np.flatnonzero(task == t) for t in tasks}
+    rng = np.random.default_rng(seed)
+    diffs = []
+    for _ in range(BOOTSTRAP):
+        idx = np.concatenate([rows[t] for t in rng.choice(tasks, size=len(tasks), replace=True)])
+        da, db = auc(a[idx], labels[idx], weight[idx]), auc(b[idx], labels[idx], weight[idx])
+        if da is not None and db is not None:
+            diffs.append(da - db)
+    return base_a - base_b, [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))]
+
+
 def brier(p: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> float | None:
     from sklearn.metrics import brier_score_loss
 

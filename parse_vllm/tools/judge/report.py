@@ -31,6 +31,10 @@ def _ci(x) -> str:
     return "—" if not x else f"[{x[0]:.3f}, {x[1]:.3f}]"
 
 
+def _signed(x) -> str:
+    return "—" if x is None else f"{x:+.3f}"
+
+
 def _summed(dicts: list[dict]) -> dict:
     return {k: sum(d.get(k, 0) for d in dicts) for k in dict.fromkeys(k for d in dicts for k in d)}
 
@@ -115,6 +119,19 @@ def markdown(s: dict[str, Any]) -> str:
             if name == "old_head" and all(c == "—" for c in cells):
                 continue
             lines.append(f"| {shown} | " + " | ".join(cells) + " |")
+        like = [sp for sp in held if f"{sp}_like_training_n" in s]
+        if like:
+            lines += ["", "The held-out sets were built with balancing answers, training without; with them dropped "
+                      "(built like training): " + "; ".join(
+                f"{sp} ({s[f'{sp}_like_training_n']} examples) whole "
+                f"{_fmt(s.get(f'auc_head_whole_{sp}_like_training'))} {_ci(s.get(f'auc_head_whole_{sp}_like_training_ci'))}"
+                f", prefixes {_fmt(s.get(f'auc_head_prefix_{sp}_like_training'))} "
+                f"{_ci(s.get(f'auc_head_prefix_{sp}_like_training_ci'))}" for sp in like) + "."]  # fmt: skip
+        paired = [(sp, k) for sp in held for k in ("whole", "prefix") if f"auc_head_minus_old_head_{k}_{sp}" in s]
+        if paired:
+            lines += ["", "Head minus old head, paired (the same tasks drawn for both): " + "; ".join(
+                f"{sp} {k} {_signed(s[f'auc_head_minus_old_head_{k}_{sp}'])} "
+                f"{_ci(s.get(f'auc_head_minus_old_head_{k}_{sp}_ci'))}" for sp, k in paired) + "."]  # fmt: skip
     if "goals" in s:
         lines += ["", "Goals (held out): " + "; ".join(
             f"{k} ≥ {v['goal']}: {_fmt(v['value'])} — {'met' if v['met'] else 'not met' if v['met'] is not None else 'not run'}"

@@ -132,6 +132,8 @@ def figures(table: ScoreTable, split: str, summary: dict[str, Any]) -> dict[str,
         up[f"{split}_n"] = len(ex)
         if table.old_head is not None:
             up.update(old_head_scores(table.old_head, ex, split))
+            up.update(paired_differences("head", "old_head", z, table.old_head, ex, split))
+        up.update(like_training(z, ex, split, summary.get("data", {}).get(split, {})))
         tau = summary.get("pass_rates_at_tau_head", {}).get(split, {}).get("tau")
         if tau is not None:
             nested["pass_rates_at_tau_head"] = rates_at(z, ex, tau)
@@ -145,6 +147,39 @@ def old_head_scores(z: np.ndarray, ex, split: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kind, mask in (("whole", ex.whole), ("prefix", ~ex.whole)):
         out.update(probe.judge_figures("old_head", kind, split, z, ex, mask))
+    return out
+
+
+def paired_differences(a_name: str, b_name: str, a: np.ndarray, b: np.ndarray, ex, split: str) -> dict[str, Any]:
+    """AUC(a) - AUC(b) on a split's whole answers and prefixes, with paired task-bootstrap
+    intervals (``auc_<a>_minus_<b>_<kind>_<split>`` and ``_ci``): whether one judge ranks
+    better than the other, which their two separate intervals cannot tell."""
+    out: dict[str, Any] = {}
+    for kind, mask in (("whole", ex.whole), ("prefix", ~ex.whole)):
+        d = probe.paired_auc_difference(a[mask], b[mask], ex.label[mask], ex.weight[mask], ex.task[mask])
+        key = f"auc_{a_name}_minus_{b_name}_{kind}_{split}"
+        out[key], out[key + "_ci"] = (None, None) if d is None else d
+    return out
+
+
+def like_training(z: np.ndarray, ex, split: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The head's AUCs on a held-out split built with balancing (``--balance-samples``) as it
+    would be built like the training sets, which have none: the balancing answers dropped
+    (``auc_head_<kind>_<split>_like_training``). They are the answers numbered past the
+    greedy one and the ``samples`` sampled ones: a task's distinct answers are numbered
+    greedy, sampled, balancing, so only balancing answers are numbered past ``samples``; where
+    a sample repeated the greedy answer, the first balancing answer takes the free number and
+    stays. Nothing for a split built without balancing."""
+    settings = data.get("settings", {})
+    if not settings.get("balance") or not data.get("balanced_tasks"):
+        return {}
+    keep = ex.answer <= settings.get("samples", 0)
+    out: dict[str, Any] = {f"{split}_like_training_n": int(keep.sum())}
+    for kind, mask in (("whole", ex.whole), ("prefix", ~ex.whole)):
+        figs = probe.judge_figures("head", kind, split, z, ex, mask & keep)
+        out.update(
+            {k.replace(f"_{split}", f"_{split}_like_training"): v for k, v in figs.items() if k.startswith("auc")}
+        )
     return out
 
 
