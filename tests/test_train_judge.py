@@ -120,7 +120,7 @@ def _passes(text: str, k: int) -> bool:
 def _pair_auc(scores, labels, weight=None) -> float:
     """ROC AUC by counting pairs (the weighted Mann-Whitney statistic): over every passing
     example i and failing one j, w_i w_j for s_i > s_j, half of it for a tie, over
-    Σ w_pass · Σ w_fail. Independent of the code under test (scikit-learn)."""
+    Σ w_pass · Σ w_fail. Independent of the code under test (probe.auc: sorts and sums)."""
     s, y = np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=bool)
     w = np.ones(len(s)) if weight is None else np.asarray(weight, dtype=np.float64)
     num = 0.0
@@ -160,6 +160,24 @@ def test_auc_and_brier_against_hand_computed_values():
     assert p == pytest.approx([0.5, 0.75, 0.25], abs=1e-12)
     assert probe.brier(p, lab, np.ones(3)) == pytest.approx(0.125, abs=1e-12)
     assert probe.brier(p, lab, np.array([2.0, 1.0, 1.0])) == pytest.approx(0.15625, abs=1e-12)
+
+
+def test_auc_equals_sklearns_with_ties_and_weights():
+    """probe.auc (one sort) against sklearn's roc_auc_score and the pair loop, on random
+    scores rounded to make ties, weighted and not."""
+    from sklearn.metrics import roc_auc_score
+
+    from parse_vllm.tools.judge import probe
+
+    rng = np.random.default_rng(3)
+    for i in range(200):
+        n = int(rng.integers(2, 60))
+        y = rng.random(n) < 0.4
+        y[0], y[1] = True, False
+        s, w = np.round(rng.normal(size=n), i % 3), (rng.random(n) * 3 if i % 2 else None)
+        got = probe.auc(s, y, w)
+        assert got == pytest.approx(roc_auc_score(y, s, sample_weight=w), abs=1e-12)
+        assert got == pytest.approx(_pair_auc(s, y, w), abs=1e-12)
 
 
 def test_paired_auc_difference_against_hand_computed_values():
