@@ -146,7 +146,6 @@ def _readers(hf):
     return Hidden(), Logprobs()
 
 
-@pytest.fixture(scope="module")
 def _negated(head: Path, out: Path) -> Path:
     """A head whose log-odds are the given head's negated (weight and bias times -1): an
     "older head" that ranks every pair the other way, so its AUC is 1 - the head's."""
@@ -160,6 +159,7 @@ def _negated(head: Path, out: Path) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
 def run(tiny_models, tok, hf, tmp_path_factory):
     from parse_vllm.tools.eval.run import _render
     from parse_vllm.tools.judge import prompts
