@@ -183,17 +183,25 @@ GOAL_SETS = {"odd": "odd", "test": "mbpp_test"}
 GOAL_BASELINES = ("target", "token-k4", "continue")
 
 
+POLICY_CONFIGS = ("adaptive-parts", "adaptive")  # the policy's row: judged in parts where the run has it
+CONTINUE_CONFIGS = ("continue", "continue-parts")
+
+
 def goal_keys(rows: list[dict], tau: float | None = None) -> dict:
     """The policy's goals as summary.json keys, from the Coder rows at the head's τ (``tau``:
     the τ of the adaptive rows, default the one they all share):
-    ``policy_over_best_{set}_bs{b}`` (the fastest of the target, token-level k 4 and `continue`
-    over the adaptive row's time per task, > 1: adaptive is faster; goal ≥ 0.97), with ``_ci``,
-    ``_by_repeat`` and ``_baseline``; ``policy_pass_at_1_{set}`` and ``target_pass_at_1_{set}``
+    ``policy_over_best_{set}_bs{b}`` (the fastest of the target, token-level k 4 and `continue`,
+    whole or judged in parts, over the policy row's time per task, > 1: the policy is faster;
+    goal ≥ 0.97), with ``_ci``, ``_by_repeat``, ``_baseline``, ``_policy`` (adaptive or
+    adaptive-parts) and ``_run``; ``policy_pass_at_1_{set}`` and ``target_pass_at_1_{set}``
     (batch 8); ``discarded_draft_per_rejection_before``: `continue`'s draft tokens thrown away
-    per rejected window, over every Coder set at batch 8, and ``_after``: the same of
-    `continue` with windows judged in parts (eval variant k4-parts). A set or batch without an adaptive row gives no key."""
+    per rejected window, ``_after``: the same judged in parts (eval variant k4-parts), both at
+    the largest batch where both were run (``_batch``; the Coder sets pooled).
+
+    Ratios compare rows of one run only (timed side by side): for a set and batch, the last
+    run given with a policy row; in it, adaptive-parts where it ran, else adaptive."""
     coder = [r for r in rows if r["pair"] == "coder" and r["split"] in GOAL_SETS]
-    taus = {r["tau"] for r in coder if r["config"] == "adaptive"}
+    taus = {r["tau"] for r in coder if r["config"] in POLICY_CONFIGS}
     if tau is None:
         if len(taus) > 1:
             raise ValueError(f"the adaptive rows ran at several τ {sorted(taus)}: name one")
@@ -202,32 +210,46 @@ def goal_keys(rows: list[dict], tau: float | None = None) -> dict:
     for split, name in GOAL_SETS.items():
         for batch in (1, 8):
             same = [r for r in coder if r["split"] == split and r["batch"] == batch and r.get("task_s") is not None]
-            policy = [r for r in same if r["config"] == "adaptive" and r["tau"] == tau]
+            runs = [r["run"] for r in same if r["config"] in POLICY_CONFIGS and r["tau"] == tau]
+            if not runs:
+                continue
+            same = [r for r in same if r["run"] == runs[-1]]
+            policy = next(r for c in POLICY_CONFIGS for r in same if r["config"] == c and r["tau"] == tau)
             base = [
                 r
                 for r in same
-                if r["config"] in ("target", "token-k4") or (r["config"] == "continue" and r["tau"] == tau)
+                if r["config"] in ("target", "token-k4") or (r["config"] in CONTINUE_CONFIGS and r["tau"] == tau)
             ]
-            if len(policy) != 1 or not base:
+            if not base:
                 continue
             best = min(base, key=lambda x: x["s_per_task"])
-            f = speed(best, policy[0])
+            f = speed(best, policy)
             key = f"policy_over_best_{name}_bs{batch}"
             out[key], out[f"{key}_ci"], out[f"{key}_by_repeat"] = f["ratio"], f["ci"], f["by_repeat"]
-            out[f"{key}_baseline"] = best["config"]
+            out[f"{key}_baseline"], out[f"{key}_policy"], out[f"{key}_run"] = best["config"], policy["config"], runs[-1]
         at8 = [r for r in coder if r["split"] == split and r["batch"] == 8]
-        for config, prefix in (("adaptive", "policy"), ("target", "target")):
-            got = [r for r in at8 if r["config"] == config and (config == "target" or r["tau"] == tau)]
-            if len(got) == 1 and got[0]["pass_at_1"] is not None:
+        for configs, prefix in ((POLICY_CONFIGS, "policy"), (("target",), "target")):
+            got = [r for c in configs for r in at8 if r["config"] == c and (c == "target" or r["tau"] == tau)]
+            if got and got[0]["pass_at_1"] is not None:
                 out[f"{prefix}_pass_at_1_{name}"] = got[0]["pass_at_1"]
-    for config, key in (("continue", "before"), ("continue-parts", "after")):
-        rows_ = [r for r in coder if r["config"] == config and r["tau"] == tau and r["batch"] == 8]
-        merged = {
-            k: sum(r.get(k, 0) for r in rows_)
-            for k in ("window_draft_tokens", "window_tokens_taken", "rejected_windows")
-        }
-        if (got := discarded_per_rejection(merged)) is not None:
-            out[f"discarded_draft_per_rejection_{key}"] = got
+    per_batch = {}
+    for batch in sorted({r["batch"] for r in coder}, reverse=True):
+        got = {}
+        for config, key in (("continue", "before"), ("continue-parts", "after")):
+            rows_ = [r for r in coder if r["config"] == config and r["tau"] == tau and r["batch"] == batch]
+            merged = {
+                k: sum(r.get(k, 0) for r in rows_)
+                for k in ("window_draft_tokens", "window_tokens_taken", "rejected_windows")
+            }
+            if (value := discarded_per_rejection(merged)) is not None:
+                got[key] = value
+        per_batch[batch] = got
+    both = [b for b, got in per_batch.items() if len(got) == 2]
+    for key in ("before", "after"):
+        batch = both[0] if both else next((b for b, got in per_batch.items() if key in got), None)
+        if batch is not None:
+            out[f"discarded_draft_per_rejection_{key}"] = per_batch[batch][key]
+            out[f"discarded_draft_per_rejection_{key}_batch"] = batch
     return out
 
 
@@ -237,31 +259,35 @@ def goal_lines(keys: dict) -> list[str]:
     repeat), pass@1 against the target's (goal: at most one problem per 40 tasks lost), and the
     draft tokens thrown away per rejected window (goal: 3x fewer judged in parts)."""
     lines = [
-        "| set | batch | adaptive × best (time per task) [95% CI]; by repeat | best | goal ≥ 0.97 |",
-        "|---|---:|---|---|---|",
+        "| set | batch | policy × best (time per task) [95% CI]; by repeat | policy | best | tasks' run | goal ≥ 0.97 |",
+        "|---|---:|---|---|---|---|---|",
     ]
     for name in GOAL_SETS.values():
         for batch in (1, 8):
             key = f"policy_over_best_{name}_bs{batch}"
             if key not in keys:
-                lines.append(f"| {name} | {batch} | not measured | — | — |")
+                lines.append(f"| {name} | {batch} | not measured | — | — | — | — |")
                 continue
             ratio, by = keys[key], keys[f"{key}_by_repeat"]
             met = "met" if ratio >= 0.97 and all(b is not None and b >= 0.97 for b in by) else "**not met**"
             text = timing.describe_ratio(ratio, keys[f"{key}_ci"], by_repeat=by)
-            lines.append(f"| {name} | {batch} | {text} | {keys[f'{key}_baseline']} | {met} |")
+            lines.append(
+                f"| {name} | {batch} | {text} | {keys.get(f'{key}_policy', 'adaptive')} | {keys[f'{key}_baseline']} | "
+                f"`{keys.get(f'{key}_run', '—')}` | {met} |"
+            )
     lines += ["", "| set | pass@1 adaptive | pass@1 target |", "|---|---:|---:|"]
     for name in GOAL_SETS.values():
         a, t = keys.get(f"policy_pass_at_1_{name}"), keys.get(f"target_pass_at_1_{name}")
         lines.append(f"| {name} | {'—' if a is None else f'{a:.3f}'} | {'—' if t is None else f'{t:.3f}'} |")
     before, after = keys.get("discarded_draft_per_rejection_before"), keys.get("discarded_draft_per_rejection_after")
+    b_before, b_after = (keys.get(f"discarded_draft_per_rejection_{k}_batch") for k in ("before", "after"))
     lines += [
         "",
-        "Draft tokens thrown away per rejected window at batch 8, `continue`: "
-        + ("—" if before is None else f"{before:.1f}")
-        + " judged whole, "
-        + ("not measured" if after is None else f"{after:.1f}")
-        + " judged in parts (goal: 3x fewer).",
+        "Draft tokens thrown away per rejected window, `continue`: "
+        + ("—" if before is None else f"{before:.1f} judged whole (batch {b_before})")
+        + ", "
+        + ("not measured judged in parts" if after is None else f"{after:.1f} judged in parts (batch {b_after})")
+        + " (goal: 3x fewer).",
     ]
     return lines
 

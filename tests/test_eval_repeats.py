@@ -126,10 +126,11 @@ def test_rows_saved_without_their_repeats_get_them_from_the_runs_timings(tmp_pat
         timing.with_repeats(bad, path)
 
 
-def _ba_row(config, batch, split, task_s_repeats, tau=None, pass_at_1=None, **extra):
+def _ba_row(config, batch, split, task_s_repeats, tau=None, pass_at_1=None, run="a", **extra):
     task_s = timing.per_task(task_s_repeats)
     return {
         "pair": "coder", "config": config, "tau": tau, "batch": batch, "split": split, "pass_at_1": pass_at_1,
+        "run": run,
         "task_s": task_s, "task_s_repeats": task_s_repeats, "s_per_task": float(np.mean(task_s)), **extra,
     }  # fmt: skip
 
@@ -158,6 +159,30 @@ def test_the_policys_goal_keys_by_hand():
     # continue at batch 8 over both sets: (300 + 100 - 100 - 40) draft tokens over 5 rejections
     assert keys["discarded_draft_per_rejection_before"] == pytest.approx(260 / 5)
     assert keys["discarded_draft_per_rejection_after"] == pytest.approx(30 / 3)  # judged in parts
+    assert keys["discarded_draft_per_rejection_before_batch"] == keys["discarded_draft_per_rejection_after_batch"] == 8
+    # batch 1 from two runs: the ratio compares rows of one run, the last with a policy row (b),
+    # whose policy is adaptive judged in parts and whose `continue` in parts is the fastest
+    # baseline; run a's faster k 4 is another run's and does not count
+    later = [
+        _ba_row("token-k4", 1, "odd", [[1.0, 1.0], [1.0, 1.0]], run="a"),
+        _ba_row("adaptive", 1, "odd", [[9.0, 9.0], [9.0, 9.0]], tau=0.75, run="a"),
+        _ba_row("token-k4", 1, "odd", [[3.0, 3.0], [3.0, 3.0]], run="b"),
+        _ba_row("continue-parts", 1, "odd", [[2.0, 2.0], [2.0, 2.0]], tau=0.75, run="b", window_draft_tokens=50,
+                window_tokens_taken=40, rejected_windows=2),
+        _ba_row("adaptive-parts", 1, "odd", [[4.0, 4.0], [2.0, 2.0]], tau=0.75, run="b"),
+        _ba_row("adaptive", 1, "odd", [[8.0, 8.0], [8.0, 8.0]], tau=0.75, run="b"),
+    ]  # fmt: skip
+    keys = ba.goal_keys(rows + later)
+    assert keys["policy_over_best_odd_bs1"] == pytest.approx(4 / 6)  # continue-parts' 4 s over 6 s
+    assert keys["policy_over_best_odd_bs1_by_repeat"] == pytest.approx([0.5, 1.0])
+    assert keys["policy_over_best_odd_bs1_baseline"] == "continue-parts"
+    assert (keys["policy_over_best_odd_bs1_policy"], keys["policy_over_best_odd_bs1_run"]) == ("adaptive-parts", "b")
+    assert keys["policy_over_best_odd_bs8_run"] == "a"
+    # judged in parts only at batch 1 and whole only at 8: each at its own batch, said so
+    keys = ba.goal_keys([r for r in rows if r["config"] != "continue-parts"] + later)
+    assert keys["discarded_draft_per_rejection_before_batch"] == 8
+    assert keys["discarded_draft_per_rejection_after"] == pytest.approx(10 / 2)
+    assert keys["discarded_draft_per_rejection_after_batch"] == 1
 
 
 def _strip_speeds(summary: dict) -> dict:
