@@ -16,6 +16,7 @@ pytest.importorskip("sklearn")
 pytestmark = pytest.mark.slow  # ~4 min on 2 cores: nested CV of every feature set and the ablation
 
 from parse_vllm import cli  # noqa: E402
+from parse_vllm.tools.judge import baselines  # noqa: E402
 from parse_vllm.tools.judge import data as jdata  # noqa: E402
 
 TRAIN_IDS = (1, 2, 511, 512, *range(601, 611))
@@ -146,6 +147,43 @@ def _readers(hf):
     return Hidden(), Logprobs()
 
 
+def _topk_reader(models):
+    """baselines.open_topk_reader for the tiny pair: an HF forward's top TOP_K log-probabilities
+    at every position after the first, and the sequence's own token where it is not among them
+    (as vLLM's prompt_logprobs reports)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hfs = {
+        str(models[k]): AutoModelForCausalLM.from_pretrained(models[k], dtype=torch.float32).eval()
+        for k in ("target", "draft")
+    }
+
+    class Topk:
+        def __init__(self, model):
+            self.model = model
+
+        def __call__(self, seqs):
+            out = []
+            for s in seqs:
+                with torch.no_grad():
+                    lp = torch.log_softmax(self.model(torch.tensor([s])).logits[0, :-1].double(), -1)
+                vals, idx = lp.topk(baselines.TOP_K, dim=-1)
+                rows = []
+                for j, t in enumerate(s[1:]):
+                    ids, v = idx[j].numpy(), vals[j].numpy()
+                    if t not in ids:
+                        ids, v = np.append(ids, t), np.append(v, lp[j, t].item())
+                    rows.append((ids, v))
+                out.append(rows)
+            return out
+
+        def close(self):
+            pass
+
+    return lambda engine: Topk(hfs[engine["model"]])
+
+
 def _negated(head: Path, out: Path) -> Path:
     """A head whose log-odds are the given head's negated (weight and bias times -1): an
     "older head" that ranks every pair the other way, so its AUC is 1 - the head's."""
@@ -179,6 +217,7 @@ def run(tiny_models, tok, hf, tmp_path_factory):
     mp.setattr(jdata, "open_writer", writer_for)
     mp.setattr(jdata, "open_reader", lambda engine: hidden)
     mp.setattr(jdata, "open_logprob_reader", lambda engine: logprobs)
+    mp.setattr(baselines, "open_topk_reader", _topk_reader(models))
     out = root / "out"
     base = [
         "train-judge", "--target", str(models["target"]), "--draft", str(models["draft"]), "--window", "16",
@@ -193,11 +232,12 @@ def run(tiny_models, tok, hf, tmp_path_factory):
         old_head = _negated(head, root / "old_head.safetensors")
         rc_eval = cli.main(
             [*base, "--prompts", f"{path}:test", "--evaluate", str(head), "--old-head", str(old_head),
-             "--balance-samples", "2", "--balance-below", "0"]
+             "--balance-samples", "2", "--balance-below", "0", "--baselines"]
         )  # fmt: skip
     finally:
         mp.undo()
-    return {"root": root, "path": path, "out": out, "rc": (rc_train, rc_eval), "script": script, "lp": logprobs}
+    return {"root": root, "path": path, "out": out, "rc": (rc_train, rc_eval), "script": script, "lp": logprobs,
+            "models": models}  # fmt: skip
 
 
 def test_training_on_mbpp_records_the_set_selects_features_and_chooses_tau(run):
@@ -273,6 +313,53 @@ def test_evaluate_on_mbpp_test_scores_the_head_and_the_old_head_and_writes_csv(r
     assert (out / "scores" / "mbpp_train_validation_prompt.csv").is_file()
     md = (out / "summary.md").read_text()
     assert "Held out, side by side" in md and "old head" in md
+
+
+def test_the_baselines_stage_reads_both_models_at_each_answer_token_and_the_prefix_itself(run, hf, tok):
+    """`--baselines` on the held-out build: each answer's per-token KL is the top-k KL of the
+    two models' distributions predicting that token (recomputed here from full HF forwards),
+    each example's KL features are taken over its boundary's window, and the suffix-free
+    hidden state is the target's at prompt + prefix's last token, not the suffix's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from parse_vllm.evidence import window_start
+
+    d = run["out"] / "data" / "mbpp-test"
+    done = json.loads((d / "baselines.done.json").read_text())
+    rows = [json.loads(x) for x in (d / "index.jsonl").read_text().splitlines()]
+    assert done["rows"] == len(rows) > 0
+    answers = {(a["task"], a["answer"]): a["token_ids"] for a in map(json.loads, (d / "boundaries.jsonl").open())}
+    prompts = {f"MBPP/{i}": list(p) for p, i in run["script"].prompts.items()}
+    draft = AutoModelForCausalLM.from_pretrained(run["models"]["draft"], dtype=torch.float32).eval()
+    token_kl = {(r["task"], r["answer"]): r for r in map(json.loads, (d / "token_kl.jsonl").open())}
+    assert set(token_kl) == {(r["task"], r["answer"]) for r in rows}
+    for (task, a), rec in list(token_kl.items())[:4]:
+        seq, p = prompts[task] + answers[(task, a)], len(prompts[task])
+        with torch.no_grad():
+            lt, ld = (torch.log_softmax(m(torch.tensor([seq])).logits[0].double(), -1) for m in (hf, draft))
+        for j, token in enumerate(answers[(task, a)]):  # answer token j is predicted at position p - 1 + j
+            tops = []
+            for lx in (lt, ld):  # each model's top TOP_K and the answer's own token, as vLLM reports them
+                v, i = lx[p - 1 + j].topk(baselines.TOP_K)
+                ids, lps = i.tolist(), v.tolist()
+                if token not in ids:
+                    ids, lps = ids + [token], lps + [lx[p - 1 + j, token].item()]
+                tops += [np.array(ids), np.array(lps)]
+            want = baselines.topk_kl(*tops, len(tok))
+            assert rec["kl_td"][j] == pytest.approx(want, abs=2e-6), (task, a, j)
+    kl = np.load(d / "kl.npy")
+    for i, r in enumerate(rows):
+        rec = token_kl[(r["task"], r["answer"])]
+        seg = np.array(rec["kl_td"][window_start(r["length"], 16) : r["length"]])
+        assert kl[i, :3] == pytest.approx([seg.mean(), seg.max(), np.percentile(seg, 90)])
+    at_prefix, with_suffix = np.load(d / "hidden_at_prefix.npy"), np.load(d / "features.npy")
+    for i in (0, len(rows) - 1):
+        r = rows[i]
+        seq = prompts[r["task"]] + answers[(r["task"], r["answer"])][: r["length"]]
+        with torch.no_grad():
+            h = hf(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0, -1].numpy()
+        assert np.allclose(at_prefix[i], h, atol=1e-4) and not np.allclose(with_suffix[i], h, atol=1e-2)
 
 
 def test_the_vllm_logprob_reader_equals_an_hf_forward(tiny_models, hf):

@@ -58,6 +58,7 @@ import numpy as np
 
 STAGES = ("answers", "boundaries", "labels", "features")
 EVIDENCE_STAGE = "evidence"  # optional, after the others
+BASELINES_STAGE = "baselines"  # optional, last: the judges the head is compared with (baselines.py)
 SOURCE_ORDER = {"greedy": 0, "sample": 1, "balance": 2}  # distinct answers are numbered in this order
 CALL_BATCHES = 3  # an engine call holds this many engine batches (max_num_seqs) of requests
 TASKS_PER_FEATURE_CALL = 8
@@ -106,7 +107,7 @@ class DataSettings:
     def of(self, stage: str) -> dict[str, Any]:
         d = asdict(self)
         keys = ["set_name", "draft", "samples", "temperature", "seed", "max_tokens", "tasks"]
-        if stage in ("boundaries", "labels", "features", EVIDENCE_STAGE):
+        if stage in ("boundaries", "labels", "features", EVIDENCE_STAGE, BASELINES_STAGE):
             keys += ["target", "window", "boundaries", "prefixes_passing", "prefixes_failing"]
             if self.balance is not None:  # (absent when off: folders built before it still match)
                 keys += ["balance"]
@@ -297,6 +298,9 @@ class Job:
     log: Callable[[str], None] = print
     timings: dict[str, float] = field(default_factory=dict)
     evidence: bool = False  # build the evidence stage too
+    # more stages after the others, (name, function of the job): the baselines stage
+    # (baselines.py, which builds on this module's files and readers)
+    extra_stages: list[tuple[str, Callable[[Job], None]]] = field(default_factory=list)
 
     def path(self, name: str) -> Path:
         return self.folder / name
@@ -890,11 +894,12 @@ def stage_evidence(job: Job) -> None:
 
 
 def build(job: Job) -> None:
-    """Every stage, each skipped when done (evidence only when the job asks for it)."""
+    """Every stage, each skipped when done (evidence and the extra stages only when the job asks)."""
     job.folder.mkdir(parents=True, exist_ok=True)
     stages = list(zip(STAGES, (stage_answers, stage_boundaries, stage_labels, stage_features)))
     if job.evidence:
         stages.append((EVIDENCE_STAGE, stage_evidence))
+    stages += job.extra_stages
     for stage, fn in stages:
         if job.done(stage):
             job.log(f"{stage}: done before ({job.path(stage + '.done.json')})")

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import data
+from . import baselines, data
 
 DEFAULT_SAMPLES = 2
 DEFAULT_TEMPERATURE = 0.8
@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--evidence", action="store_true", help="build the evidence stage too (the target's "
                    "log-probabilities of the answers' tokens: parse_vllm/evidence.py); implied by --features "
                    "select or a list naming an evidence feature")  # fmt: skip
+    p.add_argument("--baselines", action="store_true", help="build the baselines stage too: the KL judge's "
+                   "draft-target divergences and the hidden state at the prefix itself, without the verification "
+                   "suffix (tools/judge/baselines.py)")  # fmt: skip
     o = ap.add_argument_group("run and output")
     o.add_argument("--out", type=Path, default=Path("bench/results/judge"), help="report folder (and the head)")
     o.add_argument("--data", type=Path, help="data folder (default OUT/data/<prompt set>)")
@@ -385,6 +388,7 @@ def _main(args) -> int:
                 code_timeout=args.code_timeout,
                 log=log,
                 evidence=wants_evidence,
+                extra_stages=[(baselines.STAGE, baselines.stage_baselines)] if args.baselines else [],
             )
         )
     deadline = jobs[0].deadline
@@ -538,7 +542,8 @@ def probe_modes() -> tuple[str, ...]:
 
 def data_summary(job: data.Job, ex) -> dict[str, Any]:
     done = {s: job.done(s) or {} for s in data.STAGES}
-    extra = {data.EVIDENCE_STAGE: job.seconds(data.EVIDENCE_STAGE)} if job.evidence else {}
+    extra = {stage: job.seconds(stage) for stage in
+             [data.EVIDENCE_STAGE] * job.evidence + [name for name, _ in job.extra_stages]}  # fmt: skip
     return {
         "folder": str(job.folder),
         "settings": job.settings.of("features"),

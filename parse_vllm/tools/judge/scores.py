@@ -244,7 +244,9 @@ def rescore(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
     for split, rel in summary.get("score_files", {}).items():
         table = read(out / rel)
         if table.old_head is None and split != summary.get("train_split"):
-            for key in [k for k in summary if k.startswith(("auc_old_head_", "brier_old_head_"))]:
+            for key in [
+                k for k in summary if k.startswith(("auc_old_head_", "brier_old_head_", "auc_head_minus_old_head_"))
+            ]:
                 if key.removesuffix("_ci").endswith(f"_{split}"):
                     del summary[key]
         summary.update(figures(table, split, summary))
