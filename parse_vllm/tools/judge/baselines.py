@@ -95,18 +95,15 @@ def example_kl(rows: list[dict], token_kl: dict[tuple[str, int], np.ndarray], wi
     return out
 
 
-class TopkReader:
+class TopkReader(data.LogprobReader):
     """A model's top `k` next-token log-probabilities at every position of each sequence after
     its first (vLLM ``prompt_logprobs=k``; the sequence's own token is among them, as vLLM
-    adds it): per sequence, a list of (ids [k'], log-probabilities [k']) per position."""
+    adds it): per sequence, a list of (ids [k'], log-probabilities [k']) per position. The
+    engine is the evidence stage's reader's, allowed k log-probabilities."""
 
     def __init__(self, engine: dict[str, Any], k: int = TOP_K):
-        mlen = engine.get("max_model_len")
-        self.engine = dict(
-            engine, enable_prefix_caching=False, max_logprobs=k, **({"max_num_batched_tokens": mlen} if mlen else {})
-        )
+        super().__init__(dict(engine, max_logprobs=k))
         self.k = k
-        self.llm = None
 
     def __call__(self, sequences: list[list[int]]) -> list[list[tuple[np.ndarray, np.ndarray]]]:
         from parse_vllm._vllm import LLM, SamplingParams
@@ -122,13 +119,6 @@ class TopkReader:
             ]
             for o in outs
         ]
-
-    def close(self) -> None:
-        if self.llm is not None:
-            from parse_vllm.tools.engine import close
-
-            close(self.llm)
-            self.llm = None
 
 
 def open_topk_reader(engine: dict[str, Any]) -> TopkReader:
@@ -190,14 +180,9 @@ def stage_baselines(job) -> None:
 def _hidden_at_prefix(job, rows: list[dict], answers: dict, clock) -> None:
     """hidden_at_prefix.npy [N, H]: the target's final hidden state at prompt + prefix's last
     token, in parts of TASKS_PER_FEATURE_CALL tasks (resumable)."""
-
     parts = job.path("hidden_at_prefix")
     parts.mkdir(exist_ok=True)
-    order = {it["id"]: i for i, it in enumerate(job.items)}
-    by_task: dict[str, list[int]] = {}
-    for i, r in enumerate(rows):
-        by_task.setdefault(r["task"], []).append(i)
-    groups = list(data.chunks(sorted(by_task, key=order.__getitem__), data.TASKS_PER_FEATURE_CALL))
+    by_task, groups = data.task_groups(job, rows)
     reader = None
     try:
         for g, group in enumerate(groups):

@@ -770,6 +770,17 @@ def feature_rows(job: Job) -> list[dict]:
     return [r for r in read_jsonl(job.path("labels.jsonl")) if r["label"] is not None]
 
 
+def task_groups(job: Job, rows: list[dict]) -> tuple[dict[str, list[int]], list[list[str]]]:
+    """The rows' numbers by task, and the tasks in the set's order in groups of
+    TASKS_PER_FEATURE_CALL: the calls of a stage that reads the target's hidden states, one
+    resumable part file each."""
+    order = {it["id"]: i for i, it in enumerate(job.items)}
+    by_task: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_task.setdefault(r["task"], []).append(i)
+    return by_task, list(chunks(sorted(by_task, key=order.__getitem__), TASKS_PER_FEATURE_CALL))
+
+
 def stage_features(job: Job) -> None:
     if job.done("features"):
         return
@@ -780,11 +791,7 @@ def stage_features(job: Job) -> None:
     ext = list(job.template.labels.extension)
     parts = job.path("features")
     parts.mkdir(exist_ok=True)
-    order = {it["id"]: i for i, it in enumerate(job.items)}
-    by_task: dict[str, list[int]] = {}
-    for i, r in enumerate(rows):
-        by_task.setdefault(r["task"], []).append(i)
-    groups = list(chunks(sorted(by_task, key=order.__getitem__), TASKS_PER_FEATURE_CALL))
+    by_task, groups = task_groups(job, rows)
     reader = None
     clock = _Clock(job, "features")
     try:

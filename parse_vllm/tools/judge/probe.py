@@ -279,16 +279,23 @@ def nested_oof(X: np.ndarray, ex: Examples, grid=C_GRID) -> tuple[np.ndarray, li
     return out, chosen
 
 
+def task_resamples(task: np.ndarray, seed: int = 0):
+    """BOOTSTRAP row-index arrays, each the rows of len(tasks) tasks drawn with replacement
+    (a task with all its rows), from one seeded generator: the same draws for every caller
+    with the same tasks and seed."""
+    tasks = np.unique(task)
+    rows = {t: np.flatnonzero(task == t) for t in tasks}
+    rng = np.random.default_rng(seed)
+    for _ in range(BOOTSTRAP):
+        yield np.concatenate([rows[t] for t in rng.choice(tasks, size=len(tasks), replace=True)])
+
+
 def bootstrap_auc(scores, labels, weight, task, seed: int = 0) -> list[float] | None:
     """95% interval of the AUC, resampling tasks (with all their rows) with replacement."""
     if auc(scores, labels) is None:
         return None
-    tasks = np.unique(task)
-    rows = {t: np.flatnonzero(task == t) for t in tasks}
-    rng = np.random.default_rng(seed)
     vals = []
-    for _ in range(BOOTSTRAP):
-        idx = np.concatenate([rows[t] for t in rng.choice(tasks, size=len(tasks), replace=True)])
+    for idx in task_resamples(task, seed):
         a = auc(scores[idx], labels[idx], weight[idx])
         if a is not None:
             vals.append(a)
@@ -302,12 +309,8 @@ def paired_auc_difference(a, b, labels, weight, task, seed: int = 0) -> tuple[fl
     base_a, base_b = auc(a, labels, weight), auc(b, labels, weight)
     if base_a is None or base_b is None:
         return None
-    tasks = np.unique(task)
-    rows = {t: np.flatnonzero(task == t) for t in tasks}
-    rng = np.random.default_rng(seed)
     diffs = []
-    for _ in range(BOOTSTRAP):
-        idx = np.concatenate([rows[t] for t in rng.choice(tasks, size=len(tasks), replace=True)])
+    for idx in task_resamples(task, seed):
         da, db = auc(a[idx], labels[idx], weight[idx]), auc(b[idx], labels[idx], weight[idx])
         if da is not None and db is not None:
             diffs.append(da - db)
