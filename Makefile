@@ -151,12 +151,12 @@ judge-coder: setup
 # the held-out sets, HumanEval's odd ids and MBPP's test split (its first 100 tasks, 4 more sampled
 # answers on the tasks where the draft rarely fails) -- the draft's answers (greedy and 2 sampled),
 # cut at the runtime's boundaries, labelled by their tests and by the target's greedy
-# continuations, the target's hidden states at the verification suffix and the evidence features --
-# then the head trained (nested CV, forward feature selection, τ_head by its rule) and shipped, and
+# continuations, the target's hidden states at the verification suffix, the evidence features and
+# the compared judges' data (the KL statistics, the hidden state at the prefix) -- then the head trained (nested CV, forward feature selection, τ_head by its rule) and shipped, and
 # the held-out sets evaluated once with it beside the previous head (OLD_HEAD). Data in
 # bench/judge-coder/data/ (not committed); every stage resumes where a killed run stopped.
 JUDGE_CODER := --config configs/qwen2.5-coder-1.5b-0.5b-cpu.yaml --out bench/judge-coder --samples 2 \
-	--prefixes-passing 1 --prefixes-failing 2 --evidence
+	--prefixes-passing 1 --prefixes-failing 2 --evidence --baselines
 JUDGE_TRAIN := --prompts humaneval:even $(MBPP) --num-prompts 300
 JUDGE_HELD_OUT := --prompts humaneval:odd $(MBPP):test --num-prompts 100 --balance-samples 4
 OLD_HEAD_COMMIT := b9daeed7e4765c033e9f5f525b1e7fe9de53881e

@@ -226,8 +226,9 @@ def run(tiny_models, tok, hf, tmp_path_factory):
     ]  # fmt: skip
     try:
         rc_train = cli.main(
-            [*base, "--prompts", str(path), "--features", "select", "--balance-samples", "2", "--balance-below", "0"]
-        )
+            [*base, "--prompts", str(path), "--features", "select", "--balance-samples", "2", "--balance-below", "0",
+             "--baselines"]
+        )  # fmt: skip
         head = out / "judge_head.safetensors"
         old_head = _negated(head, root / "old_head.safetensors")
         rc_eval = cli.main(
@@ -348,6 +349,19 @@ def test_the_baselines_stage_reads_both_models_at_each_answer_token_and_the_pref
                 tops += [np.array(ids), np.array(lps)]
             want = baselines.topk_kl(*tops, len(tok))
             assert rec["kl_td"][j] == pytest.approx(want, abs=2e-6), (task, a, j)
+    check = json.loads((d / "kl_check.json").read_text())  # the first answers against full distributions
+    keys = list(dict.fromkeys((r["task"], r["answer"]) for r in rows))[: baselines.KL_CHECK_ANSWERS]
+    got, full = [], []
+    for task, a in keys:
+        seq, p = prompts[task] + answers[(task, a)], len(prompts[task])
+        with torch.no_grad():
+            lt, ld = (m(torch.tensor([seq])).logits[0, p - 1 : -1].double().numpy() for m in (hf, draft))
+        got.append(token_kl[(task, a)]["kl_td"])
+        full.append(baselines.exact_kl(lt, ld))
+    assert check["answers"] == len(keys) and check["tokens"] == sum(len(answers[k]) for k in keys)
+    want = baselines.kl_errors(np.concatenate(got), np.concatenate(full))
+    assert check["td"]["median_abs"] == pytest.approx(want["median_abs"], rel=1e-4, abs=1e-6)
+    assert check["td"]["mean_exact"] == pytest.approx(want["mean_exact"], rel=1e-4)
     kl = np.load(d / "kl.npy")
     for i, r in enumerate(rows):
         rec = token_kl[(r["task"], r["answer"])]
@@ -381,3 +395,61 @@ def test_the_vllm_logprob_reader_equals_an_hf_forward(tiny_models, hf):
         assert ev.shape == (2, len(s) - 1)
         assert np.allclose(ev[0], lp.gather(1, nxt[:, None])[:, 0].numpy(), atol=1e-3)
         assert ev[1].tolist() == (lp.argmax(-1) != nxt).float().tolist()
+
+
+def test_the_compared_judges_are_fitted_on_training_and_score_the_held_out_set(run):
+    """Both runs built the baselines stage, so training fits the compared judges (saved beside
+    the head) and `--evaluate` scores MBPP test with them: each score column is the saved fit
+    applied to the held-out examples (recomputed here), each AUC and paired difference comes
+    from its column, and the judge mode shipped is the suffix."""
+    from parse_vllm.tools.judge import compare, probe, scores
+
+    out = run["out"]
+    s = json.loads((out / "summary.json").read_text())
+    stat, fits = compare.load(out / compare.FITS_FILE)
+    assert stat == s["judges_compared"]["kl_statistic"] in baselines.KL_FEATURES
+    assert set(fits) == {"suffix_free", "suffix_free_kl", "head_kl"}
+    assert fits["head_kl"].features == (*s["features_kept"], *baselines.KL_FEATURES)
+    ex = probe.Examples.load(out / "data" / "mbpp-test")
+    table = scores.read(out / "scores" / "mbpp_test.csv")
+    assert set(table.judges) == set(compare.JUDGES)
+    assert np.allclose(table.judges["kl"], -ex.kl[:, baselines.KL_FEATURES.index(stat)])
+    f = fits["suffix_free"]
+    by_hand = ((ex.hidden_at_prefix.astype(np.float64) - f.mean) / f.scale) @ f.weight + f.bias
+    assert np.allclose(table.judges["suffix_free"], by_hand)
+    for name in compare.JUDGES:
+        for kind, mask in (("whole", ex.whole), ("prefix", ~ex.whole)):
+            want = probe.auc(table.judges[name][mask], ex.label[mask], ex.weight[mask])
+            assert s[f"auc_{name}_{kind}_mbpp_test"] == pytest.approx(want, abs=1e-12)
+            head = probe.auc(table.head[mask], ex.label[mask], ex.weight[mask])
+            if want is not None and head is not None:
+                assert s[f"auc_{name}_minus_head_{kind}_mbpp_test"] == pytest.approx(want - head, abs=1e-12)
+    train = scores.read(out / "scores" / "mbpp_train_validation_prompt.csv")
+    assert set(train.judges) == set(compare.JUDGES)  # out of fold on the training split
+    assert s["judge_mode"] == "suffix" and isinstance(s["suffix_free_within_margin"], bool)
+    assert len(s["cv_selection_nested"]["folds"]) == 5 and s["cv_selection_nested"]["auc_whole"] is not None
+    md = (out / "summary.md").read_text()
+    assert "KL judge (untrained)" in md and "Suffix-free head minus the head, paired" in md
+
+
+def test_the_vllm_topk_reader_equals_an_hf_forward(tiny_models, hf):
+    """baselines.TopkReader through a real vLLM engine (the tests above replace it with HF
+    forwards): at each position after the first, the target's top TOP_K tokens and the
+    sequence's own next token, with their log-probabilities, as an HF forward gives them."""
+    import torch
+    from conftest import engine_kwargs
+
+    reader = baselines.TopkReader(engine_kwargs(tiny_models["target"], kv_cache_memory_bytes=64 << 20))
+    seqs = [[1, 502, 3312, 77, 9, 4410, 18, 2200], [5, 6, 7, 8, 9, 10]]
+    try:
+        got = reader(seqs)
+    finally:
+        reader.close()
+    for s, positions in zip(seqs, got):
+        with torch.no_grad():
+            lp = torch.log_softmax(hf(torch.tensor([s])).logits[0, :-1].double(), -1)
+        assert len(positions) == len(s) - 1
+        for j, (ids, lps) in enumerate(positions):
+            top = set(lp[j].topk(baselines.TOP_K - 5).indices.tolist())  # clear of ties at the k-th
+            assert top <= set(ids.tolist()) and s[j + 1] in ids.tolist() and len(ids) <= baselines.TOP_K + 1
+            assert np.allclose(lps, lp[j, torch.as_tensor(ids)].numpy(), atol=1e-3)

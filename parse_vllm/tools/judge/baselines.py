@@ -13,8 +13,11 @@ the union of the two top-k sets, plus one bucket for the rest of the vocabulary:
     P(rest) = 1 - Σ_{x in U} P(x)       (the same for Q)
     KL(P || Q) = Σ_{x in U + rest} P(x) log(P(x) / Q(x))
 
-(`topk_kl`). `tests/test_judge_baselines.py` checks it against the exact KL of full softmaxes,
-and ``kl_check`` against full HF distributions on a sample of a real set's answers. Per
+(`topk_kl`). `tests/test_judge_baselines.py` checks it against the exact KL of full softmaxes;
+on a real set, `kl_check` compares it with the full distributions of both models (HF forwards)
+over the first KL_CHECK_ANSWERS answers and writes how far apart they are (``kl_check.json``:
+per direction, the per-token absolute and relative errors, and the correlation of the per-token
+values and of the window means the judge reads). Per
 example, over the draft tokens of the window its boundary ends in (from `window_start` to the
 boundary, as the evidence features read them), `KL_FEATURES`: the mean, the maximum and the
 90th percentile of KL(target || draft) and of KL(draft || target). Higher means less alike;
@@ -25,11 +28,13 @@ the judge scores -KL.
 reading it would need no verification pass. ``hidden_at_prefix.npy`` [N, H].
 
 Files (beside the features stage's, rows in ``index.jsonl`` order): ``token_kl.jsonl`` (per
-distinct answer, both directions' per-token KL), ``kl.npy`` [N, 6], ``hidden_at_prefix.npy``.
+distinct answer, both directions' per-token KL), ``kl.npy`` [N, 6], ``kl_check.json``,
+``hidden_at_prefix.npy``.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -38,6 +43,7 @@ from . import data
 from .data import BASELINES_STAGE as STAGE
 
 TOP_K = 20  # tokens per position each model reports (vLLM's default max_logprobs)
+KL_CHECK_ANSWERS = 8  # answers whose top-k KL is compared with the full distributions' (kl_check)
 KL_FEATURES = ("kl_td_mean", "kl_td_max", "kl_td_p90", "kl_dt_mean", "kl_dt_max", "kl_dt_p90")
 _TINY = 1e-12  # a probability never quite 0 in the log
 
@@ -172,9 +178,54 @@ def stage_baselines(job) -> None:
             r.close()
     kl = {(r["task"], r["answer"]): np.array([r["kl_td"], r["kl_dt"]]) for r in data.read_jsonl(path)}
     np.save(job.path("kl.npy"), example_kl(rows, kl, job.settings.window))
+    if not job.path("kl_check.json").is_file():
+        check = kl_check(job, {key: kl[key] for key in needed[:KL_CHECK_ANSWERS]}, answers)
+        job.path("kl_check.json").write_text(json.dumps(check, indent=1) + "\n")
+        job.log(f"baselines: top-{TOP_K} KL against the full distributions: {check}")
+        clock.tick()
     _hidden_at_prefix(job, rows, answers, clock)
     clock.tick()
     job.mark_done(STAGE, rows=len(rows), answers=len(needed))
+
+
+def kl_errors(approx: np.ndarray, exact: np.ndarray) -> dict[str, float]:
+    """How far per-token top-k KLs [L] are from the exact ones [L]."""
+    err = np.abs(approx - exact)
+    rel = err / np.maximum(exact, 1e-6)
+    corr = float(np.corrcoef(approx, exact)[0, 1]) if len(exact) > 1 and exact.std() > 0 else None
+    return {"median_abs": float(np.median(err)), "p90_abs": float(np.percentile(err, 90)),
+            "median_rel": float(np.median(rel)), "p90_rel": float(np.percentile(rel, 90)),
+            "mean_exact": float(exact.mean()), "pearson": corr}  # fmt: skip
+
+
+def kl_check(job, token_kl: dict[tuple[str, int], np.ndarray], answers: dict) -> dict[str, Any]:
+    """The top-k KL of some answers (`token_kl`: [2, len] each) against the exact KL of both
+    models' full distributions (HF forwards, float32) at the same positions, per direction
+    (``td``: KL(target || draft), ``dt``), per token and as window means of W tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    models = [AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+              for path in (job.settings.target, job.settings.draft)]  # fmt: skip
+    approx, exact, means = [], [], []
+    for (task, a), kl in token_kl.items():
+        prompt = job.prompt_ids[task]
+        seq = prompt + answers[(task, a)]
+        with torch.no_grad():  # answer token j is predicted at position len(prompt) - 1 + j
+            t, d = (m(torch.tensor([seq])).logits[0, len(prompt) - 1 : -1].double().numpy() for m in models)
+        full = np.stack([exact_kl(t, d), exact_kl(d, t)])
+        approx.append(kl)
+        exact.append(full)
+        w = job.settings.window
+        means += [(kl[:, i : i + w].mean(axis=1), full[:, i : i + w].mean(axis=1)) for i in range(0, kl.shape[1], w)]
+    del models
+    out: dict[str, Any] = {"answers": len(approx), "tokens": int(sum(k.shape[1] for k in approx)), "top_k": TOP_K}
+    for i, name in enumerate(("td", "dt")):
+        got, want = np.concatenate([k[i] for k in approx]), np.concatenate([e[i] for e in exact])
+        out[name] = kl_errors(got, want)
+        mg, mw = np.array([m[0][i] for m in means]), np.array([m[1][i] for m in means])
+        out[name]["window_mean_pearson"] = float(np.corrcoef(mg, mw)[0, 1]) if len(mw) > 1 and mw.std() > 0 else None
+    return out
 
 
 def _hidden_at_prefix(job, rows: list[dict], answers: dict, clock) -> None:

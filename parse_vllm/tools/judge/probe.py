@@ -41,6 +41,8 @@ import numpy as np
 
 from parse_vllm.evidence import EVIDENCE_FEATURES
 
+from .baselines import KL_FEATURES
+
 C_GRID = tuple(float(c) for c in np.logspace(-4, 0, 9))
 OUTER_FOLDS = 5
 INNER_FOLDS = 4
@@ -60,7 +62,8 @@ FEATURE_MODES = ("auto", "select", "hidden", "hidden,zero_shot_logit")
 _SCALAR_FROM: contextvars.ContextVar[int | None] = contextvars.ContextVar("scalar_from", default=None)
 
 _ARRAYS = ("hidden", "zero_shot", "label", "whole", "task", "answer", "length", "weight")
-_OPTIONAL = ("evidence", "source")
+_OPTIONAL = ("evidence", "source", "kl", "hidden_at_prefix")
+MATRICES = ("hidden", "hidden_at_prefix")  # features of H columns each; every other name is one column
 
 
 @dataclass
@@ -78,11 +81,13 @@ class Examples:
     weight: np.ndarray  # [N] sampling weight (whole answers 1; prefixes scaled to a mean of 1)
     evidence: np.ndarray | None = None  # [N, 4] EVIDENCE_FEATURES (data.stage_evidence), if built
     source: np.ndarray | None = None  # [N] the prompt set's split name of each row (several sets)
+    kl: np.ndarray | None = None  # [N, 6] baselines.KL_FEATURES (the baselines stage), if built
+    hidden_at_prefix: np.ndarray | None = None  # [N, H] the target's hidden state at the prefix itself, if built
 
     @classmethod
     def load(cls, folder: Path, source: str | None = None) -> Examples:
         index = [json.loads(line) for line in (folder / "index.jsonl").read_text().splitlines()]
-        ev = folder / "evidence.npy"
+        ev, kl, at_prefix = folder / "evidence.npy", folder / "kl.npy", folder / "hidden_at_prefix.npy"
         return cls(
             hidden=np.load(folder / "features.npy"),
             zero_shot=np.load(folder / "zero_shot.npy").astype(np.float64),
@@ -95,6 +100,8 @@ class Examples:
             weight=_scaled_weights(index),
             evidence=np.load(ev).astype(np.float64) if ev.is_file() else None,
             source=None if source is None else np.array([source] * len(index)),
+            kl=np.load(kl).astype(np.float64) if kl.is_file() else None,
+            hidden_at_prefix=np.load(at_prefix) if at_prefix.is_file() else None,
         )
 
     @classmethod
@@ -109,15 +116,21 @@ class Examples:
             for t in set(p.task.tolist()):
                 clash |= t in seen and seen[t] != p.source[0]
                 seen.setdefault(t, p.source[0])
-        has_ev = all(p.evidence is not None for p in parts)
+
+        def joined(name: str) -> np.ndarray | None:  # an optional array, where every part has it
+            arrays = [getattr(p, name) for p in parts]
+            return None if any(a is None for a in arrays) else np.concatenate(arrays)
+
         return cls(
             **{k: np.concatenate([getattr(p, k) for p in parts]) for k in _ARRAYS if k != "task"},
             task=np.concatenate(
                 [np.char.add(f"{p.source[0]}:", p.task.astype(str)) if clash else p.task for p in parts]
             ),
             how=sum((p.how for p in parts), []),
-            evidence=np.concatenate([p.evidence for p in parts]) if has_ev else None,
+            evidence=joined("evidence"),
             source=np.concatenate([p.source for p in parts]),
+            kl=joined("kl"),
+            hidden_at_prefix=joined("hidden_at_prefix"),
         )
 
     def __len__(self) -> int:
@@ -130,13 +143,24 @@ class Examples:
     def scalar(self, name: str) -> np.ndarray:
         if name == "zero_shot_logit":
             return self.zero_shot
+        if name in KL_FEATURES:
+            if self.kl is None:
+                raise ValueError(f"feature {name!r}: no KL statistics in this data (build it with --baselines)")
+            return self.kl[:, KL_FEATURES.index(name)]
         if self.evidence is None:
             raise ValueError(f"feature {name!r}: no evidence in this data (build it with --evidence)")
         return self.evidence[:, EVIDENCE_FEATURES.index(name)]
 
+    def matrix(self, name: str) -> np.ndarray:
+        m = getattr(self, name)
+        if m is None:
+            raise ValueError(f"feature {name!r}: not in this data (build it with --baselines)")
+        return m.astype(np.float64)
+
     def features(self, names: tuple[str, ...]) -> np.ndarray:
-        cols = [self.hidden.astype(np.float64)] if "hidden" in names else []
-        cols += [self.scalar(n)[:, None] for n in names if n != "hidden"]
+        """[N, F] the named features, the H-column ones (MATRICES) first, in `names` order."""
+        cols = [self.matrix(n) for n in names if n in MATRICES]
+        cols += [self.scalar(n)[:, None] for n in names if n not in MATRICES]
         return np.concatenate(cols, axis=1)
 
     def subset(self, mask: np.ndarray) -> Examples:
@@ -451,10 +475,12 @@ class _Boosting:
 
 
 def boosting(names: tuple[str, ...], hidden_size: int) -> _Boosting:
-    """The boost for a feature set: scalars after h (from column H), or all (no h)."""
-    if names == ("hidden",):
+    """The boost for a feature set: its scalars, after its H-column features (Examples.features'
+    order), or all of them (no hidden state); none when it has no scalar."""
+    matrices = sum(n in MATRICES for n in names)
+    if matrices == len(names):
         return _Boosting(None)
-    return _Boosting(hidden_size if "hidden" in names else 0)
+    return _Boosting(hidden_size * matrices)
 
 
 def choose_tau(z: np.ndarray, ex: Examples, max_wrong: float = TAU_MAX_WRONG, grid=TAU_GRID) -> dict[str, Any]:

@@ -16,7 +16,16 @@ import numpy as np
 
 GOALS = {"auc_head_whole_odd": 0.85, "auc_head_prefix_odd": 0.80, "auc_head_whole_mbpp_test": 0.85}
 MIN_FAILING_PREFIXES = 80  # each held-out set's failing prefixes (issue 37): fewer, and its prefix AUC is loose
-HELD_OUT_JUDGES = (("zero_shot", "zero-shot P(Correct)"), ("old_head", "old head"), ("head", "head"))
+HELD_OUT_JUDGES = (
+    ("zero_shot", "zero-shot P(Correct)"),
+    ("old_head", "old head"),
+    ("head", "head"),
+    ("kl", "KL judge (untrained)"),
+    ("suffix_free", "suffix-free head"),
+    ("suffix_free_kl", "suffix-free head + KL"),
+    ("head_kl", "head + KL"),
+)
+ALWAYS_SHOWN = ("zero_shot", "head")  # the others only where they were scored
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -74,6 +83,14 @@ def markdown(s: dict[str, Any]) -> str:
             )
             + " |"
         )
+    for sp, d in s.get("data", {}).items():
+        if ck := d.get("kl_check"):
+            lines += ["", f"The KL judge's top-{ck['top_k']} KL against both models' full distributions ({sp}, "
+                      f"{ck['answers']} answers, {ck['tokens']} tokens): " + "; ".join(
+                          f"{shown} median error {_fmt(ck[k]['median_abs'], 4)} ({_fmt(100 * ck[k]['median_rel'], 1)}%, "
+                          f"mean KL {_fmt(ck[k]['mean_exact'], 3)}), correlation {_fmt(ck[k]['pearson'])} per token, "
+                          f"{_fmt(ck[k]['window_mean_pearson'])} over window means"
+                          for k, shown in (("td", "KL(target ‖ draft)"), ("dt", "KL(draft ‖ target)"))) + "."]  # fmt: skip
     short = {sp: g for sp, g in s.get("failing_prefixes", {}).items() if not g["met"]}
     if s.get("failing_prefixes"):
         lines += [
@@ -98,7 +115,7 @@ def markdown(s: dict[str, Any]) -> str:
     for sp in splits:
         for name, shown in HELD_OUT_JUDGES:
             w, p = f"auc_{name}_whole_{sp}", f"auc_{name}_prefix_{sp}"
-            if name == "old_head" and s.get(w) is None and s.get(p) is None:
+            if name not in ALWAYS_SHOWN and s.get(w) is None and s.get(p) is None:
                 continue
             lines.append(
                 f"| {sp}{' (CV)' if sp in cv else ''} | {shown} | "
@@ -116,7 +133,7 @@ def markdown(s: dict[str, Any]) -> str:
         ]
         for name, shown in HELD_OUT_JUDGES:
             cells = [_fmt(s.get(f"auc_{name}_{kind}_{sp}")) for sp in held for kind in ("whole", "prefix")]
-            if name == "old_head" and all(c == "—" for c in cells):
+            if name not in ALWAYS_SHOWN and all(c == "—" for c in cells):
                 continue
             lines.append(f"| {shown} | " + " | ".join(cells) + " |")
         like = [sp for sp in held if f"{sp}_like_training_n" in s]
@@ -127,11 +144,19 @@ def markdown(s: dict[str, Any]) -> str:
                 f"{_fmt(s.get(f'auc_head_whole_{sp}_like_training'))} {_ci(s.get(f'auc_head_whole_{sp}_like_training_ci'))}"
                 f", prefixes {_fmt(s.get(f'auc_head_prefix_{sp}_like_training'))} "
                 f"{_ci(s.get(f'auc_head_prefix_{sp}_like_training_ci'))}" for sp in like) + "."]  # fmt: skip
-        paired = [(sp, k) for sp in held for k in ("whole", "prefix") if f"auc_head_minus_old_head_{k}_{sp}" in s]
-        if paired:
-            lines += ["", "Head minus old head, paired (the same tasks drawn for both): " + "; ".join(
-                f"{sp} {k} {_signed(s[f'auc_head_minus_old_head_{k}_{sp}'])} "
-                f"{_ci(s.get(f'auc_head_minus_old_head_{k}_{sp}_ci'))}" for sp, k in paired) + "."]  # fmt: skip
+        for key, shown in [("head_minus_old_head", "Head minus old head")] + [
+            (f"{name}_minus_head", f"{label[0].upper()}{label[1:]} minus the head")
+            for name, label in HELD_OUT_JUDGES if name not in ("zero_shot", "old_head", "head")
+        ]:  # fmt: skip
+            paired = [(sp, k) for sp in held for k in ("whole", "prefix") if f"auc_{key}_{k}_{sp}" in s]
+            if paired:
+                lines += ["", f"{shown}, paired (the same tasks drawn for both): " + "; ".join(
+                    f"{sp} {k} {_signed(s[f'auc_{key}_{k}_{sp}'])} "
+                    f"{_ci(s.get(f'auc_{key}_{k}_{sp}_ci'))}" for sp, k in paired) + "."]  # fmt: skip
+    if s.get("suffix_free_within_margin") is not None:
+        lines += ["", f"Judge mode shipped: `{s.get('judge_mode')}`. The suffix-free head is "
+                  f"{'within' if s['suffix_free_within_margin'] else 'not within'} "
+                  f"{s['suffix_free_margin']:g} AUC of the head on every held-out split and kind."]  # fmt: skip
     if "goals" in s:
         lines += ["", "Goals (held out): " + "; ".join(
             f"{k} ≥ {v['goal']}: {_fmt(v['value'])} — {'met' if v['met'] else 'not met' if v['met'] is not None else 'not run'}"
@@ -152,6 +177,16 @@ def markdown(s: dict[str, Any]) -> str:
         lines.append(
             f"| {k} | {_fmt(v['auc_whole'])} | {_fmt(v['auc_prefix'])} | {', '.join(f'{c:g}' for c in v['C_per_fold'])} |"
         )
+    if sel := s.get("cv_selection_nested"):
+        lines += ["", f"Those figures chose the features on every fold. With the choice made inside each outer fold "
+                  f"(features and C on its own training part): whole {_fmt(sel['auc_whole'])}, prefixes "
+                  f"{_fmt(sel['auc_prefix'])}; kept per fold: "
+                  + "; ".join(f"`{','.join(f['features'])}`" for f in sel["folds"]) + "."]  # fmt: skip
+    if cmp := s.get("judges_compared"):
+        lines += ["", f"The KL judge reads -`{cmp['kl_statistic']}`, the best of the six statistics on the training "
+                  "data (AUC whole / prefixes: " + ", ".join(
+                      f"{f} {_fmt(v['auc_whole'])} / {_fmt(v['auc_prefix'])}" for f, v in cmp["kl_statistic_aucs"].items())
+                  + ")."]  # fmt: skip
     if s.get("feature_ablation"):
         lines += [
             "",

@@ -403,7 +403,7 @@ def _main(args) -> int:
     if args.data_only:
         return 0
 
-    from . import probe, report, scores
+    from . import compare, probe, report, scores
 
     ident = identity(target, tok, template, parse)
     summary_path = args.out / "summary.json"
@@ -441,7 +441,9 @@ def _main(args) -> int:
                 summary.get("pass_rates_at_tau_head", {}).pop(split, None)
             summary.setdefault("data", {})[split] = data_summary(job, ex)
             old = probe.head_logits(heads["old_head"], ex) if "old_head" in heads else None
-            scores.write(scores.path_of(args.out, split), ex, probe.head_logits(heads["head"], ex), old)
+            fits = args.out / compare.FITS_FILE
+            judges = compare.score(ex, *compare.load(fits)) if fits.is_file() and compare.available(ex) else None
+            scores.write(scores.path_of(args.out, split), ex, probe.head_logits(heads["head"], ex), old, judges)
             summary.setdefault("score_files", {})[split] = str(scores.path_of(Path(), split))
     else:
         ex = probe.Examples.concat(list(loaded.values()))
@@ -452,6 +454,8 @@ def _main(args) -> int:
             raise JudgeError(str(e)) from None
         if args.tau_max_wrong is not None:
             result["tau"] = probe.choose_tau(result["oof"], ex, max_wrong=args.tau_max_wrong)
+        z_selected, selection_folds = compare.selection_nested_oof(ex, args.features, log=log)
+        compared = compare.train(ex, result["features"], log=log) if compare.available(ex) else None
         prompt_sets = [pset.meta("train", len(job.items)) for pset, job, _ in per_set]
         training = {
             "prompt_set": "+".join(p.name for p, _, _ in per_set),
@@ -493,6 +497,9 @@ def _main(args) -> int:
             "C": result["C"],
             "C_grid": result["C_grid"],
             "feature_comparison": result["feature_comparison"],
+            "cv_selection_nested": dict(
+                zip(("auc_whole", "auc_prefix"), probe.kind_aucs(z_selected, ex)), folds=selection_folds
+            ),
             "training_labels_comparison": result["training_labels_comparison"],
             "data_size_curve": result["data_size_curve"],
             "head_bytes": head_path.stat().st_size,
@@ -512,9 +519,17 @@ def _main(args) -> int:
             ship_head(head_path, target.name)
         summary.setdefault("data", {})[split] = data_summary(jobs[0], ex) if len(per_set) == 1 else {
             "counts": ex.counts(), "sets": [sp for _, _, sp in per_set]}  # fmt: skip
-        for stale in (args.out / scores.FOLDER).glob("*.csv"):
-            stale.unlink()  # a new head: the held-out tables of the old one no longer describe it
-        scores.write(scores.path_of(args.out, split), ex, z)
+        for stale in (*(args.out / scores.FOLDER).glob("*.csv"), args.out / compare.FITS_FILE):
+            stale.unlink(missing_ok=True)  # a new head: the held-out tables of the old one no longer describe it
+        if compared is not None:
+            compare.save(args.out / compare.FITS_FILE, compared["kl_statistic"], compared["fits"])
+            summary["judges_compared"] = {
+                "kl_statistic": compared["kl_statistic"],
+                "kl_statistic_aucs": compared["kl_statistic_aucs"],
+                "features": {n: list(f.features) for n, f in compared["fits"].items()},
+                "C": compared["C"],
+            }
+        scores.write(scores.path_of(args.out, split), ex, z, judges=None if compared is None else compared["oof"])
         summary["score_files"] = {split: str(scores.path_of(Path(), split))}
     summary["models"] = {
         "target": str(target),
@@ -555,4 +570,5 @@ def data_summary(job: data.Job, ex) -> dict[str, Any]:
         "prefix_label_sources": done["labels"].get("prefixes_by_source"),
         "stage_seconds": {**{s: job.seconds(s) for s in data.STAGES}, **extra},
         "balanced_tasks": len(done["boundaries"].get("balanced_tasks", [])) if job.settings.balance else None,
+        **({"kl_check": json.loads(check.read_text())} if (check := job.path("kl_check.json")).is_file() else {}),
     }

@@ -4,8 +4,9 @@ from them.
 A report folder keeps one CSV per split it scored (``scores/<split>.csv``, small, committed):
 one row per example with its set, task, answer index, kind (whole / prefix), length in tokens,
 label, weight, the zero-shot log-odds, the head's log-odds (out of fold on the training split,
-from the evaluated head on a held-out one), the older head's where it was scored, and the
-evidence features where they were built. Floats are written as ``repr`` writes them, so a table
+from the evaluated head on a held-out one), the older head's where it was scored, the
+evidence features where they were built, and the compared judges' scores (compare.JUDGES)
+where the baselines stage was built. Floats are written as ``repr`` writes them, so a table
 read back holds the very numbers that were written.
 
 `figures` computes what the report says about one table (AUCs with task-bootstrap intervals,
@@ -28,7 +29,7 @@ import numpy as np
 
 from parse_vllm.evidence import EVIDENCE_FEATURES
 
-from . import probe
+from . import compare, probe
 
 FOLDER = "scores"
 COLUMNS = ("set", "task", "answer", "kind", "length", "label", "weight", "zero_shot", "head")
@@ -39,17 +40,26 @@ class ScoreTable:
     ex: probe.Examples  # its rows; hidden is [N, 0]: the scores need no hidden state
     head: np.ndarray  # [N] the head's log-odds
     old_head: np.ndarray | None = None  # [N] an older head's, where it was scored
+    judges: dict[str, np.ndarray] | None = None  # compare.JUDGES' scores [N] each, where compared
 
 
 def path_of(out: Path, split: str) -> Path:
     return out / FOLDER / f"{split}.csv"
 
 
-def write(path: Path, ex: probe.Examples, head: np.ndarray, old_head: np.ndarray | None = None) -> Path:
+def write(
+    path: Path,
+    ex: probe.Examples,
+    head: np.ndarray,
+    old_head: np.ndarray | None = None,
+    judges: dict[str, np.ndarray] | None = None,
+) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
+    judges = {n: judges[n] for n in compare.JUDGES if n in (judges or {})}
     cols = [*COLUMNS, *(["old_head"] if old_head is not None else [])]
     if ex.evidence is not None:
         cols += list(EVIDENCE_FEATURES)
+    cols += list(judges)
     with open(path, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(cols)
@@ -63,6 +73,7 @@ def write(path: Path, ex: probe.Examples, head: np.ndarray, old_head: np.ndarray
                 row.append(repr(float(old_head[i])))
             if ex.evidence is not None:
                 row += [repr(float(x)) for x in ex.evidence[i]]
+            row += [repr(float(z[i])) for z in judges.values()]
             w.writerow(row)
     return path
 
@@ -109,16 +120,27 @@ def _table(cols: dict[str, list[str]], n: int) -> ScoreTable:
         evidence=np.stack([floats(f) for f in EVIDENCE_FEATURES], axis=1) if has_ev else None,
         source=None if not any(cols["set"]) else np.array(cols["set"]),
     )
-    return ScoreTable(ex=ex, head=floats("head"), old_head=floats("old_head") if "old_head" in cols else None)
+    judges = {n: floats(n) for n in compare.JUDGES if n in cols}
+    return ScoreTable(
+        ex=ex,
+        head=floats("head"),
+        old_head=floats("old_head") if "old_head" in cols else None,
+        judges=judges or None,
+    )
 
 
 def figures(table: ScoreTable, split: str, summary: dict[str, Any]) -> dict[str, Any]:
     """The summary's keys that follow from one table (module docstring), as an update of
     `summary`. The training split (``summary["train_split"]``) gets τ_head by the rule whose
     bound the summary records (``tau_head_rule.max_wrong``) and its sets' figures one by one;
-    a held-out split gets the rates at the τ it was evaluated at and the older head's figures."""
+    a held-out split gets the rates at the τ it was evaluated at and the older head's figures.
+    The compared judges' AUCs, and each one minus the head's paired, on every split."""
     ex, z = table.ex, table.head
     up: dict[str, Any] = dict(probe.scores_report(z, ex, split))
+    for name, zj in (table.judges or {}).items():
+        for kind, mask in (("whole", ex.whole), ("prefix", ~ex.whole)):
+            up.update(probe.judge_figures(name, kind, split, zj, ex, mask))
+        up.update(paired_differences(name, "head", zj, z, ex, split))
     nested = {"pass_rates": {"head": probe.pass_rates(z, ex), "zero_shot": probe.pass_rates(ex.zero_shot, ex)},
               "tasks": per_task(ex, z), "prefix_position": by_position(ex, z)}  # fmt: skip
     if split == summary.get("train_split"):
@@ -238,16 +260,18 @@ def by_position(ex, z: np.ndarray) -> list[dict[str, Any]]:
 
 def rescore(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
     """`summary` with every figure recomputed from the tables it names (``score_files``:
-    split -> path relative to `out`), in that order. A held-out split's older-head figures go
-    when its table has no older head's scores (it was evaluated again without one)."""
+    split -> path relative to `out`), in that order, then the judge mode (compare.verdict). A
+    held-out split's older-head figures go when its table has no older head's scores (it was
+    evaluated again without one), and a compared judge's when its table has none of its scores."""
     summary = dict(summary)
     for split, rel in summary.get("score_files", {}).items():
         table = read(out / rel)
-        if table.old_head is None and split != summary.get("train_split"):
-            for key in [
-                k for k in summary if k.startswith(("auc_old_head_", "brier_old_head_", "auc_head_minus_old_head_"))
-            ]:
-                if key.removesuffix("_ci").endswith(f"_{split}"):
-                    del summary[key]
+        stale = [] if table.old_head is not None or split == summary.get("train_split") else ["old_head"]
+        stale += [n for n in compare.JUDGES if n not in (table.judges or {})]
+        prefixes = tuple(p for n in stale for p in (f"auc_{n}_", f"brier_{n}_", f"auc_head_minus_{n}_"))
+        for key in [k for k in summary if k.startswith(prefixes)]:
+            if key.removesuffix("_ci").endswith(f"_{split}"):
+                del summary[key]
         summary.update(figures(table, split, summary))
+    summary.update(compare.verdict(summary))
     return summary
