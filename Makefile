@@ -111,11 +111,14 @@ eval-coder: setup pair
 # accept-all τ 0, the head at τ with continue and with adaptive, and the draft alone, whose
 # passing answers mark where accepting is right; batch 1 on the first 12 odd ids, batch 8 on all
 # 82), MBPP's test split (its first 100 tasks, batch 8: target, accept-all, the head; token-level
-# k 4, lossless, is timed on HumanEval odd), and SmolLM2 with its EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone,
+# k 4, lossless, is timed on HumanEval odd), the policy's goal runs (adaptive and continue judged in
+# parts beside the target and k 4: odd's first 24 at batch 1; odd's 82 and MBPP test's first 100 at
+# batch 8, adaptive alone: continue, 0.48x the best there, is the row above), and SmolLM2 with its
+# EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone,
 # PARSE + EAGLE-3 continue and adaptive; batch 1, 12 prompts). Every configuration twice,
 # interleaved, each timed job in a process of its own from an emptied prefix cache (the even and
 # SmolLM2 runs, of short jobs, were timed in one process: --same-process; docs/benchmarks.md).
-# ~10 h here, one engine at a time; a cut run resumes where it stopped.
+# ~13 h here, one engine at a time; a cut run resumes where it stopped.
 ADAPTIVE_TAUS ?= 0 0.5 0.8 0.9
 ADAPTIVE_PROMPTS ?= 16
 JUDGE_TAU ?= head
@@ -128,6 +131,10 @@ bench-adaptive: setup models pair
 	  --draft-alone --out bench/judge-coder/e2e-odd
 	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --batch 1 --num-prompts 24 --spec-k 4 \
 	  --taus $(JUDGE_TAU) --variants k4-parts adaptive-k4-parts --out bench/adaptive/coder-odd-bs1
+	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --batch 8 --num-prompts 82 --bs1-prompts 0 \
+	  --spec-k 4 --taus $(JUDGE_TAU) --variants adaptive-k4-parts --out bench/adaptive/coder-odd-bs8
+	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --batch 8 --num-prompts 100 \
+	  --bs1-prompts 0 --spec-k 4 --taus $(JUDGE_TAU) --variants adaptive-k4-parts --out bench/adaptive/coder-mbpp-test-bs8
 	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --num-prompts 100 \
 	  --bs1-prompts 0 --spec-k --taus 0 $(JUDGE_TAU) --out bench/judge-coder/e2e-mbpp-test
 	$(PY) scripts/judge_e2e.py bench/judge-coder/e2e-odd --mbpp bench/judge-coder/e2e-mbpp-test \
@@ -136,7 +143,8 @@ bench-adaptive: setup models pair
 	  --num-prompts 12 --max-tokens 128 --window 48 --spec-k 3 --eagle3 $(EAGLE3_HEAD) --eagle3-k 3 \
 	  --variants continue e3 adaptive-e3 --taus 0.9 --engine '{"dtype": "float32"}' --no-nll --same-process
 	$(PY) scripts/bench_adaptive.py --coder bench/adaptive/coder-even bench/judge-coder/e2e-odd \
-	  bench/judge-coder/e2e-mbpp-test bench/adaptive/coder-odd-bs1 \
+	  bench/judge-coder/e2e-mbpp-test bench/adaptive/coder-odd-bs1 bench/adaptive/coder-odd-bs8 \
+	  bench/adaptive/coder-mbpp-test-bs8 \
 	  --smollm2 bench/adaptive/smollm2-eagle3 --out bench/adaptive
 	$(PY) scripts/bench_report.py --results bench/full
 
