@@ -376,21 +376,30 @@ def test_the_baselines_stage_reads_both_models_at_each_answer_token_and_the_pref
         assert np.allclose(at_prefix[i], h, atol=1e-4) and not np.allclose(with_suffix[i], h, atol=1e-2)
 
 
-def test_the_vllm_logprob_reader_equals_an_hf_forward(tiny_models, hf):
-    """data.LogprobReader (vLLM prompt_logprobs, the evidence stage's reader) against the
-    tiny target's HF logits: each token's log-probability and whether the argmax differs."""
+def _read_beside_hf(reader_class, tiny_models, hf):
+    """A reader of data.py or baselines.py through a real vLLM engine of the tiny target, over
+    two sequences (its engine closed after), each beside the HF target's next-token
+    log-probabilities at every position but the last [len - 1, V]."""
     import torch
     from conftest import engine_kwargs
 
-    reader = jdata.LogprobReader(engine_kwargs(tiny_models["target"], kv_cache_memory_bytes=64 << 20))
+    reader = reader_class(engine_kwargs(tiny_models["target"], kv_cache_memory_bytes=64 << 20))
     seqs = [[1, 502, 3312, 77, 9, 4410, 18, 2200], [5, 6, 7, 8, 9, 10]]
     try:
         got = reader(seqs)
     finally:
         reader.close()
-    for s, ev in zip(seqs, got):
-        with torch.no_grad():
-            lp = torch.log_softmax(hf(torch.tensor([s])).logits[0, :-1], -1)
+    with torch.no_grad():
+        lps = [torch.log_softmax(hf(torch.tensor([s])).logits[0, :-1].double(), -1) for s in seqs]
+    return list(zip(seqs, got, lps))
+
+
+def test_the_vllm_logprob_reader_equals_an_hf_forward(tiny_models, hf):
+    """data.LogprobReader (vLLM prompt_logprobs, the evidence stage's reader) against the
+    tiny target's HF logits: each token's log-probability and whether the argmax differs."""
+    import torch
+
+    for s, ev, lp in _read_beside_hf(jdata.LogprobReader, tiny_models, hf):
         nxt = torch.tensor(s[1:])
         assert ev.shape == (2, len(s) - 1)
         assert np.allclose(ev[0], lp.gather(1, nxt[:, None])[:, 0].numpy(), atol=1e-3)
@@ -437,17 +446,8 @@ def test_the_vllm_topk_reader_equals_an_hf_forward(tiny_models, hf):
     forwards): at each position after the first, the target's top TOP_K tokens and the
     sequence's own next token, with their log-probabilities, as an HF forward gives them."""
     import torch
-    from conftest import engine_kwargs
 
-    reader = baselines.TopkReader(engine_kwargs(tiny_models["target"], kv_cache_memory_bytes=64 << 20))
-    seqs = [[1, 502, 3312, 77, 9, 4410, 18, 2200], [5, 6, 7, 8, 9, 10]]
-    try:
-        got = reader(seqs)
-    finally:
-        reader.close()
-    for s, positions in zip(seqs, got):
-        with torch.no_grad():
-            lp = torch.log_softmax(hf(torch.tensor([s])).logits[0, :-1].double(), -1)
+    for s, positions, lp in _read_beside_hf(baselines.TopkReader, tiny_models, hf):
         assert len(positions) == len(s) - 1
         for j, (ids, lps) in enumerate(positions):
             top = set(lp[j].topk(baselines.TOP_K - 5).indices.tolist())  # clear of ties at the k-th

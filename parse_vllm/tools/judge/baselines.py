@@ -218,7 +218,6 @@ def kl_check(job, token_kl: dict[tuple[str, int], np.ndarray], answers: dict) ->
         exact.append(full)
         w = job.settings.window
         means += [(kl[:, i : i + w].mean(axis=1), full[:, i : i + w].mean(axis=1)) for i in range(0, kl.shape[1], w)]
-    del models
     out: dict[str, Any] = {"answers": len(approx), "tokens": int(sum(k.shape[1] for k in approx)), "top_k": TOP_K}
     for i, name in enumerate(("td", "dt")):
         got, want = np.concatenate([k[i] for k in approx]), np.concatenate([e[i] for e in exact])

@@ -22,7 +22,7 @@ set. A held-out AUC is compared with the head's by a paired task bootstrap
 (``auc_<judge>_minus_head_<kind>_<split>``).
 
 ``selection_nested_oof``: the head's reported training CV chooses its features on all folds
-(probe.select_features) and only C inside them. Here each outer fold runs the whole choice --
+(probe.choose_feature_set) and only C inside them. Here each outer fold runs the whole choice --
 candidate feature sets, forward selection, C -- on its own training part, scored by plain
 grouped CV there, so the out-of-fold scores never took part in any choice.
 """
@@ -138,10 +138,9 @@ def load(path: Path) -> tuple[str, dict[str, LinearJudge]]:
 
 
 def choose_features(ex: probe.Examples, features: str) -> tuple[str, ...]:
-    """The head's feature choice (probe.train's rule for a --features mode) made on `ex` alone,
-    each candidate set scored by its best grouped-CV score over GRID (not nested: `ex` is
-    already one outer fold's training part)."""
-    candidates, forward = probe._feature_modes(features, ex)
+    """The head's feature choice (probe.choose_feature_set for a --features mode) made on `ex`
+    alone, each candidate set scored by its best grouped-CV score over GRID (not nested: `ex`
+    is already one outer fold's training part)."""
     H = ex.hidden.shape[1]
 
     def cv_score(names: tuple[str, ...]) -> float:
@@ -149,18 +148,7 @@ def choose_features(ex: probe.Examples, features: str) -> tuple[str, ...]:
             _, table = probe.choose_c(ex.features(names), ex, grid=GRID)
         return max(r["score"] for r in table)
 
-    if forward:
-        keep: tuple[str, ...] = ("hidden",)
-        best = cv_score(keep)
-        for f in ex.scalars_available:
-            sc = cv_score((*keep, f))
-            if sc - best >= probe.MIN_FEATURE_GAIN:
-                keep, best = (*keep, f), sc
-        return keep
-    if len(candidates) == 1:
-        return candidates[0]
-    a, b = (cv_score(n) for n in candidates)
-    return candidates[1] if b - a >= probe.MIN_FEATURE_GAIN else candidates[0]
+    return probe.choose_feature_set(ex, features, cv_score)
 
 
 def selection_nested_oof(ex: probe.Examples, features: str, log=print) -> tuple[np.ndarray, list[dict[str, Any]]]:

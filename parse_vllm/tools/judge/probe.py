@@ -19,7 +19,7 @@ penalty that keeps the 1,536 hidden weights small (C ~ 1e-3) does not shrink a s
 informative number to nothing (its penalty is SCALAR_BOOST² times weaker); the export folds
 the factor into the head's scale. A scalar feature is kept only when the nested-CV score
 (the mean of the whole-answer and prefix AUCs) rises by at least MIN_FEATURE_GAIN
-(forward selection in a fixed order, `select_features`).
+(forward selection in a fixed order, `choose_feature_set`).
 
 τ_head (`choose_tau`): the smallest τ on TAU_GRID whose out-of-fold rate of accepting
 failing whole answers (weighted share judged >= τ) is at most TAU_MAX_WRONG on each training
@@ -564,30 +564,39 @@ def _feature_modes(features: str, ex: Examples) -> tuple[list[tuple[str, ...]], 
     return [names], False
 
 
-def select_features(ex: Examples, candidates: list[str], log=print, cache=None) -> tuple[tuple[str, ...], dict]:
-    """Forward selection from ("hidden",): each candidate in order is kept when the nested-CV
-    score (mean of the whole and prefix AUCs) of the set with it beats the set without by
-    >= MIN_FEATURE_GAIN. Returns the kept set and every set's nested-CV figures."""
-    cache = {} if cache is None else cache
+def choose_feature_set(ex: Examples, features: str, score) -> tuple[str, ...]:
+    """The feature set a --features value keeps, `score(names)` rating a set (higher is
+    better): with "select", forward selection from ("hidden",), each scalar in order kept when
+    the set with it beats the set without by >= MIN_FEATURE_GAIN; with two candidates, the
+    second when it beats the first by as much; an explicit list, itself."""
+    candidates, forward = _feature_modes(features, ex)
+    if forward:
+        keep: tuple[str, ...] = ("hidden",)
+        best = score(keep)
+        for f in ex.scalars_available:
+            trial = (*keep, f)
+            if (sc := score(trial)) - best >= MIN_FEATURE_GAIN:
+                keep, best = trial, sc
+        return keep
+    scores = [score(names) for names in candidates]
+    return candidates[1] if len(candidates) > 1 and scores[1] - scores[0] >= MIN_FEATURE_GAIN else candidates[0]
+
+
+def _nested_cv_figures(ex: Examples, cache: dict, log=print):
+    """A scorer for choose_feature_set: a set's nested-CV score (the mean of the whole and
+    prefix AUCs), its figures and out-of-fold values kept in `cache` by set."""
     H = ex.hidden.shape[1]
 
-    def score(names):
+    def score(names: tuple[str, ...]) -> float:
         if names not in cache:
             with boosting(names, H):
                 z, chosen = nested_oof(ex.features(names), ex)
             w, p = kind_aucs(z, ex)
             cache[names] = {"auc_whole": w, "auc_prefix": p, "score": _mean([w, p]), "C_per_fold": chosen, "_oof": z}
             log(f"train: features {','.join(names)}: nested-CV AUC whole {w}, prefixes {p} (C per fold {chosen})")
-        return cache[names]
+        return cache[names]["score"]
 
-    keep: tuple[str, ...] = ("hidden",)
-    best = score(keep)["score"]
-    for f in candidates:
-        trial = (*keep, f)
-        sc = score(trial)["score"]
-        if sc - best >= MIN_FEATURE_GAIN:
-            keep, best = trial, sc
-    return keep, cache
+    return score
 
 
 def feature_ablation(ex: Examples, kept: tuple[str, ...], cache: dict, log=print) -> list[dict]:
@@ -626,26 +635,11 @@ def train(ex: Examples, split: str, features: str = "auto", log=print, ablation:
     (h, and the zero-shot log-odds if it helps), "select" (forward selection over every
     scalar the data has: the zero-shot log-odds and, with evidence, EVIDENCE_FEATURES), or
     an explicit list. `ablation` (default: with "select"): the feature ablation table."""
-    candidates, forward = _feature_modes(features, ex)
+    _, forward = _feature_modes(features, ex)
     H = ex.hidden.shape[1]
-    cache: dict = {}
-    if forward:
-        keep, cache = select_features(ex, list(ex.scalars_available), log=log, cache=cache)
-    else:
-        for names in candidates:
-            if names not in cache:
-                with boosting(names, H):
-                    z, chosen = nested_oof(ex.features(names), ex)
-                w, p = kind_aucs(z, ex)
-                cache[names] = {"auc_whole": w, "auc_prefix": p, "score": _mean([w, p]), "C_per_fold": chosen,
-                                "_oof": z}  # fmt: skip
-                log(f"train: features {','.join(names)}: nested-CV AUC whole {w}, prefixes {p} (C per fold {chosen})")
-        keep = candidates[0]
-        if len(candidates) > 1:
-            a, b = (cache[n]["score"] for n in candidates)
-            keep = candidates[1] if b - a >= MIN_FEATURE_GAIN else candidates[0]
-    tried = candidates if not forward else [n for n in cache]
-    compared = {",".join(n): {k: v for k, v in cache[n].items() if k != "_oof"} for n in tried if n in cache}
+    cache: dict = {}  # every feature set tried, in order: its nested-CV figures
+    keep = choose_feature_set(ex, features, _nested_cv_figures(ex, cache, log=log))
+    compared = {",".join(n): {k: v for k, v in fig.items() if k != "_oof"} for n, fig in cache.items()}
     z_oof = cache[keep]["_oof"]
     X = ex.features(keep)
     with boosting(keep, H):
