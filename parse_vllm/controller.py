@@ -29,6 +29,7 @@ import numpy as np
 from parse_vllm import proposers
 from parse_vllm.acceptance import cut_at_stop
 from parse_vllm.boundaries import BoundaryRule, sentence_end_mask
+from parse_vllm.clock import SpanClock
 from parse_vllm.config import ParseConfig, ParseConfigError, RequestOptions, request_options
 from parse_vllm.drafting import DraftRows, RowStates
 from parse_vllm.metrics import KvAudit, ParseStats, PromExporter, RequestCounts
@@ -97,6 +98,7 @@ class ParseController:
                 judge_chunks=self.config.judge_chunks,
             )
         self._step_x = np.zeros(len(WINDOW_COST_FEATURES))  # what the step ran (window_policy.FEATURES)
+        self.drafter_clock = SpanClock(self.device)  # the drafter's time in a step (the runner's spans)
         self._step_start: float | None = None
         self._rows = 0  # requests in the step being timed
         self.stats = ParseStats()
@@ -220,8 +222,11 @@ class ParseController:
         step's target work counted."""
         if self.policy is None or now is None:
             return
+        drafter_seconds = self.drafter_clock.take()
         if self._step_start is not None:
-            self.policy.step_done(now - self._step_start, self._step_x, rows=self._rows)
+            self.policy.step_done(
+                now - self._step_start, self._step_x, rows=self._rows, drafter_seconds=drafter_seconds
+            )
         scheduled = int(batch.num_scheduled.sum())
         self._step_x = np.zeros(len(WINDOW_COST_FEATURES))
         self._step_x[:3] = (1.0, float(scheduled > 0), scheduled)
@@ -229,7 +234,10 @@ class ParseController:
 
     def _decide_windows(self, view) -> None:
         """Adaptive requests with no move in flight get their next one from the policy: a
-        window of some length, or the token-level arm for a while."""
+        window of some length, or the token-level arm for a while; those on the token-level
+        arm draft the k the policy chooses for them together (the draft model's drafts
+        only: a token proposer's cost is not timed apart)."""
+        token_level = []
         for i, req_id in enumerate(view.req_ids):
             state = self.states[req_id]
             r = state.adaptive
@@ -244,6 +252,13 @@ class ParseController:
                 self.stats.policy_probes += int(decision.probe)
             else:
                 self.stats.policy_token_level_steps += 1
+                if not view.prefilling[i]:
+                    token_level.append(state)
+        if token_level and self.token_proposer is None:
+            k = self.policy.choose_token_k([s.adaptive for s in token_level])
+            for state in token_level:
+                state.token_k = k
+            self.stats.token_level_k_steps[k] = self.stats.token_level_k_steps.get(k, 0) + 1
 
     @property
     def drafting_windows(self) -> dict[str, OpenWindow]:
@@ -365,8 +380,8 @@ class ParseController:
                 state.after_tokens(tokens.tolist(), self.sentence_end)
             elif state.adaptive is not None and not state.arm_window and tokens.shape[0]:
                 # the token-level arm: its acceptance, and the back-off counted in tokens
-                if view.spec_tokens[i]:
-                    self.policy.token_level_verified(state.adaptive, 1, int(tokens.shape[0]) - 1)
+                if k := len(view.spec_tokens[i]):
+                    self.policy.token_level_verified(state.adaptive, k, int(tokens.shape[0]) - 1)
                 self.policy.tokens_out(state.adaptive, int(tokens.shape[0]))
         self.step.sampled = sampled
 

@@ -100,6 +100,8 @@ class ParseStats:
     token_level_accepted_tokens: dict[str, int] = field(default_factory=dict)
     # Windows opened, by length (tokens), under on_reject adaptive.
     windows_opened: dict[int, int] = field(default_factory=dict)
+    # Steps the adaptive policy ran its token-level arm at each k (0: the target alone).
+    token_level_k_steps: dict[int, int] = field(default_factory=dict)
     # A high-water mark, not a counter (not exported): the most draft tokens a
     # window drafted in chunks took in one engine step (<= draft_chunk).
     window_chunk_max: int = 0
@@ -149,6 +151,7 @@ LABELLED = {
     "token_level_draft_tokens": ("proposer", "Tokens of token-level drafts (not judged), by proposer."),
     "token_level_accepted_tokens": ("proposer", "Tokens of token-level drafts accepted, by proposer."),
     "windows_opened": ("length", "Windows the adaptive policy opened, by length."),
+    "token_level_k_steps": ("k", "Steps the adaptive policy ran its token-level arm at k draft tokens (0: none)."),
 }
 
 

@@ -24,7 +24,9 @@ its output is the target's either way, and a draft it cannot keep costs a
 window of drafter steps and a target forward over W tokens.
 
 Requests with PARSE off behave as vLLM's own draft-model speculation with
-`spec_tokens` draft tokens (0: the target alone).
+`spec_tokens` draft tokens (0: the target alone); under adaptive, a request on the
+token-level arm drafts the k the policy chose for the step (`token_k`, at most
+`spec_tokens`).
 
 `draft_kv_len` is how far the draft model's KV is valid for the request: the
 drafter runs only over requests that draft, and a request catches up from
@@ -67,6 +69,7 @@ class RequestState:
     adaptive: RequestPolicy | None = None  # on_reject adaptive: the request's window policy state
     arm_window: int = 0  # adaptive: the window in flight (0: the token-level arm, or not decided)
     arm_parts: bool = False  # adaptive with judge_chunks: that window is judged in parts as drafted
+    token_k: int | None = None  # adaptive: the token-level arm's k this step (None: spec_tokens)
     counts: RequestCounts = field(default_factory=RequestCounts)  # parse_vllm.get_request_stats
 
     def __post_init__(self) -> None:
@@ -89,7 +92,7 @@ class RequestState:
     def draft_len(self, config: ParseConfig, window: int) -> int:
         """How many draft tokens to schedule for this request next step."""
         if not self.judging:
-            return config.spec_tokens
+            return config.spec_tokens if self.token_k is None else self.token_k
         if self.adaptive is not None:
             return self.arm_window
         return min(window, self.window_cap) if self.window_cap else window

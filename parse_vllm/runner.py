@@ -321,7 +321,8 @@ class ParseRunnerMixin:
         if not k:
             return [[] for _ in self.parse.step.batch.req_ids]
         scheduler_output.num_spec_tokens_to_schedule = k
-        return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
+        with self.parse.drafter_clock.span():
+            return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
 
     def _draft(self, rows: DraftRows, batch_block_table, sampling_metadata) -> torch.Tensor:
         """The drafter over the step's DraftRows, in passes (drafting.py); the batch rows'
@@ -347,7 +348,8 @@ class ParseRunnerMixin:
         )
         fetch = functools.partial(p.host.fetch_one, drafter=True)  # the drafter's stop checks, counted apart
         drafter = _vllm.RowsDrafter(self, self._parse_staging, staged, block_table, sampling_metadata, fetch)
-        run = run_passes(passes, drafter, rows.wants, rows.stops, len(rows.req_ids), self.device)
+        with p.drafter_clock.span():
+            run = run_passes(passes, drafter, rows.wants, rows.stops, len(rows.req_ids), self.device)
         p.count_drafter(run)
         win = rows.window_rows
         chunks = fetch(run.drafts[p.host.to_device(win)[0]]) if win.shape[0] else np.zeros((0, 0), dtype=np.int64)

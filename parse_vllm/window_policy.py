@@ -22,8 +22,19 @@ k), from plain numbers:
   sees: a GPU step costs about the same for 1 or 100 tokens, a CPU step grows with them,
   and the fit tells which this machine is.
 
-  what the token-level arm yields: its own acceptance (accepted tokens per draft, per
-  request, with the engine's as a prior).
+  what the token-level arm yields: a per-token acceptance rate α, estimated as ρ is (a draft
+  of k tokens whose first a were accepted saw a survivals and, if a < k, one failure), per
+  request with the engine's as a prior: E[accepted | k] = α(1 - α^k)/(1 - α).
+
+The token-level arm's k is chosen too, once a step for all its rows (`choose_token_k`): 0 (the
+target alone), the powers of two below `spec_tokens`, or `spec_tokens`, whichever gives its
+rows the most tokens per second. The drafter's passes are shared by the rows that draft, so the
+choice is the batch's, not each request's. The drafter is timed apart from the rest of the step
+(`CostModel.update`'s `drafter_seconds`): steps that always draft k tokens could not tell the
+drafter's cost from the target's otherwise. Where drafting costs more than it saves (a CPU at
+batch 8, where the target's tokens cost compute), the arm is the target alone; at batch 1, or
+where a forward costs whatever its tokens (a GPU), it drafts. Both estimates start optimistic
+(drafting free, α = OPTIMISTIC_ALPHA), so an engine drafts until its own steps say otherwise.
 
 Judged in parts (`judge_chunks`, windows.py), a window costs what is drafted up to its first
 failing boundary plus the part that held it, however long it was to be: a window of w
@@ -64,6 +75,8 @@ FIRST_BACKOFF = 16  # output tokens of the token-level arm after the first rejec
 PRIOR_TOKENS = 32.0  # how much the engine's estimate weighs in a request's, in judged tokens
 OPTIMISTIC_RHO = 0.98  # the engine's survival rate before any window was judged
 PRIOR_PART = 8  # draft tokens per judged part before any part was judged (chunked judging)
+OPTIMISTIC_ALPHA = 0.9  # the engine's token-level acceptance rate before any draft was verified
+PRIOR_DRAFT_TOKENS = 8.0  # how much the engine's α weighs in a request's, in verified draft tokens
 # What a step ran, the cost model's inputs: the step itself (host work), whether the target
 # ran its forward, the tokens through it, the drafter's sequential forwards (a w-token draft
 # takes w, however many rows share them) and the tokens through them (rows x positions),
@@ -101,35 +114,49 @@ def exploration_bound(answer_tokens: int, min_window: int = MIN_WINDOW, first_ba
     return min_window * probes
 
 
+# The drafter's FEATURES, fitted to the drafter's own time; the rest to the step's time less it.
+DRAFTER = np.array([FEATURES.index("draft_forwards"), FEATURES.index("draft_tokens")])
+REST = np.array([i for i in range(len(FEATURES)) if i not in DRAFTER])
+
+
 class CostModel:
     """Step time ≈ θ · x over FEATURES, θ ≥ 0, fitted by recursive least squares with
     forgetting (`forget` per step) from a weak prior: every token free, the fixed cost
-    unknown. A step much slower than predicted (an engine that sat idle between steps) is
-    not learnt from. `fixed` (seconds by FEATURES name, parse.adaptive_step_costs): θ given,
-    never fitted."""
+    unknown. The drafter's part (DRAFTER) is fitted to the drafter's own time, the rest
+    (REST) to the step's time less it: two independent fits, each learning only from steps
+    that ran some of its features. A step much slower than predicted (an engine that sat
+    idle between steps) is not learnt from. `fixed` (seconds by FEATURES name,
+    parse.adaptive_step_costs): θ given, never fitted."""
 
     def __init__(self, forget: float = 0.98, prior_weight: float = 1.0, fixed: dict[str, float] | None = None):
         self.forget = forget
         self.theta = np.zeros(len(FEATURES))
-        self.P = np.eye(len(FEATURES)) / prior_weight
+        self.P = np.eye(len(FEATURES)) / prior_weight  # block-diagonal: DRAFTER and REST
         self.P[0, 0] = 1e6  # the fixed cost is unknown until the first step
         self.steps = 0
         self.fixed = fixed is not None
         if fixed is not None:
             self.theta = np.array([float(fixed.get(name, 0.0)) for name in FEATURES])
 
-    def update(self, x: np.ndarray, seconds: float) -> None:
-        """One step of `seconds` that ran x (FEATURES)."""
+    def update(self, x: np.ndarray, seconds: float, drafter_seconds: float = 0.0) -> None:
+        """One step of `seconds` that ran x (FEATURES), `drafter_seconds` of them in the drafter."""
         if self.fixed:
             return
         x = np.asarray(x, dtype=np.float64)
         if self.steps >= 8 and seconds > 20 * max(self.cost(x), 1e-6):
             return
-        Px = self.P @ x
-        gain = Px / (self.forget + x @ Px)
-        self.theta = self.theta + gain * (seconds - x @ self.theta)
-        self.P = (self.P - np.outer(gain, Px)) / self.forget
+        for idx, y in ((REST, seconds - drafter_seconds), (DRAFTER, drafter_seconds)):
+            if x[idx].any():
+                self._fit(idx, x[idx], y)
         self.steps += 1
+
+    def _fit(self, idx: np.ndarray, x: np.ndarray, y: float) -> None:
+        block = np.ix_(idx, idx)
+        P = self.P[block]
+        Px = P @ x
+        gain = Px / (self.forget + x @ Px)
+        self.theta[idx] += gain * (y - x @ self.theta[idx])
+        self.P[block] = (P - np.outer(gain, Px)) / self.forget
 
     def as_dict(self) -> dict:
         """What the model holds: seconds by FEATURES name (negative ones as 0, as `cost`
@@ -150,14 +177,14 @@ class ArmStats:
     judged_tokens: float = 0.0  # Σ tokens windows kept (the survivals)
     rejections: float = 0.0  # windows rejected
     windows: int = 0
-    token_drafts: float = 0.0  # token-level drafts verified
-    token_accepted: float = 0.0  # their tokens accepted
+    token_accepted: float = 0.0  # Σ draft tokens the token-level arm accepted (the survivals)
+    token_failures: float = 0.0  # its drafts not accepted whole
 
     def rho(self, prior: float, prior_tokens: float = PRIOR_TOKENS) -> float:
         return (self.judged_tokens + prior_tokens * prior) / (self.judged_tokens + self.rejections + prior_tokens)
 
-    def accepted_per_draft(self, prior: float, prior_drafts: float = 4.0) -> float:
-        return (self.token_accepted + prior_drafts * prior) / (self.token_drafts + prior_drafts)
+    def alpha(self, prior: float, prior_tokens: float = PRIOR_DRAFT_TOKENS) -> float:
+        return (self.token_accepted + prior_tokens * prior) / (self.token_accepted + self.token_failures + prior_tokens)
 
 
 # Why a decision went as it did (Decision.why).
@@ -205,7 +232,9 @@ class WindowPolicy:
         judge_chunks: bool = False,
     ):
         self.window = window  # W, the longest window
-        self.spec_tokens = spec_tokens  # k of the token-level arm (0: the target alone)
+        self.spec_tokens = spec_tokens  # the token-level arm's longest k (0: the target alone)
+        self.token_ks = token_lengths(spec_tokens)  # the k it may choose
+        self.token_k = spec_tokens  # its k now (choose_token_k)
         self.chunk = chunk  # draft tokens per engine step of a window (0: the whole window)
         self.verify_tokens = verify_tokens_per_window  # copies x suffix tokens of a judgment
         self.judge_chunks = judge_chunks  # windows judged in parts as they are drafted
@@ -222,10 +251,11 @@ class WindowPolicy:
 
     # -- what the engine sees --------------------------------------------------------
 
-    def step_done(self, seconds: float, x: np.ndarray, rows: int) -> None:
-        """An engine step took `seconds` running x (FEATURES) for `rows` requests."""
+    def step_done(self, seconds: float, x: np.ndarray, rows: int, drafter_seconds: float = 0.0) -> None:
+        """An engine step took `seconds` running x (FEATURES) for `rows` requests,
+        `drafter_seconds` of them in the drafter."""
         if seconds > 0:
-            self.costs.update(x, seconds)
+            self.costs.update(x, seconds, drafter_seconds)
         if rows:
             self.batch = 0.9 * self.batch + 0.1 * rows
 
@@ -248,10 +278,11 @@ class WindowPolicy:
         """A part of a window of `tokens` draft tokens went to the judge (chunked judging)."""
         self.part = 0.9 * self.part + 0.1 * max(tokens, 1)
 
-    def token_level_verified(self, r: RequestPolicy, drafts: int, accepted: int) -> None:
+    def token_level_verified(self, r: RequestPolicy, k: int, accepted: int) -> None:
+        """A token-level draft of k tokens, the first `accepted` of them accepted."""
         for s in (r.stats, self.prior(r)):
-            s.token_drafts += drafts
             s.token_accepted += accepted
+            s.token_failures += int(accepted < k)
 
     def tokens_out(self, r: RequestPolicy, n: int) -> None:
         """The request gained n output tokens on the token-level arm."""
@@ -281,20 +312,50 @@ class WindowPolicy:
              parts * self.verify_tokens]
         )  # fmt: skip
 
-    def token_level_cost(self) -> np.ndarray:
-        """FEATURES of one step of the token-level arm, as this request's share."""
-        k = self.spec_tokens
+    def alpha(self, r: RequestPolicy) -> float:
+        """The request's token-level acceptance rate, with the engine's as its prior."""
+        return r.stats.alpha(self.prior(r).alpha(OPTIMISTIC_ALPHA))
+
+    def token_level_cost(self, k: int | None = None) -> np.ndarray:
+        """FEATURES of one step of the token-level arm at k (default: its k now), as this
+        request's share."""
+        k = self.token_k if k is None else k
         return np.array([1 / self.batch, 1 / self.batch, k + 1, k, k, 0, 0])
+
+    def token_level_step_cost(self, k: int, accepted: list[float]) -> np.ndarray:
+        """FEATURES of one step of the token-level arm at k for rows expecting to accept
+        `accepted` [n] tokens each: one target forward over n(k + 1) tokens and, if k > 0, k
+        drafter forwards over each row's new tokens (its accepted ones and the target's) and
+        its k drafts."""
+        n = len(accepted)
+        drafted = sum(a + 1 for a in accepted) + n * k if k else 0.0
+        return np.array([1, 1, n * (k + 1), k, drafted, 0, 0], dtype=np.float64)
+
+    def choose_token_k(self, rows: list[RequestPolicy]) -> int:
+        """The token-level arm's k for this step's `rows` (the requests on it), shared by
+        them: the k of `token_ks` with the most tokens per second over the rows, each
+        yielding E[accepted | its α, k] + 1 tokens (ties: the shorter k)."""
+        if rows:
+            alphas = [self.alpha(r) for r in rows]
+            best = None
+            for k in self.token_ks:
+                accepted = [expected_taken(a, k) for a in alphas]
+                g = (sum(accepted) + len(rows)) / max(self.costs.cost(self.token_level_step_cost(k, accepted)), 1e-12)
+                if best is None or g > best[0] * (1 + 1e-9):
+                    best = (g, k)
+            self.token_k = best[1]
+        return self.token_k
 
     def goodput_window(self, rho: float, w: int, parts: bool = False) -> float:
         """Expected tokens per second of a window of w tokens, judged whole or in parts."""
         cost = self.window_cost(w, rho if parts else None)
         return (expected_taken(rho, w) + 1.0) / max(self.costs.cost(cost), 1e-12)
 
-    def goodput_token_level(self, r: RequestPolicy) -> float:
-        k = self.spec_tokens
-        accepted = r.stats.accepted_per_draft(self.prior(r).accepted_per_draft(k * 0.5)) if k else 0.0
-        return (accepted + 1.0) / max(self.costs.cost(self.token_level_cost()), 1e-12)
+    def goodput_token_level(self, r: RequestPolicy, k: int | None = None) -> float:
+        """Expected tokens per second of the request on the token-level arm at k (default: its k now)."""
+        k = self.token_k if k is None else k
+        accepted = expected_taken(self.alpha(r), k) if k else 0.0
+        return (accepted + 1.0) / max(self.costs.cost(self.token_level_cost(k)), 1e-12)
 
     def decide(self, r: RequestPolicy, room: int) -> Decision:
         """The request's next move, `room`: the most tokens a window could hold now (its
@@ -325,6 +386,16 @@ class WindowPolicy:
         r.probes += int(probe)
         why = (PARTS_PAY if best[1] else WINDOW_PAYS) if best[0] else TOKEN_LEVEL_PAYS
         return Decision(best[0], probe=probe, parts=best[1], why=why)
+
+
+def token_lengths(spec_tokens: int) -> list[int]:
+    """The token-level arm's choices of k: 0 (the target alone), the powers of two below
+    `spec_tokens`, and `spec_tokens`."""
+    ks, k = [0], 1
+    while k < spec_tokens:
+        ks.append(k)
+        k *= 2
+    return ks + ([spec_tokens] if spec_tokens else [])
 
 
 def window_sizes(window: int) -> list[int]:

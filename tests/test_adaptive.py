@@ -5,7 +5,7 @@ the target's tokens, windows over steps and preemption losing nothing."""
 from __future__ import annotations
 
 import pytest
-from conftest import PROMPTS, close_llm, make_llm, parse_kwargs
+from conftest import PROMPTS, close_llm, engine_kwargs, make_llm, parse_kwargs
 
 import parse_vllm
 from parse_vllm.window_policy import MIN_WINDOW, exploration_bound
@@ -130,3 +130,53 @@ def test_preemption_loses_nothing(adaptive_tight, ref):
 
 def _preemptions(llm) -> float:
     return sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+
+
+# A target forward that costs what its weights cost to read beside a drafter whose tokens
+# cost compute (test_window_policy.DRAFTER_BOUND): drafting pays for one request, not for
+# eight. A verification pass costs 10 s, so no window ever pays: every step is the
+# token-level arm's.
+DRAFTER_BOUND = {
+    **GPU_COSTS,
+    "target_forward": 0.2,
+    "target_tokens": 1e-3,
+    "draft_forwards": 1e-3,
+    "draft_tokens": 0.02,
+    "verify_passes": 10.0,
+}
+
+
+@pytest.fixture(scope="module")
+def adaptive_k(tiny_models, ref):
+    """The token-level arm drafting up to 4 tokens with the target itself as the drafter
+    (greedy drafts all accepted, so α only grows from its 0.9 prior)."""
+    target = str(tiny_models["target"])
+    parse = {"on_reject": "adaptive", "spec_tokens": 4, "adaptive_step_costs": DRAFTER_BOUND, "draft_chunk": 8}
+    kw = engine_kwargs(
+        tiny_models["target"],
+        speculative_config={"method": "draft_model", "model": target, "num_speculative_tokens": W},
+        additional_config={"parse": parse},
+    )
+    llm = make_llm(**kw, disable_log_stats=False)
+    yield llm
+    close_llm(llm)
+
+
+def test_the_token_level_arm_drafts_for_one_request_and_not_for_eight(adaptive_k, ref):
+    """Alone, a request's steps draft 4 tokens (test_window_policy's batch-1 case); eight
+    requests together run on the target alone: the drafter never runs. The tokens are the
+    target's either way."""
+    n = 96
+    for batch, k in ((1, 4), (8, 0)):
+        prompts = PROMPTS[:batch]
+        parse_vllm.reset_stats(adaptive_k)
+        got = ids(adaptive_k.generate(prompts, sp(n, **LOSSLESS)))
+        st = parse_vllm.get_stats(adaptive_k)
+        assert got == ids(ref.generate(prompts, sp(n)))
+        assert not st["windows_opened"] and set(st["token_level_k_steps"]) == {k}, st["token_level_k_steps"]
+        if k:
+            drafts = st["token_level_drafts"]["draft_model"]
+            assert st["token_level_draft_tokens"]["draft_model"] == 4 * drafts and drafts >= n // 5
+            assert st["token_level_accepted_tokens"]["draft_model"] == 4 * drafts  # the target drafting for itself
+        else:
+            assert st["drafter_passes"] == 0 and not st["token_level_drafts"]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from parse_vllm.window_policy import (
+    DRAFTER,
     FIRST_BACKOFF,
     MIN_WINDOW,
     CostModel,
@@ -16,6 +17,7 @@ from parse_vllm.window_policy import (
     expected_drafted,
     expected_taken,
     exploration_bound,
+    token_lengths,
     window_sizes,
 )
 
@@ -39,7 +41,8 @@ def _steps(policy: WindowPolicy, theta, steps: int, seed: int) -> None:
             ]
         )
         x[6] = x[5] * rng.integers(20, 60)
-        policy.step_done(float(np.dot(theta, x)), x, rows=1)
+        drafter = float(np.dot(theta[DRAFTER], x[DRAFTER]))
+        policy.step_done(float(np.dot(theta, x)), x, rows=1, drafter_seconds=drafter)
 
 
 def gpu_like(policy: WindowPolicy, steps: int = 80) -> None:
@@ -70,7 +73,7 @@ def run(policy: WindowPolicy, judge, answer_tokens: int, k_accepts: float = 2.0)
             out += taken + 1
         else:
             n = 1 + (k_accepts if policy.spec_tokens else 0)
-            policy.token_level_verified(r, 1, int(k_accepts))
+            policy.token_level_verified(r, policy.spec_tokens, int(k_accepts))
             policy.tokens_out(r, int(n))
             out += int(n)
             token_level += int(n)
@@ -143,11 +146,14 @@ GPU_THETA = np.array([1e-3, 0.02, 1e-5, 2e-3, 1e-6, 0.02, 1e-5])
 
 def test_where_tokens_cost_compute_the_token_level_arm_wins():
     """A CPU-like cost (θ = CPU_THETA set, not fitted), batch 1, k 4, chunk 2, 30 suffix
-    tokens a judgment; the request's token-level record is 20 accepted of 10 drafts.
+    tokens a judgment; the request's token-level record is 10 drafts of 4 tokens, 2 accepted
+    of each (20 survivals, 10 failures).
 
     By hand: the token-level step runs x = [1, 1, k+1, k, k, 0, 0] = [1, 1, 5, 4, 4, 0, 0],
-    0.005 + 0.005 + 0.1 + 0.004 + 0.02 = 0.134 s; accepted per draft (20 + 4·2)/(10 + 4) = 2
-    (the engine's record, the prior, is the same 2), so (2 + 1) / 0.134 = 22.388 tokens/s.
+    0.005 + 0.005 + 0.1 + 0.004 + 0.02 = 0.134 s. The engine's α (its record is the same) is
+    (20 + 8 · 0.9) / (30 + 8) = 0.715789, the request's (20 + 8 · 0.715789) / 38 = 0.677008,
+    so E[accepted | 4] = α (1 - α^4) / (1 - α) = 1.655725 and (1.655725 + 1) / 0.134 = 19.819
+    tokens/s.
     A window of w runs x = [w/2, 1, w+1, w, w, 1, 30]: w 16 costs 0.04 + 0.005 + 0.34 +
     0.016 + 0.08 + 0.005 + 0.6 = 1.086 s and yields E[taken | ρ 0.5] + 1 = 2 - 0.5^16, 1.8416
     tokens/s; w 32: 1.542 s, 1.2970; w 64: 2.454 s, 0.8150; w 128: 4.278 s, 0.4675. The
@@ -155,8 +161,10 @@ def test_where_tokens_cost_compute_the_token_level_arm_wins():
     policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30)
     policy.costs.theta = CPU_THETA.copy()
     r = RequestPolicy()
-    policy.token_level_verified(r, 10, 20)
-    assert policy.goodput_token_level(r) == pytest.approx(3 / 0.134, rel=1e-9)
+    for _ in range(10):
+        policy.token_level_verified(r, 4, 2)
+    assert policy.alpha(r) == pytest.approx(0.677008, abs=1e-6)
+    assert policy.goodput_token_level(r) == pytest.approx(2.655725 / 0.134, rel=1e-6)
     got = [policy.goodput_window(0.5, w) for w in window_sizes(W)]
     assert got == pytest.approx([(2 - 0.5**16) / 1.086, 2 / 1.542, 2 / 2.454, 2 / 4.278], rel=1e-4)
     assert policy.decide(r, room=500).window == 0 and r.backoff_left == FIRST_BACKOFF == 16
@@ -164,10 +172,11 @@ def test_where_tokens_cost_compute_the_token_level_arm_wins():
 
 def test_where_forwards_cost_the_same_for_any_tokens_a_first_window_wins():
     """A GPU-like cost (θ = GPU_THETA), a fresh request: no record, so ρ is the optimistic
-    0.98 (32 prior tokens at 0.98) and the token-level arm is assumed to accept k/2 = 2.
+    0.98 (32 prior tokens at 0.98) and α the optimistic 0.9.
 
     By hand: token-level x = [1, 1, 5, 4, 4, 0, 0]: 0.001 + 0.02 + 5e-5 + 0.008 + 4e-6 =
-    0.029054 s, 3 / 0.029054 = 103.26 tokens/s. The first window is MIN_WINDOW = 16 tokens:
+    0.029054 s; E[accepted | 4] = 0.9 (1 - 0.9^4) / 0.1 = 3.0951, 4.0951 / 0.029054 = 140.95
+    tokens/s. The first window is MIN_WINDOW = 16 tokens:
     x = [8, 1, 17, 16, 16, 1, 30], 0.008 + 0.02 + 1.7e-4 + 0.032 + 1.6e-5 + 0.02 + 3e-4 =
     0.080486 s; E[taken] = 0.98 (1 - 0.98^16) / 0.02 = 49 (1 - 0.723798) = 13.5339, so
     14.5339 / 0.080486 = 180.58 tokens/s: the window wins."""
@@ -175,7 +184,7 @@ def test_where_forwards_cost_the_same_for_any_tokens_a_first_window_wins():
     policy.costs.theta = GPU_THETA.copy()
     r = RequestPolicy()
     assert policy.rho(r) == pytest.approx(0.98)
-    assert policy.goodput_token_level(r) == pytest.approx(3 / 0.029054, rel=1e-9)
+    assert policy.goodput_token_level(r) == pytest.approx(4.0951 / 0.029054, rel=1e-9)
     assert policy.goodput_window(0.98, 16) == pytest.approx(14.5339 / 0.080486, rel=1e-4)
     assert policy.decide(r, room=500).window == 16 and r.backoff_left == 0
 
@@ -188,7 +197,7 @@ def test_the_cost_model_recovers_step_costs():
         x = np.concatenate(
             [[1.0, rng.integers(0, 2)], rng.integers(0, 100, 3), [rng.integers(0, 3)], [rng.integers(0, 99)]]
         )
-        model.update(x, float(theta @ x))
+        model.update(x, float(theta @ x), drafter_seconds=float(theta[DRAFTER] @ x[DRAFTER]))
     assert np.allclose(model.theta, theta, rtol=1e-3, atol=1e-6)
     assert model.cost(np.array([1, 1, 10, 0, 0, 0, 0])) == pytest.approx(0.031, rel=1e-3)
 
@@ -238,7 +247,7 @@ def test_judged_in_parts_a_window_costs_what_it_drafts_to_its_first_failure():
     x = [4.5 + 1.125, 1.125, 9 + 1.125, 9, 9, 1.125, 1.125 · 30] = [5.625, 1.125, 10.125, 9, 9,
     1.125, 33.75], 0.028125 + 0.005625 + 0.2025 + 0.009 + 0.045 + 0.005625 + 0.675 = 0.970875 s
     for 2 tokens: 2.06 tokens/s, against 0.4675 whole (the 128 drafted tokens) and the
-    token-level arm's 22.39, which the policy takes."""
+    token-level arm's 19.82 (the first test's record), which the policy takes."""
     assert expected_drafted(0.5, 128, 8) == pytest.approx(9.0)
     assert expected_drafted(0.8, 128, 8) == pytest.approx(12.0)
     assert expected_drafted(1.0, 128, 8) == pytest.approx(128.0, rel=1e-4)
@@ -248,7 +257,8 @@ def test_judged_in_parts_a_window_costs_what_it_drafts_to_its_first_failure():
     assert policy.goodput_window(0.5, 128, parts=True) == pytest.approx(2 / 0.970875, rel=1e-6)
     assert policy.goodput_window(0.5, 128) == pytest.approx(2 / 4.278, rel=1e-4)
     r = RequestPolicy()
-    policy.token_level_verified(r, 10, 20)
+    for _ in range(10):
+        policy.token_level_verified(r, 4, 2)
     assert policy.decide(r, room=500) == Decision(0, why="token-level pays")
 
 
@@ -282,15 +292,125 @@ def test_judged_in_parts_a_rejection_is_followed_by_a_back_off_and_a_new_choice_
     """GPU-like costs, judge_chunks: the first window (a whole 16, the best for a fresh request
     where forwards cost whatever their tokens) is rejected at once; the request backs off for
     FIRST_BACKOFF tokens, and then chooses again by goodput (here: a window again, ρ still high
-    from the engine's prior) instead of a forced 16-token probe."""
+    from the engine's prior) instead of a forced 16-token probe. The request's drafts were
+    never accepted token by token (4 drafts of 4, none taken): α = 0.4 (the engine's (7.2 /
+    12) = 0.6 as its prior), E[accepted | 4] = 0.6496, 56.8 tokens/s on the token-level arm."""
     policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30, judge_chunks=True)
     policy.costs.theta = GPU_THETA.copy()
     r = RequestPolicy()
+    for _ in range(4):
+        policy.token_level_verified(r, 4, 0)
+    assert policy.alpha(r) == pytest.approx(0.4)
     first = policy.decide(r, room=500)
-    assert first == Decision(16, why="window pays")  # 180.58 tokens/s whole, 114.48 in parts, 103.26 token-level
+    assert first == Decision(16, why="window pays")  # 180.58 tokens/s whole, 114.48 in parts, 56.8 token-level
     policy.window_judged(r, 16, 0, rejected=True)
     assert policy.decide(r, room=500) == Decision(0, why="backing off") and r.backoff_left == FIRST_BACKOFF
     policy.tokens_out(r, FIRST_BACKOFF)
     again = policy.decide(r, room=500)
     assert again.window and again.probe and r.probes == 1 and again.why in ("window pays", "window in parts pays")
     assert policy.decide(r, room=0) == Decision(0, why="no room")
+
+
+# A target forward that costs what its weights cost to read (0.2 s, 1 ms a token) beside a
+# drafter whose tokens cost compute (1 ms a forward, 20 ms a token): drafting pays for one
+# request and not for eight.
+DRAFTER_BOUND = np.array([1e-3, 0.2, 1e-3, 1e-3, 0.02, 0.02, 1e-4])
+
+
+def test_the_token_level_arm_may_draft_any_power_of_two_up_to_its_k_or_nothing():
+    assert token_lengths(4) == [0, 1, 2, 4] and token_lengths(3) == [0, 1, 2, 3]
+    assert token_lengths(1) == [0, 1] and token_lengths(0) == [0]
+
+
+@pytest.mark.parametrize("n, k", [(1, 4), (8, 0)])
+def test_the_token_level_k_is_the_batchs_best(n, k):
+    """DRAFTER_BOUND, fresh requests (α the optimistic 0.9, so E[accepted | k] = 0.9, 1.71,
+    3.0951 at k 1, 2, 4). A step at k over n rows runs x = [1, 1, n(k + 1), k, n(E + 1) + nk,
+    0, 0] (the drafter passes each row's accepted tokens and the target's, then drafts k).
+
+    By hand, batch 1: k 0 costs 0.001 + 0.2 + 0.001 = 0.202 s for 1 token, 4.95 tokens/s;
+    k 1: 0.262 s for 1.9, 7.25; k 2: 0.3002 s for 2.71, 9.03; k 4: 0.001 + 0.2 + 0.005 +
+    0.004 + 0.02 · 8.0951 = 0.371902 s for 4.0951, 11.01: k 4. Batch 8: k 0 costs 0.209 s for
+    8 tokens, 38.28 tokens/s; k 1: 0.682 s for 15.2, 22.29; k 2: 0.9806 s for 21.68, 22.11; k
+    4: 1.540216 s for 32.76, 21.27: the target alone."""
+    policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30)
+    policy.costs.theta = DRAFTER_BOUND.copy()
+    rows = [RequestPolicy() for _ in range(n)]
+    assert policy.choose_token_k(rows) == k == policy.token_k
+    assert policy.costs.cost(policy.token_level_step_cost(4, [3.0951] * n)) == pytest.approx(
+        0.371902 if n == 1 else 1.540216, rel=1e-6
+    )
+    assert policy.choose_token_k([]) == k  # no row on the arm: the choice stands
+
+
+def test_a_request_whose_drafts_are_rejected_stops_drafting():
+    """Batch 1, DRAFTER_BOUND: with α 0.9 the arm drafts 4 (the test above); a request whose
+    drafts of 4 are all rejected at their first token has α = 8 · 0.9 / (8 + n) after n of
+    them (the engine's record being the same), and by 8 the target alone pays more."""
+    policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30)
+    policy.costs.theta = DRAFTER_BOUND.copy()
+    r = RequestPolicy()
+    for _ in range(8):
+        policy.token_level_verified(r, 4, 0)
+    assert policy.prior(r).alpha(0.9) == pytest.approx(0.45)
+    assert policy.choose_token_k([r]) == 0
+
+
+def test_steps_that_always_draft_k_tokens_still_tell_the_drafters_cost_from_the_targets():
+    """Every step drafts 4 tokens per row, so the drafter's forwards are constant and its
+    tokens move with the target's: fitted to the step time alone the two could not be told
+    apart. Fitted beside the drafter's own time, both are recovered."""
+    model = CostModel()
+    rng = np.random.default_rng(5)
+    theta = DRAFTER_BOUND.copy()
+    for _ in range(300):
+        n = int(rng.integers(1, 9))
+        x = np.array([1.0, 1, 5 * n, 4, 9 * n, 0, 0])
+        model.update(x, float(theta @ x), drafter_seconds=float(theta[DRAFTER] @ x[DRAFTER]))
+    drafter_at_4 = np.array([0, 0, 0, 4, 36, 0, 0])  # k 4 over 4 rows: the drafter's part
+    assert model.cost(drafter_at_4) == pytest.approx(theta @ drafter_at_4, rel=1e-3)
+    target_alone = np.array([1.0, 1, 8, 0, 0, 0, 0])  # k 0 over 8 rows: never run, yet priced
+    assert model.cost(target_alone) == pytest.approx(theta @ target_alone, rel=0.05)
+
+
+@pytest.mark.parametrize("n, k", [(1, 4), (8, 0)])
+def test_an_engine_learns_its_k_from_its_own_steps(n, k):
+    """A simulated engine of n requests on the token-level arm, timed as DRAFTER_BOUND with
+    noise, each draft token accepted with probability 0.93: the policy starts from nothing
+    (every cost 0, so drafting looks free: it drafts spec_tokens) and, from the steps it
+    times and the drafts it sees verified, settles on the batch's best k."""
+    policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30)
+    rows = [RequestPolicy() for _ in range(n)]
+    rng = np.random.default_rng(n)
+    chosen = []
+    for _ in range(200):
+        k = policy.choose_token_k(rows)
+        chosen.append(k)
+        accepted = [int(np.argmin(np.append(rng.random(k) < 0.93, False))) for _ in rows]
+        drafted = sum(a + 1 for a in accepted) + n * k if k else 0
+        x = np.array([1.0, 1, n * (k + 1), k, drafted, 0, 0])
+        seconds = DRAFTER_BOUND @ x * rng.uniform(0.9, 1.1)
+        policy.step_done(seconds, x, rows=n, drafter_seconds=DRAFTER_BOUND[DRAFTER] @ x[DRAFTER])
+        for r, a in zip(rows, accepted):
+            if k:
+                policy.token_level_verified(r, k, a)
+    assert chosen[0] == 4  # nothing known: drafting is free
+    assert chosen[-100:] == [k] * 100
+
+
+def test_the_drafters_clock_counts_only_its_spans_and_starts_again_when_read():
+    import time
+
+    from parse_vllm.clock import SpanClock
+
+    clock = SpanClock("cpu")
+    t0 = time.perf_counter()
+    with clock.span():
+        time.sleep(0.02)
+    time.sleep(0.05)  # outside any span
+    with clock.span():
+        time.sleep(0.01)
+    outside = time.perf_counter() - t0
+    seconds = clock.take()
+    assert 0.03 <= seconds < outside - 0.04
+    assert clock.take() == 0.0
