@@ -82,10 +82,13 @@ def rows_of(run: Path, pair: str) -> list[dict]:
                 "windows": None,
                 "repeats": [],
                 "drafts": {},
+                "token_k": {},
             },
         )
         for k, v in discarded_counts(r).items():
             m["drafts"][k] = m["drafts"].get(k, 0) + v
+        for k, v in ((r.get("acceptance") or {}).get("token_level_k_steps") or {}).items():
+            m["token_k"][str(k)] = m["token_k"].get(str(k), 0) + v
         m["tokens"] += r["tokens"]
         m["wall_s"] += r["wall_s"]
         m["sets"].append(r)
@@ -110,6 +113,8 @@ def rows_of(run: Path, pair: str) -> list[dict]:
             "n": m["n"] or None,
             "run": str(run),
             "windows": m["windows"] if config in PARSE_CONFIGS else None,
+            # the adaptive policy's token-level arm: its steps at each k (0: the target alone)
+            "token_k_steps": m["token_k"] or None,
             "tasks": sum(r.get("n_prompts") or len(r.get("task_s") or []) for r in sets),
             **m["drafts"],
         }
@@ -299,10 +304,14 @@ def speed(ref: dict, row: dict, few: bool = False) -> dict:
 
 
 def label(r: dict) -> str:
-    """The configuration as the tables name it: a PARSE row that opened no window says so."""
-    if r["config"] in PARSE_CONFIGS and r.get("windows") == 0:
-        return f"{r['config']} ({eval_report.TOKEN_LEVEL_TAG})"
-    return r["config"]
+    """The configuration as the tables name it: a PARSE row that opened no window says so, and
+    an adaptive row says which k its token-level arm chose (share of its steps)."""
+    notes = [eval_report.TOKEN_LEVEL_TAG] if r["config"] in PARSE_CONFIGS and r.get("windows") == 0 else []
+    if steps := r.get("token_k_steps"):
+        total = sum(steps.values())
+        mix = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(steps.items(), key=lambda kv: int(kv[0])))
+        notes.append(f"token-level k {mix}")
+    return f"{r['config']} ({'; '.join(notes)})" if notes else r["config"]
 
 
 def _timed(rows: list[dict]) -> bool:

@@ -291,7 +291,8 @@ def test_e2e_main_writes_results_the_report_renders(tiny_models, tmp_path, monke
 def test_the_adaptive_report_maps_eval_rows_and_ratios(tmp_path):
     """scripts/bench_adaptive.py: eval rows -> (pair, config, τ, batch) rows, tok/s over the
     prompt sets' work, pass@1 over their tasks, and the ratio to the best of the target and
-    token-level speculation of the same run and batch."""
+    token-level speculation of the same run and batch; an adaptive row names the k its
+    token-level arm chose, as shares of its steps over the sets."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -314,6 +315,8 @@ def test_the_adaptive_report_maps_eval_rows_and_ratios(tmp_path):
         row("parse W=128 adaptive-k4", 0.8, 1, 300, 12.0, 0.9, n=30),  # a second prompt set
         row("draft", None, 1, 100, 1.0),  # not in this report
     ]
+    rows[3]["acceptance"] = {"token_level_k_steps": {"0": 2}, "windows_opened": {"16": 1}}
+    rows[4]["acceptance"] = {"token_level_k_steps": {"4": 2, "0": 6}}
     (run / "summary.json").write_text(json.dumps({"rows": rows}))
     assert mod.main(["--coder", str(run), "--out", str(tmp_path / "out")]) == 0
     got = {(r["config"], r["tau"]): r for r in json.loads((tmp_path / "out" / "summary.json").read_text())["rows"]}
@@ -322,7 +325,8 @@ def test_the_adaptive_report_maps_eval_rows_and_ratios(tmp_path):
     assert a["tok_s"] == pytest.approx(400 / 16.0) and a["pass_at_1"] == pytest.approx((7 + 27) / 40)
     assert a["ratio"] == pytest.approx(25.0 / 20.0) and got[("continue", 0.8)]["ratio"] == pytest.approx(12.5 / 20)
     assert (
-        "| coder | even | 1 | 0.8 | adaptive | 25.0 | 1.25 | 0.850 |" in (tmp_path / "out" / "summary.md").read_text()
+        "| coder | even | 1 | 0.8 | adaptive (token-level k 0 80%, 4 20%) | 25.0 | 1.25 | 0.850 |"
+        in (tmp_path / "out" / "summary.md").read_text()
     )
     # BENCHMARKS.md's section: the table and the goals, adaptive against the best baseline
     # (1.25 ≥ 0.95) and against continue (2x the speed, +2 problems of 40: 34 against 32)
