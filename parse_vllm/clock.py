@@ -15,15 +15,21 @@ import torch
 
 
 class SpanClock:
-    def __init__(self, device: str | torch.device = "cpu"):
+    """`enabled` False: spans time nothing (an engine whose policy reads no step costs keeps
+    no events)."""
+
+    def __init__(self, device: str | torch.device = "cpu", enabled: bool = True):
         self.cuda = torch.device(device).type == "cuda"
+        self.enabled = enabled
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._seconds = 0.0
 
     @contextlib.contextmanager
     def span(self):
         """Time the work inside (added to what `take` returns next)."""
-        if self.cuda:
+        if not self.enabled:
+            yield
+        elif self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             try:

@@ -98,7 +98,8 @@ class ParseController:
                 judge_chunks=self.config.judge_chunks,
             )
         self._step_x = np.zeros(len(WINDOW_COST_FEATURES))  # what the step ran (window_policy.FEATURES)
-        self.drafter_clock = SpanClock(self.device)  # the drafter's time in a step (the runner's spans)
+        # the drafter's time in a step (the runner's spans), for the window policy's cost model
+        self.drafter_clock = SpanClock(self.device, enabled=self.policy is not None)
         self._step_start: float | None = None
         self._rows = 0  # requests in the step being timed
         self.stats = ParseStats()
@@ -258,7 +259,7 @@ class ParseController:
             k = self.policy.choose_token_k([s.adaptive for s in token_level])
             for state in token_level:
                 state.token_k = k
-            self.stats.token_level_k_steps[k] = self.stats.token_level_k_steps.get(k, 0) + 1
+            self.stats.token_level_k_chosen(k)
 
     @property
     def drafting_windows(self) -> dict[str, OpenWindow]:

@@ -113,6 +113,9 @@ class ParseStats:
     def window_opened(self, length: int) -> None:
         _add(self.windows_opened, length, 1)
 
+    def token_level_k_chosen(self, k: int) -> None:
+        _add(self.token_level_k_steps, k, 1)
+
     def reject_at(self, boundary_index: int) -> None:
         self.rejections += 1
         _add(self.rejections_by_boundary, boundary_index, 1)

@@ -414,3 +414,14 @@ def test_the_drafters_clock_counts_only_its_spans_and_starts_again_when_read():
     seconds = clock.take()
     assert 0.03 <= seconds < outside - 0.04
     assert clock.take() == 0.0
+
+
+def test_a_disabled_drafters_clock_keeps_nothing():
+    import time
+
+    from parse_vllm.clock import SpanClock
+
+    clock = SpanClock("cpu", enabled=False)
+    with clock.span():
+        time.sleep(0.01)
+    assert clock.take() == 0.0
