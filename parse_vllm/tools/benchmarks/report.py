@@ -125,6 +125,18 @@ def render(
 SECTIONS = (Path("bench/latency-restructure/section.md"), Path("bench/adaptive/section.md"))
 
 
+def committed(root: Path) -> str:
+    """BENCHMARKS.md as the committed results under `root` render it (bench/full, the latency and
+    EAGLE-3 runs, every section present): what a benchmark that rewrote one section writes back."""
+    return render(
+        root / "bench" / "full",
+        "bench/full",
+        root / "bench" / "latency",
+        root / "bench" / "eagle3",
+        sections=tuple(root / p for p in SECTIONS),
+    )
+
+
 def gpu_projection_section(gpu_costs: Path, counters) -> list[str]:
     """The projection of the eval summaries' counters (each row at its batch) on the GPU that measured `gpu_costs`."""
     costs = json.loads(gpu_costs.read_text())
