@@ -533,6 +533,7 @@ class ParseController:
             if text_len == 0:
                 continue  # nothing was offered (placeholder drafts, or a stop first)
             l_tok = int(batch.l_tok[k])
+            self._alpha_seen(state, text_len, l_tok)
             stats.drafts += 1
             stats.draft_tokens += text_len
             stats.tokens_accepted_token_level += l_tok
@@ -571,6 +572,8 @@ class ParseController:
         window.commit(accepted)
         if self.policy is not None:
             self.policy.part_judged(int(result.text_len[k]))
+        # what the part offers past `accepted` is offered again with the next part: seen then
+        self._alpha_seen(self.states[req_id], accepted, l_tok)
         stats, counts = self.stats, self.states[req_id].counts
         stats.chunk_commits += 1
         stats.draft_tokens += accepted  # (the rest of this part is offered again with the next)
@@ -581,6 +584,14 @@ class ParseController:
         counts.semantic += accepted - min(l_tok, accepted)
         stats.drafts += 1
         counts.drafts_judged += int(result.judged[k])
+
+    def _alpha_seen(self, state: RequestState, offered: int, l_tok: int) -> None:
+        """A window's `offered` draft tokens, the first `l_tok` of them the target's own: the
+        same drafter's acceptance as on the token-level arm, so α's evidence too (a window of
+        W tokens holds many token-level steps' worth). Not where another proposer drafts
+        for the token-level arm."""
+        if state.adaptive is not None and self.token_proposer is None and offered:
+            self.policy.token_level_verified(state.adaptive, offered, min(l_tok, offered))
 
     # -- counters -------------------------------------------------------------
 

@@ -425,3 +425,50 @@ def test_a_disabled_drafters_clock_keeps_nothing():
     with clock.span():
         time.sleep(0.01)
     assert clock.take() == 0.0
+
+
+def test_judged_windows_are_the_token_level_arms_evidence():
+    """A window's draft is the token-level arm's drafter's, so the controller counts its
+    leading run of tokens the target would have taken token-level (l_tok) into α: a
+    rejected window of 64 with 5 such tokens is 5 survivals and a failure, one taken
+    token-level whole 64 survivals, a judged part that committed 30 of 48 with l_tok 40
+    counts its 30 (the other 18 are offered again with the next part). Nothing is counted
+    where another proposer (EAGLE-3) drafts for the token-level arm."""
+    from types import SimpleNamespace
+
+    from parse_vllm.config import ParseConfig, request_options
+    from parse_vllm.controller import ParseController
+    from parse_vllm.policy import RequestState
+    from parse_vllm.windows import OpenWindow
+
+    cfg = ParseConfig.from_dict({"on_reject": "adaptive", "judge_chunks": True})
+
+    def controller(token_proposer=None):
+        ctl = ParseController(
+            cfg, W, None, np.zeros(8, dtype=bool), SimpleNamespace(suffix_len=20), [], "m", token_proposer=token_proposer
+        )
+        for req in "abc":
+            ctl.states[req] = RequestState(request_options(None, cfg), adaptive=RequestPolicy(), arm_window=64)
+        ctl.windows["c"] = OpenWindow(list(range(49)), start=10, length=64, stops=frozenset(), judging=True)
+        batch = SimpleNamespace(l_tok=np.array([5, 64, 40]))
+        result = SimpleNamespace(
+            text_len=np.array([64, 64, 48]),
+            commit=np.array([False, False, True]),
+            accepted=np.array([5, 64, 30]),
+            rejected=np.array([True, False, False]),
+            judged=np.array([True, False, True]),
+            guard_cut=np.zeros(3, dtype=bool),
+            cut=np.zeros(3, dtype=bool),
+            first_fail=np.array([0, -1, -1]),
+        )
+        ctl._apply(["a", "b", "c"], batch, result)
+        return ctl
+
+    ctl = controller()
+    seen = {req: (s.adaptive.stats.token_accepted, s.adaptive.stats.token_failures) for req, s in ctl.states.items()}
+    assert seen == {"a": (5, 1), "b": (64, 0), "c": (30, 0)}
+    engine = ctl.policy.prior(ctl.states["a"].adaptive)
+    assert (engine.token_accepted, engine.token_failures) == (99, 1)
+    assert ctl.windows["c"].taken == 30  # the part committed, the window goes on
+    eagle = controller("eagle3")
+    assert all(s.adaptive.stats.token_accepted == s.adaptive.stats.token_failures == 0 for s in eagle.states.values())
