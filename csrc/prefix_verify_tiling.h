@@ -15,7 +15,8 @@
 // every key tile a CTA loads (FlashInfer / FA3 "packed GQA", Hydragen's batching
 // of the queries that share a prefix).
 //
-// Worked example (the schedule of one call).  G = 4, kRows = 64, a request
+// Worked example (the schedule of one call), with tiles of 64 rows and 64 keys to
+// keep the numbers small (TcShape gives the real ones by head size).  G = 4, a request
 // judged by K = 3 copies of an L = 24-token suffix after P = 1000, 1100, 1200
 // cached tokens, then a second request with one copy after P = 300:
 //   copy_req = [0, 0, 0, 1], cu = [0, 24, 48, 72, 96], copy_prefix_len = [1000, 1100, 1200, 300]
@@ -28,7 +29,7 @@
 //   at 1000), [1152, ...) SKIPPED (never loaded).  Its suffix keys: tokens
 //   [0, 32) of k_new, causal within each copy.
 //   Grid: one dimension of (row tile, kv head, split) CTAs, row tile slowest
-//   (tc_cta_coords), over an upper bound of the row tiles, ceil(T * G / kRows) +
+//   (tc_cta_coords), over an upper bound of the row tiles, ceil(T * G / rows) +
 //   C = 6 + 4 = 10: the CTAs of the 3 tiles past the real 7 come last in
 //   dispatch order and return at once.
 #pragma once
@@ -42,23 +43,47 @@ namespace pv {
 
 // ---------------------------------------------------------------- tile shapes
 
-// Query rows per CTA: 4 warps x 16 rows (one m16 MMA tile per warp).
+// Query rows per CTA: 4 warps, each owning kMTiles m16 MMA tiles of rows.
 constexpr int kTcWarps = 4;
 constexpr int kTcThreads = kTcWarps * 32;
-constexpr int kTcRows = kTcWarps * 16;
 
-// Keys per shared-memory tile, and pipeline stages: 64 keys, double-buffered,
-// up to D = 128 (Q 17 KB + 2 x (K + V) 70 KB = 87 KB of shared memory with the
-// 16-byte row padding); 32 keys, one stage for D = 256 (68 KB), so that every
-// head size fits the 99 KB per block of sm_86 / sm_89.
+// The CTA's tile shape by head size.
+//   * Rows: up to D = 128, 128 rows (two m16 tiles per warp), so that each K and
+//     V fragment a warp reads from shared memory feeds two MMAs, halving the
+//     shared-memory reads and the L2 -> shared traffic per FLOP (FA2's 128-row
+//     tiles at head size 128); at D = 256, 64 rows (one m16 tile per warp: the O
+//     accumulator of two would take 256 registers).
+//   * Keys per shared-memory tile and pipeline stages: 64 keys double-buffered
+//     up to D = 80, 32 keys double-buffered at D = 96 and 128, 32 keys in one
+//     stage at D = 256, so that Q plus the K / V ring (rows padded by 16 bytes)
+//     fits the 99 KB per block of sm_86 / sm_89 at every head size (D = 80: Q
+//     22.5 KB + 2 x (K + V) 45 KB = 67.5 KB; D = 128: 34.8 + 34.8 = 70 KB; D =
+//     256: 33.8 + 33.8 = 68 KB), and the registers of O (kMTiles x D / 2 a
+//     thread) and S (kMTiles x kKeys / 2) stay within 255 without spills
+//     (tests/test_cuda_compile.py checks it for every head size and
+//     architecture; 64-key tiles spilled at D = 96).
 template <int D>
 struct TcShape {
   static_assert(D % 16 == 0, "head size must be a multiple of 16 for the MMA path");
-  static constexpr int kKeys = D <= 128 ? 64 : 32;
+  static constexpr int kMTiles = D <= 128 ? 2 : 1;  // m16 row tiles per warp
+  static constexpr int kWarpRows = 16 * kMTiles;
+  static constexpr int kRows = kTcWarps * kWarpRows;  // query rows per CTA
+  static constexpr int kKeys = D <= 80 ? 64 : 32;
   static constexpr int kStages = D <= 128 ? 2 : 1;
   static constexpr int kPad = 8;  // elements of padding per shared row: conflict-free fragment loads
   static constexpr int kRowStride = D + kPad;
 };
+
+// The same shape for a head size known only at run time (the launch plan's binding).
+struct TcTile {
+  int64_t rows, keys;
+};
+
+inline TcTile tc_tile(int64_t D) {
+  if (D > 128) return TcTile{TcShape<256>::kRows, TcShape<256>::kKeys};
+  if (D > 80) return TcTile{TcShape<128>::kRows, TcShape<128>::kKeys};
+  return TcTile{TcShape<80>::kRows, TcShape<80>::kKeys};
+}
 
 // Smallest key range one split covers (FlashInfer's minimum KV chunk).
 constexpr int64_t kTcMinChunk = 128;
@@ -231,9 +256,9 @@ struct SplitPlan {
 constexpr int64_t kTcCtaOverheadTiles = 2;
 constexpr int64_t kTcMergeTiles = 5;
 constexpr int64_t kTcFreeSliverPct = 15;
-// Resident CTAs per SM the plan assumes: 87 KB of shared memory per CTA up to
-// D = 128 (two per SM on sm_80 / sm_90; one on sm_86 / sm_89, whose plan is then
-// half a wave deep, never wrong).
+// Resident CTAs per SM the plan assumes: at most 70 KB of shared memory and 128
+// threads x 255 registers per CTA, two per SM on sm_80 / sm_90 (one on sm_86 /
+// sm_89, whose plan is then half a wave deep, never wrong).
 constexpr int64_t kTcCtasPerSm = 2;
 
 PV_HD int64_t tc_plan_cost(int64_t key_tiles, int64_t splits, int64_t pairs, int64_t slots) {

@@ -164,16 +164,16 @@ void prefix_verify_tc_emulate_op(at::Tensor& out, const at::Tensor& q, const at:
 std::atomic<int> g_last_cuda_kernel{0};
 
 // The tensor-core kernel's launch plan for a call of these sizes on a GPU of `num_sms` SMs
-// (tests/test_kernel_tc_schedule.py): [splits, chunk, row tiles bound, CTAs].
+// (tests/test_kernel_tc_schedule.py): [splits, chunk, row tiles bound, CTAs, rows a tile, keys a tile].
 std::vector<int64_t> prefix_verify_tc_plan(int64_t max_prefix_len, int64_t T, int64_t C, int64_t G, int64_t Hkv,
                                            int64_t num_sms, int64_t head_size) {
   TORCH_CHECK(T >= 0 && C >= 0 && G > 0 && Hkv > 0 && num_sms > 0, "prefix_verify_tc_plan: bad sizes");
   TORCH_CHECK(std::find(kSupportedHeadSizes.begin(), kSupportedHeadSizes.end(), head_size) != kSupportedHeadSizes.end(),
               "prefix_verify_tc_plan: head size ", head_size, " not supported");
-  const int64_t keys = head_size <= 128 ? pv::TcShape<128>::kKeys : pv::TcShape<256>::kKeys;
-  const int64_t est = pv::ceil_div(T * G, pv::kTcRows), bound = pv::max_row_tiles(T, C, G, pv::kTcRows);
-  const pv::SplitPlan sp = pv::plan_splits(max_prefix_len, est, Hkv, pv::kTcCtasPerSm * num_sms, keys);
-  return {sp.num_splits, sp.chunk, bound, bound * Hkv * sp.num_splits};
+  const pv::TcTile tile = pv::tc_tile(head_size);
+  const int64_t est = pv::ceil_div(T * G, tile.rows), bound = pv::max_row_tiles(T, C, G, tile.rows);
+  const pv::SplitPlan sp = pv::plan_splits(max_prefix_len, est, Hkv, pv::kTcCtasPerSm * num_sms, tile.keys);
+  return {sp.num_splits, sp.chunk, bound, bound * Hkv * sp.num_splits, tile.rows, tile.keys};
 }
 
 std::vector<int64_t> supported_head_sizes() {

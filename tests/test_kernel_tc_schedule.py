@@ -27,11 +27,13 @@ from parse_vllm import ops
 
 pytestmark = pytest.mark.skipif(not ops.has_compiled_op(), reason="compiled op not built")
 
-ROWS = 64  # kTcRows: 4 warps x 16 rows
+def rows_per_tile(D: int) -> int:
+    """pv::TcShape's kRows: 4 warps x 2 m16 tiles up to D = 128, x 1 at D = 256."""
+    return 128 if D <= 128 else 64
 
 
 def keys_per_tile(D: int) -> int:
-    return 64 if D <= 128 else 32
+    return 64 if D <= 80 else 32
 
 
 def make_case(rng: np.random.Generator, *, D=None, dtype=None, big=False):
@@ -396,23 +398,25 @@ def test_the_split_count_is_the_cost_models_best(ctx, K, Hq, Hkv):
     fewer splits); the real row tiles' CTAs fill whole waves but for such a sliver, or fill
     their last wave at least half."""
     T, G = K * 24, Hq // Hkv
-    splits, chunk, bound, ctas = torch.ops.parse_vllm.prefix_verify_tc_plan(ctx, T, K, G, Hkv, 132, 128)
-    tiles = -(-T * G // ROWS)
-    assert chunk % 64 == 0 and (splits - 1) * chunk < ctx <= splits * chunk
+    splits, chunk, bound, ctas, rows, keys = torch.ops.parse_vllm.prefix_verify_tc_plan(ctx, T, K, G, Hkv, 132, 128)
+    assert (rows, keys) == (rows_per_tile(128), keys_per_tile(128))
+    tiles = -(-T * G // rows)
+    assert chunk % keys == 0 and (splits - 1) * chunk < ctx <= splits * chunk
     assert bound == tiles + K and ctas == bound * Hkv * splits
 
     def cdiv(a, b):
         return -(-a // b)
 
-    key_tiles = cdiv(ctx, 64)
+    key_tiles = cdiv(ctx, keys)
 
     def cost(s):
         charged = tiles * Hkv * s - 264 * 15 // 100
         waves = cdiv(charged, 264) if charged > 264 else 1
         return waves * (cdiv(key_tiles, s) + 2) + (5 if s > 1 else 0)
 
-    # split counts of distinct chunks, each at least 128 keys (2 tiles), at most 64
-    counts = [s for s in range(1, min(64, cdiv(key_tiles, 2)) + 1) if cdiv(key_tiles, cdiv(key_tiles, s)) == s]
+    # split counts of distinct chunks, each at least 128 keys, at most 64
+    min_tiles = cdiv(128, keys)
+    counts = [s for s in range(1, min(64, cdiv(key_tiles, min_tiles)) + 1) if cdiv(key_tiles, cdiv(key_tiles, s)) == s]
     best = min(cost(s) for s in counts)
     assert cost(splits) == best and splits == min(s for s in counts if cost(s) == best)
     excess = tiles * Hkv * splits % 264
@@ -421,11 +425,14 @@ def test_the_split_count_is_the_cost_models_best(ctx, K, Hq, Hkv):
 
 def test_one_wave_of_unsplit_ctas_means_no_split():
     """Enough rows to fill the GPU's waves without splitting: one split, no workspace, no merge."""
-    # 22 copies x 24 tokens x G 4 = 2112 rows = 33 tiles x 8 kv heads = 264 CTAs: one full wave
-    assert torch.ops.parse_vllm.prefix_verify_tc_plan(8192, 22 * 24, 22, 4, 8, 132, 128)[0] == 1
-    # 44 copies: 528 CTAs, two full waves
-    assert torch.ops.parse_vllm.prefix_verify_tc_plan(32768, 44 * 24, 44, 4, 8, 132, 128)[0] == 1
-    # a 2k context and one small request (24 row tiles x 2 kv heads): split, into one wave and
+    # D 128 (128-row tiles): 44 copies x 24 tokens x G 4 = 4224 rows = 33 tiles x 8 kv heads =
+    # 264 CTAs: one full wave
+    assert torch.ops.parse_vllm.prefix_verify_tc_plan(8192, 44 * 24, 44, 4, 8, 132, 128)[0] == 1
+    # 88 copies: 528 CTAs, two full waves
+    assert torch.ops.parse_vllm.prefix_verify_tc_plan(32768, 88 * 24, 88, 4, 8, 132, 128)[0] == 1
+    # D 256 (64-row tiles): 22 copies fill a wave as well
+    assert torch.ops.parse_vllm.prefix_verify_tc_plan(8192, 22 * 24, 22, 4, 8, 132, 256)[0] == 1
+    # a 2k context and one small request (12 row tiles x 2 kv heads): split, into one wave and
     # at most a sliver of 15 % of the next
     s = torch.ops.parse_vllm.prefix_verify_tc_plan(2048, 16 * 24, 16, 4, 2, 132, 128)[0]
-    assert s > 1 and 24 * 2 * s <= 264 + 264 * 15 // 100
+    assert s > 1 and 12 * 2 * s <= 264 + 264 * 15 // 100

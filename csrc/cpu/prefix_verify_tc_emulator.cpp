@@ -36,12 +36,12 @@ struct TileRef {
 
 // Row tile `x` of the call, found the way each CTA finds it (prefix sum of the
 // runs' tile counts), serially.
-TileRef find_tile(const int32_t* copy_req, const int32_t* cu, int64_t C, int64_t G, int64_t x) {
+TileRef find_tile(const int32_t* copy_req, const int32_t* cu, int64_t C, int64_t G, int64_t rows, int64_t x) {
   int64_t first = 0;
   for (int64_t c = 0; c < C; ++c) {
-    const int64_t n = pv::run_tile_count(copy_req, cu, c, C, G, pv::kTcRows);
+    const int64_t n = pv::run_tile_count(copy_req, cu, c, C, G, rows);
     if (n > 0 && x >= first && x < first + n) {
-      return TileRef{c, pv::group_end(copy_req, c, C), (x - first) * pv::kTcRows};
+      return TileRef{c, pv::group_end(copy_req, c, C), (x - first) * rows};
     }
     first += n;
   }
@@ -52,6 +52,7 @@ template <typename scalar_t, int D>
 void emulate(const PrefixVerifyArgs& a, int64_t num_sms, const at::Tensor& visits) {
   using Shape = pv::TcShape<D>;
   constexpr int N = Shape::kKeys;
+  constexpr int ROWS = Shape::kRows, WR = Shape::kWarpRows;  // a warp owns rows [w WR, w WR + WR)
   auto rnd = [](float x) { return static_cast<float>(static_cast<scalar_t>(x)); };
 
   const at::Tensor &q = a.q, &k_new = a.k_new, &v_new = a.v_new, &out = a.out;
@@ -76,8 +77,8 @@ void emulate(const PrefixVerifyArgs& a, int64_t num_sms, const at::Tensor& visit
   const float scale = static_cast<float>(a.scale), softcap = static_cast<float>(a.softcap);
 
   const int64_t max_prefix_len = a.max_prefix_len > 0 ? a.max_prefix_len : bt.size(1) * block_size;
-  const int64_t est_tiles = pv::ceil_div(T * G, pv::kTcRows);
-  const int64_t row_tiles = pv::max_row_tiles(T, C, G, pv::kTcRows);
+  const int64_t est_tiles = pv::ceil_div(T * G, ROWS);
+  const int64_t row_tiles = pv::max_row_tiles(T, C, G, ROWS);
   const pv::SplitPlan sp = pv::plan_splits(max_prefix_len, est_tiles, Hkv, pv::kTcCtasPerSm * num_sms, N);
   const int64_t S = sp.num_splits;
   std::vector<float> ws_m, ws_l, ws_acc;
@@ -93,7 +94,7 @@ void emulate(const PrefixVerifyArgs& a, int64_t num_sms, const at::Tensor& visit
   // a tile are found once per tile, as every CTA of that tile finds them.
   TileRef tile;
   int64_t tile_of_rows = -1;
-  pv::RowInfo ri[pv::kTcRows];
+  pv::RowInfo ri[ROWS];
   pv::RowBounds wb[pv::kTcWarps];
   pv::RowBounds cb = pv::empty_bounds();
   const int32_t* bt_row = nullptr;
@@ -102,13 +103,13 @@ void emulate(const PrefixVerifyArgs& a, int64_t num_sms, const at::Tensor& visit
     const int64_t h = cta.h, split = cta.split;
     if (cta.tile != tile_of_rows) {
       tile_of_rows = cta.tile;
-      tile = find_tile(copy_req, cu, C, G, cta.tile);
+      tile = find_tile(copy_req, cu, C, G, ROWS, cta.tile);
       if (tile.c0 < 0) continue;  // a CTA past the real tiles: returns at once
       bt_row = btp + static_cast<int64_t>(copy_req[tile.c0]) * bt.stride(0);
       cb = pv::empty_bounds();
       for (int w = 0; w < pv::kTcWarps; ++w) {
         wb[w] = pv::empty_bounds();
-        for (int r = w * 16; r < w * 16 + 16; ++r) {
+        for (int r = w * WR; r < w * WR + WR; ++r) {
           ri[r] = pv::run_row(cu, plen, tile.c0, tile.c1, G, window, T, tile.row0 + r);
           pv::add_row(wb[w], ri[r]);
         }
@@ -121,9 +122,9 @@ void emulate(const PrefixVerifyArgs& a, int64_t num_sms, const at::Tensor& visit
     const int64_t n_cached = cached.hi > cached.lo ? pv::ceil_div(cached.hi - cached.lo, N) : 0;
     const int64_t n_suffix = suffix.hi > suffix.lo ? pv::ceil_div(suffix.hi - suffix.lo, N) : 0;
     // per-row state
-    std::vector<float> m(pv::kTcRows, pv::kNegInf), l(pv::kTcRows, 0.f), o(pv::kTcRows * D, 0.f);
-    std::vector<float> Q(pv::kTcRows * D, 0.f);
-    for (int r = 0; r < pv::kTcRows; ++r) {
+    std::vector<float> m(ROWS, pv::kNegInf), l(ROWS, 0.f), o(ROWS * D, 0.f);
+    std::vector<float> Q(ROWS * D, 0.f);
+    for (int r = 0; r < ROWS; ++r) {
       if (!ri[r].valid) continue;
       const scalar_t* src = qp + ri[r].t * q.stride(0) + (h * G + ri[r].g) * q.stride(1);
       for (int d = 0; d < D; ++d) Q[r * D + d] = static_cast<float>(src[d]);
@@ -150,7 +151,7 @@ void emulate(const PrefixVerifyArgs& a, int64_t num_sms, const at::Tensor& visit
         const pv::TileKind kind =
             is_cached ? pv::classify_cached_tile(k0, k0 + N, wb[w]) : pv::classify_suffix_tile(k0, k0 + N, wb[w]);
         if (kind == pv::kTileSkip) continue;
-        for (int r = w * 16; r < w * 16 + 16; ++r) {
+        for (int r = w * WR; r < w * WR + WR; ++r) {
           float xs[N];
           float mx = pv::kNegInf;
           for (int n = 0; n < N; ++n) {
@@ -189,7 +190,7 @@ void emulate(const PrefixVerifyArgs& a, int64_t num_sms, const at::Tensor& visit
         }
       }
     }
-    for (int r = 0; r < pv::kTcRows; ++r) {
+    for (int r = 0; r < ROWS; ++r) {
       if (!ri[r].valid) continue;
       const int64_t t = ri[r].t, hq = h * G + ri[r].g;
       if (S == 1) {

@@ -6,12 +6,14 @@
 // registers.  fp32 inputs and unaligned tensors go to the CUDA-core kernel
 // (prefix_verify_attention.cu).
 //
-// One CTA = 4 warps = (row tile of kTcRows = 64 packed rows of one run, kv
-// head, key split), all CTAs in one grid dimension with the row tile slowest
+// One CTA = 4 warps = (row tile of kRows packed rows of one run, kv head, key
+// split), all CTAs in one grid dimension with the row tile slowest
 // (pv::tc_cta_coords: real tiles are dispatched before the empty ones past
-// them).  Warp w owns rows [16 w, 16 w + 16): one m16 MMA tile.
+// them).  Warp w owns rows [w R, w R + R), R = kWarpRows: kMTiles m16 MMA tiles
+// (pv::TcShape: 2 up to D = 128, so 128 rows a CTA and every K / V fragment
+// read from shared memory feeds two MMAs; 1 at D = 256, 64 rows).
 //   * Q of the tile is loaded once into shared memory (bf16/fp16, padded rows).
-//   * The split's cached key tiles (64 keys; 32 for D = 256) are gathered
+//   * The split's cached key tiles (kKeys: 64 up to D = 80, else 32) are gathered
 //     through the block table with 16-byte cp.async into a 2-stage ring, keys
 //     no row sees zero-filled; tiles no row sees are never loaded.  Each key's
 //     source offset (one block-table read and one division per key, not per
@@ -62,7 +64,6 @@
 namespace parse_vllm {
 namespace {
 
-using pv::kTcRows;
 using pv::kTcThreads;
 using pv::kTcWarps;
 
@@ -141,7 +142,7 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// Block-wide bounds: each warp reduces its 16 rows' RowBounds, warp 0 merges.
+// Block-wide bounds: each warp reduces its rows' RowBounds, every thread merges the warps'.
 __device__ __forceinline__ int warp_min_i(int x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x = min(x, __shfl_xor_sync(0xffffffffu, x, o));
@@ -169,7 +170,7 @@ template <int D>
 struct TcSmem {
   using Shape = pv::TcShape<D>;
   static constexpr int kRS = Shape::kRowStride;  // elements per padded row
-  static constexpr int q_elems = kTcRows * kRS;
+  static constexpr int q_elems = Shape::kRows * kRS;
   static constexpr int kv_elems = Shape::kKeys * kRS;  // one K or V tile
   static constexpr size_t bytes = sizeof(uint16_t) * (q_elems + 2 * Shape::kStages * kv_elems);
   static_assert((kRS * 2) % 16 == 0, "padded rows keep 16-byte alignment (ldmatrix row addresses)");
@@ -190,6 +191,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   constexpr int DT = D / 8;        // n8 tiles of O
   constexpr int KS = D / 16;       // k16 steps of Q K^T
   constexpr int CPR = D / 8;       // 16-byte chunks per row (8 elements of 2 bytes)
+  constexpr int MT = Shape::kMTiles;  // m16 row tiles per warp
+  constexpr int WR = Shape::kWarpRows;
+  constexpr int ROWS = Shape::kRows;
 
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* Qs = smem;
@@ -199,7 +203,10 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   __shared__ int sh_c0, sh_c1, sh_row0, sh_found, sh_carry;
   __shared__ int sh_scan[kTcThreads];
   __shared__ pv::RowBounds sh_wb[kTcWarps];
-  __shared__ int32_t row_t[kTcRows], row_hq[kTcRows];
+  // each row's token (-1: no row), query head, and the keys it sees: cached [lo, P), its
+  // copy's suffix tokens from tok0 (read by the masks of PARTIAL tiles: kept here, not in
+  // registers, which the O and S fragments of two m16 tiles need)
+  __shared__ int32_t row_t[ROWS], row_hq[ROWS], row_lo[ROWS], row_P[ROWS], row_tok0[ROWS];
   __shared__ pv::KeySource sh_src[2][N];  // key sources of tiles j (buffer j & 1)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -216,7 +223,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   __syncthreads();
   for (int base = 0; base < p.C; base += kTcThreads) {
     const int c = base + tid;
-    const int n = c < p.C ? static_cast<int>(pv::run_tile_count(p.copy_req, p.cu, c, p.C, p.G, kTcRows)) : 0;
+    const int n = c < p.C ? static_cast<int>(pv::run_tile_count(p.copy_req, p.cu, c, p.C, p.G, ROWS)) : 0;
     sh_scan[tid] = n;
     __syncthreads();
     for (int o = 1; o < kTcThreads; o <<= 1) {  // Hillis-Steele inclusive scan
@@ -230,7 +237,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       sh_found = 1;
       sh_c0 = c;
       sh_c1 = static_cast<int>(pv::group_end(p.copy_req, c, p.C));
-      sh_row0 = (my_tile - first) * kTcRows;
+      sh_row0 = (my_tile - first) * ROWS;
     }
     __syncthreads();
     if (tid == kTcThreads - 1) sh_carry += sh_scan[tid];
@@ -240,17 +247,20 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   if (!sh_found) return;
   const int c0 = sh_c0, c1 = sh_c1;
 
-  // ---- my two rows (gid, gid + 8 of my warp) and the bounds of warp and CTA
-  pv::RowInfo ri[2];
+  // ---- my rows (gid, gid + 8 of each of my warp's m16 tiles: row index 2 mt + i) and the
+  // bounds of warp and CTA
   pv::RowBounds wb = pv::empty_bounds();
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = warp * 16 + gid + 8 * i;
-    ri[i] = pv::run_row(p.cu, p.copy_prefix_len, c0, c1, p.G, p.window, p.T, sh_row0 + r);
-    pv::add_row(wb, ri[i]);
+  for (int i = 0; i < 2 * MT; ++i) {
+    const int r = warp * WR + (i >> 1) * 16 + gid + 8 * (i & 1);
+    const pv::RowInfo ri = pv::run_row(p.cu, p.copy_prefix_len, c0, c1, p.G, p.window, p.T, sh_row0 + r);
+    pv::add_row(wb, ri);
     if (tig == 0) {
-      row_t[r] = ri[i].valid ? ri[i].t : -1;
-      row_hq[r] = h * p.G + ri[i].g;
+      row_t[r] = ri.valid ? ri.t : -1;
+      row_hq[r] = h * p.G + ri.g;
+      row_lo[r] = ri.lo;
+      row_P[r] = ri.P;
+      row_tok0[r] = ri.tok0;
     }
   }
   wb = warp_bounds(wb);
@@ -268,7 +278,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   const int n_tiles = n_cached + n_suffix;
   if (n_tiles == 0 && p.num_splits > 1 && split > 0) {
     // Nothing of this split concerns my rows: say so to the merge.
-    for (int r = tid; r < kTcRows; r += kTcThreads) {
+    for (int r = tid; r < ROWS; r += kTcThreads) {
       if (row_t[r] < 0) continue;
       const int64_t idx = (static_cast<int64_t>(split) * p.T + row_t[r]) * p.Hq + row_hq[r];
       p.ws_m[idx] = pv::kNegInf;
@@ -278,7 +288,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   }
 
   // ---- Q of my rows -> shared memory (16-byte chunks; padding rows zero)
-  for (int i = tid; i < kTcRows * CPR; i += kTcThreads) {
+  for (int i = tid; i < ROWS * CPR; i += kTcThreads) {
     const int r = i / CPR, part = i - r * CPR;
     const int t = row_t[r];
     const scalar_t* src = t >= 0 ? p.q + t * p.q_s0 + row_hq[r] * p.q_s1 + part * 8 : p.q;
@@ -289,8 +299,10 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   const int32_t* bt_row = p.block_table + static_cast<int64_t>(req) * p.bt_s0;
 
   // Tile i: cached tiles first, then suffix tiles.  Key index of slot n of tile i.
-  auto tile_key0 = [&](int i) -> int64_t {
-    return i < n_cached ? cached.lo + static_cast<int64_t>(i) * N : suffix.lo + static_cast<int64_t>(i - n_cached) * N;
+  // (keys and suffix tokens are below 2^31: prefixes are int32 and T * Hq < 2^31)
+  const int cached_lo = static_cast<int>(cached.lo), suffix_lo = static_cast<int>(suffix.lo);
+  auto tile_key0 = [&](int i) -> int {
+    return i < n_cached ? cached_lo + i * N : suffix_lo + (i - n_cached) * N;
   };
   // Source of slot tid of tile j (threads tid < N), or nothing past the last tile.
   auto key_source = [&](int j) -> pv::KeySource {
@@ -323,13 +335,21 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   }
   __syncthreads();  // sources of tiles 0 and 1 visible
 
-  // ---- accumulators: O [DT][4], m and l for rows gid and gid + 8
-  float o[DT][4];
+  // ---- accumulators, per m16 tile mt: O [DT][4], m and l for rows gid and gid + 8
+  // (index 2 mt + i, as ri)
+  float o[MT][DT][4];
 #pragma unroll
-  for (int d = 0; d < DT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-  float m_row[2] = {pv::kNegInf, pv::kNegInf};
-  float l_row[2] = {0.f, 0.f};  // this thread's share of l (summed over the quad at the end)
-  const uint16_t* q_lane = Qs + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * RS + (lane >> 4) * 8;
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int d = 0; d < DT; ++d) o[mt][d][0] = o[mt][d][1] = o[mt][d][2] = o[mt][d][3] = 0.f;
+  float m_row[2 * MT], l_row[2 * MT];  // l: this thread's share (summed over the quad at the end)
+#pragma unroll
+  for (int i = 0; i < 2 * MT; ++i) {
+    m_row[i] = pv::kNegInf;
+    l_row[i] = 0.f;
+  }
+  // A fragments of tile mt: q_lane + mt * 16 * RS
+  const uint16_t* q_lane = Qs + (warp * WR + ((lane >> 3) & 1) * 8 + (lane & 7)) * RS + (lane >> 4) * 8;
 
   if (n_tiles > 0) load_tile(0, 0);
   cp_async_commit();  // group 0: Q (+ tile 0)
@@ -353,23 +373,26 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     // sources of tile i + 2 (into tile i's buffer, free now): read before the MMAs, stored after
     const pv::KeySource next_src = key_source(i + 2);
 
-    const int64_t k0 = tile_key0(i);
+    const int k0 = tile_key0(i);
     const bool is_cached = i < n_cached;
     const pv::TileKind kind =
         is_cached ? pv::classify_cached_tile(k0, k0 + N, wb) : pv::classify_suffix_tile(k0, k0 + N, wb);
     if (kind != pv::kTileSkip) {  // warp-uniform
       const uint16_t* kt = Ks + stage * SM::kv_elems;
       const uint16_t* vt = Vs + stage * SM::kv_elems;
-      // S = Q K^T (16 rows x N keys per warp)
-      float s[NT][4];
+      // S = Q K^T (WR rows x N keys per warp): each B fragment of K feeds the MT m16 tiles
+      float s[MT][NT][4];
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
-        // A of the warp's 16 rows: matrices (rows 0/8.., dims ks*16 + 0), (.., + 8); lane l
-        // addresses row ((l/8)%2)*8 + l%8, dim ks*16 + (l/16)*8
-        uint32_t a[4];
-        ldsm_x4(a, q_lane + ks * 16);
+        // A of each m16 tile: matrices (rows 0/8.., dims ks*16 + 0), (.., + 8); lane l
+        // addresses row mt*16 + ((l/8)%2)*8 + l%8, dim ks*16 + (l/16)*8
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], q_lane + mt * 16 * RS + ks * 16);
         // B of n8 tiles nt, nt + 1 in one ldmatrix: matrices (keys nt*8.., dims ks*16 + 0/8),
         // (keys (nt+1)*8.., dims ks*16 + 0/8); lane l addresses key (nt + l/16)*8 + l%8, dim half (l/8)%2
         const uint16_t* k_lane = kt + ((lane >> 4) * 8 + (lane & 7)) * RS + ks * 16 + ((lane >> 3) & 1) * 8;
@@ -377,62 +400,66 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         for (int nt = 0; nt < NT; nt += 2) {
           uint32_t b[4];
           ldsm_x4(b, k_lane + nt * 8 * RS);
-          Mma::run(s[nt], a, b);
-          Mma::run(s[nt + 1], a, b + 2);
-        }
-      }
-      // logits, mask, running max
-      float mx[2] = {pv::kNegInf, pv::kNegInf};
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i2 = e >> 1;  // row gid (0) or gid + 8 (1)
-          const int64_t key = k0 + nt * 8 + 2 * tig + (e & 1);
-          bool keep = true;
-          if (kind == pv::kTilePartial) {
-            keep = ri[i2].valid &&
-                   (is_cached ? pv::cached_pair_visible(key, ri[i2].lo, ri[i2].P)
-                              : pv::suffix_pair_visible(key, ri[i2].t, ri[i2].tok0, p.window));
+          for (int mt = 0; mt < MT; ++mt) {
+            Mma::run(s[mt][nt], a[mt], b);
+            Mma::run(s[mt][nt + 1], a[mt], b + 2);
           }
-          const float x = keep ? pv::tc_logit(s[nt][e], p.scale, p.softcap) : pv::kNegInf;
-          s[nt][e] = x;
-          mx[i2] = fmaxf(mx[i2], x);
         }
       }
-      float alpha[2];
+      // Per m16 tile in turn (its S dies as its P is made): logits, mask, running max of rows
+      // gid (i = 2 mt) and gid + 8 (2 mt + 1); O and l rescaled; P = exp2(x - m) rounded to the
+      // input dtype, l from the rounded values (the weights the P V product uses).
+      uint32_t pa[MT][NT][2];
 #pragma unroll
-      for (int i2 = 0; i2 < 2; ++i2) {
-        const float m_new = fmaxf(m_row[i2], quad_max(mx[i2]));
-        alpha[i2] = pv::tc_rescale(m_row[i2], m_new);
-        m_row[i2] = m_new;
-        l_row[i2] *= alpha[i2];
-      }
+      for (int mt = 0; mt < MT; ++mt) {
+        float mx[2] = {pv::kNegInf, pv::kNegInf};
 #pragma unroll
-      for (int d = 0; d < DT; ++d) {
-        o[d][0] *= alpha[0];
-        o[d][1] *= alpha[0];
-        o[d][2] *= alpha[1];
-        o[d][3] *= alpha[1];
-      }
-      // P = exp2(x - m), rounded to the input dtype; l from the rounded values
-      // (the weights the P V product uses)
-      uint32_t pa[NT][2];
+        for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const uint32_t lo = Mma::pack(pv::tc_weight(s[nt][0], m_row[0]), pv::tc_weight(s[nt][1], m_row[0]));
-        const uint32_t hi = Mma::pack(pv::tc_weight(s[nt][2], m_row[1]), pv::tc_weight(s[nt][3], m_row[1]));
-        pa[nt][0] = lo;
-        pa[nt][1] = hi;
-        const scalar_t* lo2 = reinterpret_cast<const scalar_t*>(&pa[nt][0]);
-        const scalar_t* hi2 = reinterpret_cast<const scalar_t*>(&pa[nt][1]);
-        l_row[0] += static_cast<float>(lo2[0]) + static_cast<float>(lo2[1]);
-        l_row[1] += static_cast<float>(hi2[0]) + static_cast<float>(hi2[1]);
+          for (int e = 0; e < 4; ++e) {
+            const int key = k0 + nt * 8 + 2 * tig + (e & 1);
+            bool keep = true;
+            if (kind == pv::kTilePartial) {
+              const int r = warp * WR + mt * 16 + gid + 8 * (e >> 1), t = row_t[r];
+              keep = t >= 0 && (is_cached ? pv::cached_pair_visible(key, row_lo[r], row_P[r])
+                                          : pv::suffix_pair_visible(key, t, row_tok0[r], p.window));
+            }
+            const float x = keep ? pv::tc_logit(s[mt][nt][e], p.scale, p.softcap) : pv::kNegInf;
+            s[mt][nt][e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+          }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int i2 = 0; i2 < 2; ++i2) {
+          const int i = 2 * mt + i2;
+          const float m_new = fmaxf(m_row[i], quad_max(mx[i2]));
+          alpha[i2] = pv::tc_rescale(m_row[i], m_new);
+          m_row[i] = m_new;
+          l_row[i] *= alpha[i2];
+        }
+#pragma unroll
+        for (int d = 0; d < DT; ++d) {
+          o[mt][d][0] *= alpha[0];
+          o[mt][d][1] *= alpha[0];
+          o[mt][d][2] *= alpha[1];
+          o[mt][d][3] *= alpha[1];
+        }
+        const float m0 = m_row[2 * mt], m1 = m_row[2 * mt + 1];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          pa[mt][nt][0] = Mma::pack(pv::tc_weight(s[mt][nt][0], m0), pv::tc_weight(s[mt][nt][1], m0));
+          pa[mt][nt][1] = Mma::pack(pv::tc_weight(s[mt][nt][2], m1), pv::tc_weight(s[mt][nt][3], m1));
+          const scalar_t* lo2 = reinterpret_cast<const scalar_t*>(&pa[mt][nt][0]);
+          const scalar_t* hi2 = reinterpret_cast<const scalar_t*>(&pa[mt][nt][1]);
+          l_row[2 * mt] += static_cast<float>(lo2[0]) + static_cast<float>(lo2[1]);
+          l_row[2 * mt + 1] += static_cast<float>(hi2[0]) + static_cast<float>(hi2[1]);
+        }
       }
-      // O += P V: k16 = keys of n8 tiles 2 kk, 2 kk + 1
+      // O += P V: k16 = keys of n8 tiles 2 kk, 2 kk + 1; each B fragment of V feeds the MT m16 tiles
 #pragma unroll
       for (int kk = 0; kk < N / 16; ++kk) {
-        const uint32_t a[4] = {pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1]};
         // B of dim tiles d, d + 1 in one transposing ldmatrix: matrices (keys kk*16 + 0/8, dims
         // d*8..), (keys kk*16 + 0/8, dims (d+1)*8..); lane l addresses key kk*16 + ((l/8)%2)*8 + l%8,
         // dim (d + l/16)*8
@@ -441,8 +468,13 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         for (int d = 0; d < DT; d += 2) {
           uint32_t b[4];
           ldsm_x4_trans(b, v_lane + d * 8);
-          Mma::run(o[d], a, b);
-          Mma::run(o[d + 1], a, b + 2);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const uint32_t a[4] = {pa[mt][2 * kk][0], pa[mt][2 * kk][1], pa[mt][2 * kk + 1][0],
+                                   pa[mt][2 * kk + 1][1]};
+            Mma::run(o[mt][d], a, b);
+            Mma::run(o[mt][d + 1], a, b + 2);
+          }
         }
       }
     }
@@ -451,34 +483,33 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   }
   cp_async_wait<0>();
 
-  // ---- write: out (one split) or the partial state
-  float l_tot[2];
+  // ---- write: out (one split) or the partial state; row i = 2 mt + i2 (as ri)
 #pragma unroll
-  for (int i2 = 0; i2 < 2; ++i2) l_tot[i2] = quad_sum(l_row[i2]);
-#pragma unroll
-  for (int i2 = 0; i2 < 2; ++i2) {
-    const int r = warp * 16 + gid + 8 * i2;
+  for (int i = 0; i < 2 * MT; ++i) {
+    const int mt = i >> 1, i2 = i & 1;
+    const float l_tot = quad_sum(l_row[i]);  // every lane of the quad takes part
+    const int r = warp * WR + mt * 16 + gid + 8 * i2;
     const int t = row_t[r];
     if (t < 0) continue;
     const int hq = row_hq[r];
     if (p.num_splits == 1) {
-      const float inv = pv::finalize_scale(l_tot[i2]);
+      const float inv = pv::finalize_scale(l_tot);
       scalar_t* dst = p.out + t * p.out_s0 + hq * p.out_s1 + 2 * tig;
 #pragma unroll
       for (int d = 0; d < DT; ++d) {
-        const uint32_t v = Mma::pack(o[d][2 * i2] * inv, o[d][2 * i2 + 1] * inv);
+        const uint32_t v = Mma::pack(o[mt][d][2 * i2] * inv, o[mt][d][2 * i2 + 1] * inv);
         *reinterpret_cast<uint32_t*>(dst + d * 8) = v;
       }
     } else {
       const int64_t idx = (static_cast<int64_t>(split) * p.T + t) * p.Hq + hq;
       if (tig == 0) {
-        p.ws_m[idx] = m_row[i2];
-        p.ws_l[idx] = l_tot[i2];
+        p.ws_m[idx] = m_row[i];
+        p.ws_l[idx] = l_tot;
       }
       float* dst = p.ws_acc + idx * D + 2 * tig;
 #pragma unroll
       for (int d = 0; d < DT; ++d) {
-        *reinterpret_cast<float2*>(dst + d * 8) = make_float2(o[d][2 * i2], o[d][2 * i2 + 1]);
+        *reinterpret_cast<float2*>(dst + d * 8) = make_float2(o[mt][d][2 * i2], o[mt][d][2 * i2 + 1]);
       }
     }
   }
@@ -551,8 +582,9 @@ void launch_tc(Params<scalar_t>& p, int64_t max_prefix_len, const at::Tensor& q,
   TORCH_CHECK(static_cast<int64_t>(SM::bytes) <= dev.smem_optin, "prefix_verify_attention (CUDA): head size ", D,
               " needs ", SM::bytes, " bytes of shared memory per block, this GPU allows ", dev.smem_optin);
   tc_set_smem<scalar_t, D>(device);
-  const int64_t est_tiles = pv::ceil_div(static_cast<int64_t>(p.T) * p.G, kTcRows);
-  const int64_t row_tiles = pv::max_row_tiles(p.T, p.C, p.G, kTcRows);
+  constexpr int ROWS = pv::TcShape<D>::kRows;
+  const int64_t est_tiles = pv::ceil_div(static_cast<int64_t>(p.T) * p.G, ROWS);
+  const int64_t row_tiles = pv::max_row_tiles(p.T, p.C, p.G, ROWS);
   const pv::SplitPlan sp = pv::plan_splits(max_prefix_len, est_tiles, p.Hkv, pv::kTcCtasPerSm * dev.sms,
                                            pv::TcShape<D>::kKeys);
   p.num_splits = static_cast<int>(sp.num_splits);
