@@ -27,6 +27,7 @@ from parse_vllm import ops
 
 pytestmark = pytest.mark.skipif(not ops.has_compiled_op(), reason="compiled op not built")
 
+
 def rows_per_tile(D: int) -> int:
     """pv::TcShape's kRows: 4 warps x 2 m16 tiles up to D = 128, x 1 at D = 256."""
     return 128 if D <= 128 else 64

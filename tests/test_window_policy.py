@@ -445,7 +445,14 @@ def test_judged_windows_are_the_token_level_arms_evidence():
 
     def controller(token_proposer=None):
         ctl = ParseController(
-            cfg, W, None, np.zeros(8, dtype=bool), SimpleNamespace(suffix_len=20), [], "m", token_proposer=token_proposer
+            cfg,
+            W,
+            None,
+            np.zeros(8, dtype=bool),
+            SimpleNamespace(suffix_len=20),
+            [],
+            "m",
+            token_proposer=token_proposer,
         )
         for req in "abc":
             ctl.states[req] = RequestState(request_options(None, cfg), adaptive=RequestPolicy(), arm_window=64)
