@@ -74,15 +74,28 @@ struct TcShape {
   static constexpr int kRowStride = D + kPad;
 };
 
-// The same shape for a head size known only at run time (the launch plan's binding).
+// The same shape for a head size known only at run time (the launch plan's binding),
+// read from the very instance the kernel uses: a head size the kernel is instantiated
+// for (32, 64, 80, 96, 128, 256), else {0, 0} (callers check the head size first).
 struct TcTile {
   int64_t rows, keys;
 };
 
+template <int D>
+constexpr TcTile tc_tile_of() {
+  return TcTile{TcShape<D>::kRows, TcShape<D>::kKeys};
+}
+
 inline TcTile tc_tile(int64_t D) {
-  if (D > 128) return TcTile{TcShape<256>::kRows, TcShape<256>::kKeys};
-  if (D > 80) return TcTile{TcShape<128>::kRows, TcShape<128>::kKeys};
-  return TcTile{TcShape<80>::kRows, TcShape<80>::kKeys};
+  switch (D) {
+    case 32: return tc_tile_of<32>();
+    case 64: return tc_tile_of<64>();
+    case 80: return tc_tile_of<80>();
+    case 96: return tc_tile_of<96>();
+    case 128: return tc_tile_of<128>();
+    case 256: return tc_tile_of<256>();
+    default: return TcTile{0, 0};
+  }
 }
 
 // Smallest key range one split covers (FlashInfer's minimum KV chunk).

@@ -572,9 +572,10 @@ class ParseController:
         window.commit(accepted)
         if self.policy is not None:
             self.policy.part_judged(int(result.text_len[k]))
+        state = self.states[req_id]
         # what the part offers past `accepted` is offered again with the next part: seen then
-        self._alpha_seen(self.states[req_id], accepted, l_tok)
-        stats, counts = self.stats, self.states[req_id].counts
+        self._alpha_seen(state, accepted, l_tok)
+        stats, counts = self.stats, state.counts
         stats.chunk_commits += 1
         stats.draft_tokens += accepted  # (the rest of this part is offered again with the next)
         stats.tokens_accepted_token_level += l_tok
