@@ -129,7 +129,7 @@ bench-adaptive: setup models pair
 	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --num-prompts 82 --bs1-prompts 12 \
 	  --spec-k 4 --taus 0 $(JUDGE_TAU) --variant-taus adaptive-k4=$(JUDGE_TAU) --variants k4 adaptive-k4 \
 	  --draft-alone --out bench/judge-coder/e2e-odd
-	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --batch 1 --num-prompts 12 --spec-k 4 \
+	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --batch 1 --num-prompts 24 --spec-k 4 \
 	  --taus $(JUDGE_TAU) --variants adaptive-k4-parts --out bench/adaptive/coder-odd-bs1
 	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --batch 8 --num-prompts 82 --bs1-prompts 0 \
 	  --spec-k 4 --taus $(JUDGE_TAU) --variants adaptive-k4-parts --out bench/adaptive/coder-odd-bs8
