@@ -318,9 +318,11 @@ class WindowPolicy:
 
     def token_level_cost(self, k: int | None = None) -> np.ndarray:
         """FEATURES of one step of the token-level arm at k (default: its k now), as this
-        request's share."""
+        request's share: the step, the target's forward and the drafter's k sequential
+        forwards are the batch's (every row on the arm drafts k, in one pass:
+        `choose_token_k`), its k + 1 target tokens and k drafter tokens its own."""
         k = self.token_k if k is None else k
-        return np.array([1 / self.batch, 1 / self.batch, k + 1, k, k, 0, 0])
+        return np.array([1 / self.batch, 1 / self.batch, k + 1, k / self.batch, k, 0, 0])
 
     def token_level_step_cost(self, k: int, accepted: list[float]) -> np.ndarray:
         """FEATURES of one step of the token-level arm at k for rows expecting to accept

@@ -189,6 +189,20 @@ def test_where_forwards_cost_the_same_for_any_tokens_a_first_window_wins():
     assert policy.decide(r, room=500).window == 16 and r.backoff_left == 0
 
 
+def test_at_batch_8_a_request_pays_an_eighth_of_the_drafters_forwards():
+    """The token-level arm's k drafter forwards are one pass over every row that drafts, as
+    its target forward is one forward over every row: a request's share is k / batch.
+
+    By hand (GPU_THETA, 8 rows a step, a fresh request: α 0.9): x = [1/8, 1/8, 5, 4/8, 4,
+    0, 0]: 1.25e-4 + 0.0025 + 5e-5 + 0.001 + 4e-6 = 0.003679 s for 4.0951 tokens, 1113.1
+    tokens/s (charged the drafter's 4 forwards whole, 0.010679 s: 383.5)."""
+    policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30)
+    policy.costs.theta = GPU_THETA.copy()
+    policy.batch = 8.0
+    assert policy.token_level_cost(4) == pytest.approx([0.125, 0.125, 5, 0.5, 4, 0, 0])
+    assert policy.goodput_token_level(RequestPolicy()) == pytest.approx(4.0951 / 0.003679, rel=1e-9)
+
+
 def test_the_cost_model_recovers_step_costs():
     model = CostModel()
     rng = np.random.default_rng(3)
