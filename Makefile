@@ -112,7 +112,7 @@ eval-coder: setup pair
 # passing answers mark where accepting is right; batch 1 on the first 12 odd ids, batch 8 on all
 # 82), MBPP's test split (its first 100 tasks, batch 8: target, accept-all, the head; token-level
 # k 4, lossless, is timed on HumanEval odd), the policy's goal runs (adaptive and continue judged in
-# parts beside the target and k 4: odd's first 24 at batch 1; odd's 82 and MBPP test's first 100 at
+# parts beside the target and k 4: odd's and MBPP test's first 24 at batch 1; odd's 82 and MBPP test's first 100 at
 # batch 8, adaptive alone: continue, 0.48x the best there, is the row above), and SmolLM2 with its
 # EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone,
 # PARSE + EAGLE-3 continue and adaptive; batch 1, 12 prompts). Every configuration twice,
@@ -135,6 +135,8 @@ bench-adaptive: setup models pair
 	  --spec-k 4 --taus $(JUDGE_TAU) --variants adaptive-k4-parts --out bench/adaptive/coder-odd-bs8
 	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --batch 8 --num-prompts 100 \
 	  --bs1-prompts 0 --spec-k 4 --taus $(JUDGE_TAU) --variants adaptive-k4-parts --out bench/adaptive/coder-mbpp-test-bs8
+	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --batch 1 --num-prompts 24 \
+	  --spec-k 4 --taus $(JUDGE_TAU) --variants adaptive-k4-parts --out bench/adaptive/coder-mbpp-test-bs1
 	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --num-prompts 100 \
 	  --bs1-prompts 0 --spec-k --taus 0 $(JUDGE_TAU) --out bench/judge-coder/e2e-mbpp-test
 	$(PY) scripts/judge_e2e.py bench/judge-coder/e2e-odd --mbpp bench/judge-coder/e2e-mbpp-test \
@@ -144,7 +146,7 @@ bench-adaptive: setup models pair
 	  --variants continue e3 adaptive-e3 --taus 0.9 --engine '{"dtype": "float32"}' --no-nll --same-process
 	$(PY) scripts/bench_adaptive.py --coder bench/adaptive/coder-even bench/judge-coder/e2e-odd \
 	  bench/judge-coder/e2e-mbpp-test bench/adaptive/coder-odd-bs1 bench/adaptive/coder-odd-bs8 \
-	  bench/adaptive/coder-mbpp-test-bs8 \
+	  bench/adaptive/coder-mbpp-test-bs8 bench/adaptive/coder-mbpp-test-bs1 \
 	  --smollm2 bench/adaptive/smollm2-eagle3 --out bench/adaptive
 	$(PY) scripts/bench_report.py --results bench/full
 
