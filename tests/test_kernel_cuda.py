@@ -296,14 +296,15 @@ def test_unaligned_rows_take_the_cuda_core_kernel():
 
 
 def _ring_case(D: int):
-    """One request, two copies after 900 and 1000 cached tokens, 8-token suffixes, G = 2: a
-    row tile whose split walks many key tiles (bf16, block size 16, a permuted block table)."""
+    """One request, two copies after 900 and 1000 cached tokens, 8-token suffixes, G = 8: 128
+    packed rows, so every warp of a 128-row tile holds rows in both its m16 tiles, and a split
+    walks many key tiles (bf16, block size 16, a permuted block table)."""
     import numpy as np
 
     from parse_vllm.ops import PrefixVerifyMetadata
 
     g = torch.Generator().manual_seed(D)
-    Hkv, G, L, prefixes, bs = 1, 2, 8, (900, 1000), 16
+    Hkv, G, L, prefixes, bs = 1, 8, 8, (900, 1000), 16
     T, nb = L * len(prefixes), -(-max(prefixes) // bs) + 1
     rnd = lambda *shape: torch.randn(*shape, generator=g).bfloat16()  # noqa: E731
     return dict(
@@ -320,10 +321,11 @@ def _ring_case(D: int):
 
 def test_one_small_case_of_each_kernel(monkeypatch):
     """The cases scripts/gpu_check.sh runs under compute-sanitizer (memcheck, racecheck), each
-    against float64 here and the emulator's pair counts: the tensor-core kernel at D = 64 and
-    D = 256 (its one-stage variant) with several splits (the merge), and with max_prefix_len = 1
-    below both prefixes (issue 49 C1: one split whose CTA walks every key tile, so every ring
-    stage is refilled many times: 16 tiles at D = 64, 32 at D = 256), a call whose cu_copy_lens
+    against float64 here and the emulator's pair counts: the tensor-core kernel at each tile
+    shape (D = 64 and 80: 128 rows x 64 keys; D = 128: 128 x 32; D = 256, its one-stage
+    variant: 64 x 32), all 4 warps holding rows, with several splits (the merge), and with
+    max_prefix_len = 1 below both prefixes (issue 49 C1: one split whose CTA walks every key
+    tile, so every ring stage is refilled many times: 16 tiles of 64 keys, 32 of 32), a call whose cu_copy_lens
     stops short of T (C2: the rows past it untouched, with and without splits), and the
     CUDA-core kernel."""
     import dataclasses
@@ -331,7 +333,7 @@ def test_one_small_case_of_each_kernel(monkeypatch):
     from test_kernel_tc_schedule import emulate, reference_f64, visibility
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for D in (64, 256):
+    for D in (64, 80, 128, 256):
         case = _ring_case(D)
         ref = torch.from_numpy(reference_f64(case, visibility(case)))
         md = case["md"]

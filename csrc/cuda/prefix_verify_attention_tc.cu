@@ -562,11 +562,20 @@ inline const TcDevice& tc_device(int device) {
   return cache[device];
 }
 
-// The kernel instance's shared-memory opt-in, once per (instance, device).
+// The kernel instance's shared-memory opt-in, once per (instance, device). The block's whole
+// use is its static arrays (row bounds, key sources: 3-5 KB) plus the dynamic tiles, and only
+// the sum is bounded by the opt-in: checked here, with the head size in the message, rather
+// than left to cudaFuncSetAttribute's bare cudaErrorInvalidValue.
 template <typename scalar_t, int D>
-void tc_set_smem(int device) {
+void tc_set_smem(int device, const TcDevice& dev) {
   static std::once_flag once[kTcMaxDevices];
-  std::call_once(once[device], [] {
+  std::call_once(once[device], [&dev] {
+    cudaFuncAttributes attr;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, prefix_verify_tc_kernel<scalar_t, D>));
+    const int64_t total = static_cast<int64_t>(attr.sharedSizeBytes) + static_cast<int64_t>(TcSmem<D>::bytes);
+    TORCH_CHECK(total <= dev.smem_optin, "prefix_verify_attention (CUDA): head size ", D, " needs ", total,
+                " bytes of shared memory per block (", attr.sharedSizeBytes, " static, ", TcSmem<D>::bytes,
+                " dynamic), this GPU allows ", dev.smem_optin);
     C10_CUDA_CHECK(cudaFuncSetAttribute(prefix_verify_tc_kernel<scalar_t, D>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(TcSmem<D>::bytes)));
@@ -579,9 +588,7 @@ void launch_tc(Params<scalar_t>& p, int64_t max_prefix_len, const at::Tensor& q,
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const TcDevice& dev = tc_device(device);
-  TORCH_CHECK(static_cast<int64_t>(SM::bytes) <= dev.smem_optin, "prefix_verify_attention (CUDA): head size ", D,
-              " needs ", SM::bytes, " bytes of shared memory per block, this GPU allows ", dev.smem_optin);
-  tc_set_smem<scalar_t, D>(device);
+  tc_set_smem<scalar_t, D>(device, dev);
   constexpr int ROWS = pv::TcShape<D>::kRows;
   const int64_t est_tiles = pv::ceil_div(static_cast<int64_t>(p.T) * p.G, ROWS);
   const int64_t row_tiles = pv::max_row_tiles(p.T, p.C, p.G, ROWS);
