@@ -202,7 +202,7 @@ def test_train_draft_end_to_end_on_a_tiny_target(tiny_models, tmp_path):
         "--intermediate-size",
         "128",
         "--threads",
-        "2",
+        "1",  # the worker's one core (conftest): two threads would take turns on it
         "--head-vocab",
         "1024",  # a head-pruned draft (draft_vocab.py), as shipped
         # A random target's top-k is nearly flat: nothing a 3000-token run can learn from.
