@@ -494,6 +494,15 @@ def test_every_timed_job_starts_from_an_emptied_cache_on_the_interleaved_schedul
     hits = {r["prefix_cache"]["hits"] for r in records}
     assert len(hits) == 1 and hits.pop() > 0
     assert all(r["prefix_cache"]["emptied"] for r in records)
+    # adaptive jobs record the step costs their policy chose with (learnt: the engine's own steps)
+    from parse_vllm.window_policy import FEATURES
+
+    for r in records:
+        costs = r["step_costs"]
+        if "adaptive" in r["config"]:
+            assert set(costs["seconds"]) == set(FEATURES) and not costs["fixed"] and costs["steps"] > 0
+        else:
+            assert costs is None
     # per-task times add up to each job's wall time
     for r in records:
         assert sum(r["task_s"]) == pytest.approx(r["wall_s"], rel=1e-9) and len(r["task_s"]) == 3

@@ -577,6 +577,8 @@ def run_engine(
                 # per task: PARSE's counters of its request (parse_vllm.get_request_stats)
                 "task_acceptance": [per_request.get(rid) for rid in res["request_ids"]] if is_parse else None,
                 "prefix_cache": {"emptied": True, **{k: int(cache1[k] - cache0[k]) for k in cache1}},
+                # on_reject adaptive: the step costs the policy chose with, as learnt by the job's end
+                "step_costs": parse_vllm.get_step_costs(llm) if is_parse else None,
             }
             progress.write(
                 f"[eval] {name:22s} {job['set']:>10s} bs={job['batch']:<3d} r{job['repeat'] + 1} "
