@@ -47,6 +47,23 @@ def test_waits_for_health_then_stops_the_server(tmp_path):
     assert server.proc.poll() is not None  # stopped on exit
 
 
+def test_a_starter_that_ignores_sigint_still_stops_its_server_at_once(tmp_path):
+    """A script run in the background by a shell ignores SIGINT, and so does the server it
+    starts (an ignored signal stays ignored across exec): the stop must not wait out its
+    minute for a SIGINT the server never sees."""
+    port = _port()
+    cmd = [sys.executable, "-c", STAND_IN, str(port), "0"]
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        server = ServerProcess(cmd, tmp_path / "log", f"http://127.0.0.1:{port}", timeout=30).__enter__()
+        start = time.monotonic()
+        server.__exit__(None, None, None)
+        took = time.monotonic() - start
+    finally:
+        signal.signal(signal.SIGINT, saved)
+    assert server.proc.returncode == -signal.SIGTERM and took < 10, (server.proc.returncode, took)
+
+
 def test_a_server_that_exits_gives_its_log(tmp_path):
     cmd = [sys.executable, "-c", "import sys; print('bad --flag'); sys.exit(3)"]
     with pytest.raises(ServerStartError, match=r"(?s)exited 3.*bad --flag"):

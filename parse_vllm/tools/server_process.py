@@ -99,7 +99,11 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # lets vLLM shut its engine down
+            # SIGINT lets vLLM shut its engine down; a starter that ignores SIGINT (a script
+            # run in the background by a shell) passed the ignoring on to the server, which
+            # would wait out the minute below: SIGTERM, which vLLM handles the same way
+            ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+            self.proc.send_signal(signal.SIGTERM if ignored else signal.SIGINT)
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
