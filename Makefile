@@ -111,9 +111,9 @@ eval-coder: setup pair
 # accept-all τ 0, the head at τ with continue and with adaptive, and the draft alone, whose
 # passing answers mark where accepting is right; batch 1 on the first 12 odd ids, batch 8 on all
 # 82), MBPP's test split (its first 100 tasks, batch 8: target, accept-all, the head; token-level
-# k 4, lossless, is timed on HumanEval odd), the policy's goal runs (adaptive and continue judged in
-# parts beside the target and k 4: odd's and MBPP test's first 24 at batch 1; odd's 82 and MBPP test's first 100 at
-# batch 8, adaptive alone: continue, 0.48x the best there, is the row above), and SmolLM2 with its
+# k 4, lossless, is timed on HumanEval odd), the policy's goal runs (adaptive judged in parts beside
+# the target and k 4: odd's and MBPP test's first 24 at batch 1, odd's 82 and MBPP test's first 100
+# at batch 8; continue, 0.48x the best at batch 8, is the row above), and SmolLM2 with its
 # EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone,
 # PARSE + EAGLE-3 continue and adaptive; batch 1, 12 prompts). Every configuration twice,
 # interleaved, each timed job in a process of its own from an emptied prefix cache (the even and

@@ -16,6 +16,7 @@ from conftest import load_script
 from parse_vllm import cli
 from parse_vllm.tools import engine as tools_engine
 from parse_vllm.tools.eval import report, run, timing
+from parse_vllm.window_policy import FEATURES
 
 ROOT = Path(__file__).parents[1]
 
@@ -495,8 +496,6 @@ def test_every_timed_job_starts_from_an_emptied_cache_on_the_interleaved_schedul
     assert len(hits) == 1 and hits.pop() > 0
     assert all(r["prefix_cache"]["emptied"] for r in records)
     # adaptive jobs record the step costs their policy chose with (learnt: the engine's own steps)
-    from parse_vllm.window_policy import FEATURES
-
     for r in records:
         costs = r["step_costs"]
         if "adaptive" in r["config"]:

@@ -325,9 +325,9 @@ def test_one_small_case_of_each_kernel(monkeypatch):
     shape (D = 64 and 80: 128 rows x 64 keys; D = 128: 128 x 32; D = 256, its one-stage
     variant: 64 x 32), all 4 warps holding rows, with several splits (the merge), and with
     max_prefix_len = 1 below both prefixes (issue 49 C1: one split whose CTA walks every key
-    tile, so every ring stage is refilled many times: 16 tiles of 64 keys, 32 of 32), a call whose cu_copy_lens
-    stops short of T (C2: the rows past it untouched, with and without splits), and the
-    CUDA-core kernel."""
+    tile, so every ring stage is refilled many times: 16 tiles of 64 keys, 32 of 32), a call
+    whose cu_copy_lens stops short of T (C2: the rows past it untouched, with and without
+    splits), and the CUDA-core kernel."""
     import dataclasses
 
     from test_kernel_tc_schedule import emulate, reference_f64, visibility
