@@ -112,8 +112,9 @@ eval-coder: setup pair
 # passing answers mark where accepting is right; batch 1 on the first 12 odd ids, batch 8 on all
 # 82), MBPP's test split (its first 100 tasks, batch 8: target, accept-all, the head; token-level
 # k 4, lossless, is timed on HumanEval odd), the policy's goal runs (adaptive judged in parts beside
-# the target and k 4: odd's and MBPP test's first 24 at batch 1, odd's 82 and MBPP test's first 100
-# at batch 8; continue, 0.48x the best at batch 8, is the row above), and SmolLM2 with its
+# the target and k 4: odd's and MBPP test's first 24 at batch 1, beside the head's continue too,
+# which windows make the best arm there; odd's 82 and MBPP test's first 100 at batch 8, where
+# continue, 0.48x the best, is the row above), and SmolLM2 with its
 # EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone,
 # PARSE + EAGLE-3 continue and adaptive; batch 1, 12 prompts). Every configuration twice,
 # interleaved, each timed job in a process of its own from an emptied prefix cache (the even and
@@ -130,13 +131,13 @@ bench-adaptive: setup models pair
 	  --spec-k 4 --taus 0 $(JUDGE_TAU) --variant-taus adaptive-k4=$(JUDGE_TAU) --variants k4 adaptive-k4 \
 	  --draft-alone --out bench/judge-coder/e2e-odd
 	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --batch 1 --num-prompts 24 --spec-k 4 \
-	  --taus $(JUDGE_TAU) --variants adaptive-k4-parts --out bench/adaptive/coder-odd-bs1
+	  --taus $(JUDGE_TAU) --variants k4 adaptive-k4-parts --out bench/adaptive/coder-odd-bs1
 	$(VENV)/bin/parse-vllm eval $(CODER) $(CODER_HEAD) --split odd --batch 8 --num-prompts 82 --bs1-prompts 0 \
 	  --spec-k 4 --taus $(JUDGE_TAU) --variants adaptive-k4-parts --out bench/adaptive/coder-odd-bs8
 	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --batch 8 --num-prompts 100 \
 	  --bs1-prompts 0 --spec-k 4 --taus $(JUDGE_TAU) --variants adaptive-k4-parts --out bench/adaptive/coder-mbpp-test-bs8
 	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --batch 1 --num-prompts 24 \
-	  --spec-k 4 --taus $(JUDGE_TAU) --variants adaptive-k4-parts --out bench/adaptive/coder-mbpp-test-bs1
+	  --spec-k 4 --taus $(JUDGE_TAU) --variants k4 adaptive-k4-parts --out bench/adaptive/coder-mbpp-test-bs1
 	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --num-prompts 100 \
 	  --bs1-prompts 0 --spec-k --taus 0 $(JUDGE_TAU) --out bench/judge-coder/e2e-mbpp-test
 	$(PY) scripts/judge_e2e.py bench/judge-coder/e2e-odd --mbpp bench/judge-coder/e2e-mbpp-test \

@@ -14,7 +14,10 @@ k), from plain numbers:
   from its windows (a window that took `a` of its tokens and was rejected saw a survivals
   and one failure; one taken whole saw w survivals and no failure: the geometric MLE
   ρ = Σ a / (Σ a + rejections), with the engine's own estimate over the requests of the
-  same τ and guard as a prior worth `PRIOR_TOKENS` tokens).
+  same τ and guard as a prior worth `PRIOR_TOKENS` tokens). The engine's estimate is read
+  optimistically, as its mean plus one standard error (at most RHO_MAX): an engine whose
+  windows are untried opens some, since nothing else would ever tell it what its judge
+  takes, and one whose judge rejects them stops opening them for new requests after a few.
 
   what a window and a step cost: `CostModel`, a linear model of the engine's step time
   in the tokens a step runs through the target, the drafter and the verification pass,
@@ -49,16 +52,19 @@ windows and a window judged in parts, and takes the best; a rejection still send
 request to the token-level arm for a back-off, after which the same choice is made again
 (no forced probe: a part's waste is already bounded).
 
-Judged whole, windows start at `MIN_WINDOW`; one taken whole is followed by one twice as long while
-windows pay (a request whose windows are all taken reaches W, as Hugging Face's schedule
-grows its draft on full acceptance), otherwise the best-paying length up to twice the last. After a window is
-rejected, or whenever the token-level arm wins, the request stays with the token-level
+Judged whole, a request's first window is the shortest of `window_sizes` (MIN_WINDOW,
+doubling, up to W) that pays: MIN_WINDOW where a forward costs about the same for any
+tokens (a GPU), longer where a judgment's forwards must be spread over more drafted tokens
+to beat the token-level arm (a CPU at batch 1). One taken whole is followed by one twice as
+long while windows pay (a request whose windows are all taken reaches W, as Hugging Face's
+schedule grows its draft on full acceptance), otherwise the best-paying length up to twice
+the last. After a window is rejected, or whenever the token-level arm wins, the request stays with the token-level
 arm for a back-off, counted in output tokens, that doubles with every window rejected in a
 row; when it ends the request re-probes with a window of MIN_WINDOW tokens, whatever the
 estimates say. So a request whose judge never accepts pays at most MIN_WINDOW drafted
 tokens per probe, and probes at output tokens b, 3b, 7b, ... (b = `FIRST_BACKOFF`): over
 an answer of N tokens at most MIN_WINDOW * (log2(N / b + 1) + 1) draft tokens on windows
-(`exploration_bound`).
+(`exploration_bound`; where the first window is longer than MIN_WINDOW, that many more).
 
 Pure: plain numbers in, a decision out.
 """
@@ -74,6 +80,7 @@ MIN_WINDOW = 16  # the shortest window, and the probe after a back-off
 FIRST_BACKOFF = 16  # output tokens of the token-level arm after the first rejected window
 PRIOR_TOKENS = 32.0  # how much the engine's estimate weighs in a request's, in judged tokens
 OPTIMISTIC_RHO = 0.98  # the engine's survival rate before any window was judged
+RHO_MAX = 0.999  # the most the engine's optimistic survival rate may read
 PRIOR_PART = 8  # draft tokens per judged part before any part was judged (chunked judging)
 OPTIMISTIC_ALPHA = 0.9  # the engine's token-level acceptance rate before any draft was verified
 PRIOR_DRAFT_TOKENS = 8.0  # how much the engine's α weighs in a request's, in verified draft tokens
@@ -121,8 +128,13 @@ REST = np.array([i for i in range(len(FEATURES)) if i not in DRAFTER])
 
 class CostModel:
     """Step time ≈ θ · x over FEATURES, θ ≥ 0, fitted by recursive least squares with
-    forgetting (`forget` per step) from a weak prior: every token free, the fixed cost
-    unknown. The drafter's part (DRAFTER) is fitted to the drafter's own time, the rest
+    forgetting (`forget` per step) from a weak prior: every token free, the step's own host
+    work near free, a target forward's fixed cost unknown. Steps that only decode run one
+    step and one forward each, so they cannot tell the two apart; the prior gives their
+    common cost to the forward, which a window's drafting steps (no forward) do not pay, and
+    those steps, once a window runs, measure the host work alone. (A prior giving it to the
+    step charged every drafting step a target forward: windows looked 2x dearer at batch 1
+    and none ever opened to correct it.) The drafter's part (DRAFTER) is fitted to the drafter's own time, the rest
     (REST) to the step's time less it: two independent fits, each learning only from steps
     that ran some of its features. A step much slower than predicted (an engine that sat
     idle between steps) is not learnt from. `fixed` (seconds by FEATURES name,
@@ -132,7 +144,7 @@ class CostModel:
         self.forget = forget
         self.theta = np.zeros(len(FEATURES))
         self.P = np.eye(len(FEATURES)) / prior_weight  # block-diagonal: DRAFTER and REST
-        self.P[0, 0] = 1e6  # the fixed cost is unknown until the first step
+        self.P[1, 1] = 1e6  # a target forward's fixed cost is unknown until the first step
         self.steps = 0
         self.fixed = fixed is not None
         if fixed is not None:
@@ -182,6 +194,13 @@ class ArmStats:
 
     def rho(self, prior: float, prior_tokens: float = PRIOR_TOKENS) -> float:
         return (self.judged_tokens + prior_tokens * prior) / (self.judged_tokens + self.rejections + prior_tokens)
+
+    def rho_upper(self, prior: float, prior_tokens: float = PRIOR_TOKENS) -> float:
+        """ρ read optimistically: its mean plus one standard error of a rate over the judged
+        tokens (the prior's counted as judged), at most RHO_MAX."""
+        rho = self.rho(prior, prior_tokens)
+        n = self.judged_tokens + self.rejections + prior_tokens
+        return min(rho + math.sqrt(rho * (1.0 - rho) / n), RHO_MAX)
 
     def alpha(self, prior: float, prior_tokens: float = PRIOR_DRAFT_TOKENS) -> float:
         return (self.token_accepted + prior_tokens * prior) / (self.token_accepted + self.token_failures + prior_tokens)
@@ -291,7 +310,7 @@ class WindowPolicy:
     # -- the choice ------------------------------------------------------------------
 
     def rho(self, r: RequestPolicy) -> float:
-        return r.stats.rho(self.prior(r).rho(OPTIMISTIC_RHO))
+        return r.stats.rho(self.prior(r).rho_upper(OPTIMISTIC_RHO))
 
     def window_cost(self, w: int, rho: float | None = None) -> np.ndarray:
         """FEATURES of one window of w tokens, as this request's share: the engine steps it
@@ -370,15 +389,17 @@ class WindowPolicy:
         if r.failed_in_row and not self.judge_chunks:
             r.probes += 1
             return Decision(min(MIN_WINDOW, cap), probe=True, why=PROBE)  # the back-off is over: probe
+        rho = self.rho(r)
+        best, best_g = (0, False), self.goodput_token_level(r)
         if r.last_whole:
             lengths = [min(2 * r.last_window, cap)]
         else:
-            limit = min(cap, 2 * r.last_window if r.last_window else MIN_WINDOW)
+            limit = min(cap, 2 * r.last_window) if r.last_window else cap
             lengths = [w for w in self.sizes if w <= limit] or [limit]
+            if not r.last_window:  # the first window: the shortest that pays, what a rejection would waste
+                lengths = [w for w in lengths if self.goodput_window(rho, w) > best_g][:1] or lengths[:1]
         # (length, judged in parts) -> goodput; judged in parts, the longest (its waste is a part)
         moves = [(w, False) for w in lengths] + ([(cap, True)] if self.judge_chunks else [])
-        rho = self.rho(r)
-        best, best_g = (0, False), self.goodput_token_level(r)
         for w, parts in moves:
             if (g := self.goodput_window(rho, w, parts)) > best_g:
                 best, best_g = (w, parts), g

@@ -157,10 +157,16 @@ def test_where_tokens_cost_compute_the_token_level_arm_wins():
     A window of w runs x = [w/2, 1, w+1, w, w, 1, 30]: w 16 costs 0.04 + 0.005 + 0.34 +
     0.016 + 0.08 + 0.005 + 0.6 = 1.086 s and yields E[taken | ρ 0.5] + 1 = 2 - 0.5^16, 1.8416
     tokens/s; w 32: 1.542 s, 1.2970; w 64: 2.454 s, 0.8150; w 128: 4.278 s, 0.4675. The
-    token-level arm wins, and the request stays with it for FIRST_BACKOFF tokens."""
+    token-level arm wins, and the request stays with it for FIRST_BACKOFF tokens: the engine
+    and the request have seen windows take 10 tokens over 10 rejections, so ρ reads at most
+    (10 + 32 · 0.851) / 52 = 0.716 (the engine's 0.795 plus its standard error 0.056), where a
+    window of 16 yields 3.5 tokens in 1.086 s."""
     policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30)
     policy.costs.theta = CPU_THETA.copy()
     r = RequestPolicy()
+    for s in (r.stats, policy.prior(r)):
+        s.judged_tokens, s.rejections = 10, 10
+    assert policy.rho(r) == pytest.approx(0.716, abs=1e-3)
     for _ in range(10):
         policy.token_level_verified(r, 4, 2)
     assert policy.alpha(r) == pytest.approx(0.677008, abs=1e-6)
@@ -171,20 +177,23 @@ def test_where_tokens_cost_compute_the_token_level_arm_wins():
 
 
 def test_where_forwards_cost_the_same_for_any_tokens_a_first_window_wins():
-    """A GPU-like cost (θ = GPU_THETA), a fresh request: no record, so ρ is the optimistic
-    0.98 (32 prior tokens at 0.98) and α the optimistic 0.9.
+    """A GPU-like cost (θ = GPU_THETA), a fresh request in an untried engine: no record, so ρ
+    is the engine's optimistic reading, RHO_MAX = 0.999 (0.98 plus its standard error over 32
+    prior tokens, 0.0247, capped), and α the optimistic 0.9.
 
     By hand: token-level x = [1, 1, 5, 4, 4, 0, 0]: 0.001 + 0.02 + 5e-5 + 0.008 + 4e-6 =
     0.029054 s; E[accepted | 4] = 0.9 (1 - 0.9^4) / 0.1 = 3.0951, 4.0951 / 0.029054 = 140.95
     tokens/s. The first window is MIN_WINDOW = 16 tokens:
     x = [8, 1, 17, 16, 16, 1, 30], 0.008 + 0.02 + 1.7e-4 + 0.032 + 1.6e-5 + 0.02 + 3e-4 =
-    0.080486 s; E[taken] = 0.98 (1 - 0.98^16) / 0.02 = 49 (1 - 0.723798) = 13.5339, so
-    14.5339 / 0.080486 = 180.58 tokens/s: the window wins."""
+    0.080486 s; E[taken] = 0.999 (1 - 0.999^16) / 0.001 = 999 (1 - 0.984119) = 15.8652, so
+    16.8652 / 0.080486 = 209.54 tokens/s: the window wins, the shortest size that does.
+    (At the prior's mean, 0.98: 14.5339 / 0.080486 = 180.58.)"""
     policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30)
     policy.costs.theta = GPU_THETA.copy()
     r = RequestPolicy()
-    assert policy.rho(r) == pytest.approx(0.98)
+    assert policy.rho(r) == pytest.approx(0.999)
     assert policy.goodput_token_level(r) == pytest.approx(4.0951 / 0.029054, rel=1e-9)
+    assert policy.goodput_window(0.999, 16) == pytest.approx(16.8652 / 0.080486, rel=1e-4)
     assert policy.goodput_window(0.98, 16) == pytest.approx(14.5339 / 0.080486, rel=1e-4)
     assert policy.decide(r, room=500).window == 16 and r.backoff_left == 0
 
@@ -261,7 +270,7 @@ def test_judged_in_parts_a_window_costs_what_it_drafts_to_its_first_failure():
     x = [4.5 + 1.125, 1.125, 9 + 1.125, 9, 9, 1.125, 1.125 · 30] = [5.625, 1.125, 10.125, 9, 9,
     1.125, 33.75], 0.028125 + 0.005625 + 0.2025 + 0.009 + 0.045 + 0.005625 + 0.675 = 0.970875 s
     for 2 tokens: 2.06 tokens/s, against 0.4675 whole (the 128 drafted tokens) and the
-    token-level arm's 19.82 (the first test's record), which the policy takes."""
+    token-level arm's 19.82 (the first test's records), which the policy takes."""
     assert expected_drafted(0.5, 128, 8) == pytest.approx(9.0)
     assert expected_drafted(0.8, 128, 8) == pytest.approx(12.0)
     assert expected_drafted(1.0, 128, 8) == pytest.approx(128.0, rel=1e-4)
@@ -271,6 +280,8 @@ def test_judged_in_parts_a_window_costs_what_it_drafts_to_its_first_failure():
     assert policy.goodput_window(0.5, 128, parts=True) == pytest.approx(2 / 0.970875, rel=1e-6)
     assert policy.goodput_window(0.5, 128) == pytest.approx(2 / 4.278, rel=1e-4)
     r = RequestPolicy()
+    for st in (r.stats, policy.prior(r)):
+        st.judged_tokens, st.rejections = 10, 10
     for _ in range(10):
         policy.token_level_verified(r, 4, 2)
     assert policy.decide(r, room=500) == Decision(0, why="token-level pays")
@@ -279,8 +290,9 @@ def test_judged_in_parts_a_window_costs_what_it_drafts_to_its_first_failure():
 def test_parts_are_chosen_where_whole_windows_would_waste_costly_drafts():
     """A costly drafter (0.02 s a forward), a costly target forward (0.05 s), cheap tokens; the
     token-level arm is the target alone (k 0); the request's last window, 64, was taken whole,
-    so a whole window would be 128; its record gives ρ = (37.8 + 32 · 0.98) / (37.8 + 3 + 32) =
-    0.95.
+    so a whole window would be 128; its record gives ρ = 0.95 with the prior's mean, (37.8 +
+    32 · 0.98) / (37.8 + 3 + 32), and the policy reads (37.8 + 32 · 0.999) / 72.8 = 0.95835
+    (the engine untried: its optimistic RHO_MAX), which chooses the same as 0.95 below.
 
     By hand: the target alone, x = [1, 1, 1, 0, 0, 0, 0]: 0.001 + 0.05 + 1e-5 = 0.05101 s a
     token, 19.604 tokens/s. A whole 128: E[taken] = 19 (1 - 0.95^128) = 18.9732, x = [64, 1,
@@ -294,7 +306,7 @@ def test_parts_are_chosen_where_whole_windows_would_waste_costly_drafts():
         policy.costs.theta = theta.copy()
         r = RequestPolicy(last_window=64, last_whole=True)
         r.stats.judged_tokens, r.stats.rejections = 37.8, 3
-        assert policy.rho(r) == pytest.approx(0.95)
+        assert r.stats.rho(0.98) == pytest.approx(0.95) and policy.rho(r) == pytest.approx(0.95835, abs=1e-5)
         assert policy.goodput_token_level(r) == pytest.approx(1 / 0.05101, rel=1e-9)
         assert policy.goodput_window(0.95, 128) == pytest.approx(19.9732 / 2.6807, rel=1e-4)
         assert policy.goodput_window(0.95, 128, parts=True) == pytest.approx(19.9732 / 0.7428, rel=1e-3)
@@ -493,3 +505,69 @@ def test_judged_windows_are_the_token_level_arms_evidence():
     assert ctl.windows["c"].taken == 30  # the part committed, the window goes on
     eagle = controller("eagle3")
     assert all(s.adaptive.stats.token_accepted == s.adaptive.stats.token_failures == 0 for s in eagle.states.values())
+
+
+# This CPU at batch 1 on the Coder pair (float32), as the goal runs time it: a target forward
+# 0.25 s plus 10 ms a token, a drafter forward 80 ms plus 3 ms a token, a step's host work
+# 20 ms, a verification pass a target forward (bench/adaptive/coder-odd-bs1: the target alone
+# 0.29 s a token, k 4 0.71 s a step).
+CPU_BS1 = np.array([0.02, 0.25, 0.01, 0.08, 0.003, 0.25, 0.01])
+
+
+def _engine_at_batch_1(policy: WindowPolicy | None, theta, rho: float, alpha: float, requests: int, seed: int):
+    """Requests of 300 tokens one after another, every step timed as theta · x: a window is
+    drafted 2 tokens a step (x = [1, 0, 0, 2, 2, 0, 0], no target forward) and judged in one
+    step ([1, 1, w + 1, 0, 0, 1, 30]), its tokens kept in a row with probability `rho`; a
+    token-level step at k drafts k tokens, each accepted in a row with probability `alpha`.
+    policy None: plain token-level k 4. Returns (seconds, tokens, windows opened)."""
+    rng = np.random.default_rng(seed)
+    seconds = tokens = opened = 0.0
+
+    def step(x):
+        nonlocal seconds
+        t = float(theta @ x)
+        seconds += t
+        if policy is not None:
+            policy.step_done(t, x, rows=1, drafter_seconds=float(theta[DRAFTER] @ x[DRAFTER]))
+
+    for _ in range(requests):
+        r, out = RequestPolicy(), 0
+        while out < 300:
+            d = policy.decide(r, room=300 - out) if policy is not None else Decision(0)
+            if d.window:
+                opened += 1
+                for _ in range(-(-d.window // 2)):
+                    step(np.array([1.0, 0, 0, 2, 2, 0, 0]))
+                step(np.array([1.0, 1, d.window + 1, 0, 0, 1, 30]))
+                taken = min(int(rng.geometric(1 - rho)) - 1, d.window)
+                policy.window_judged(r, d.window, taken, rejected=taken < d.window)
+                out += taken + 1
+                continue
+            k = policy.choose_token_k([r]) if policy is not None else 4
+            a = min(int(rng.geometric(1 - alpha)) - 1, k)
+            step(np.array([1.0, 1, k + 1, k, a + 1 + k if k else 0, 0, 0]))
+            if policy is not None:
+                policy.token_level_verified(r, k, a)
+                policy.tokens_out(r, a + 1)
+            out += a + 1
+        tokens += out
+    return seconds, tokens, opened
+
+
+@pytest.mark.parametrize("rho, faster", [(0.997, True), (0.9, False)])
+def test_at_batch_1_on_this_cpu_an_untried_engine_finds_out_whether_windows_pay(rho, faster):
+    """An engine that has seen nothing (costs unknown, judge untried) beside plain k 4 at this
+    CPU's batch-1 costs, the token-level arm accepting with α 0.94 (odd's k 4 rows). A judge
+    that keeps 99.7% of tokens in a row (HumanEval odd's `continue` rows): windows open, grow
+    and beat k 4. One that keeps 90%: the first requests open a few windows, the engine's
+    estimate falls, and it stays within 3% of k 4."""
+    policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30)
+    s, n, opened = _engine_at_batch_1(policy, CPU_BS1, rho, 0.94, requests=12, seed=1)
+    s_k4, n_k4, _ = _engine_at_batch_1(None, CPU_BS1, rho, 0.94, requests=12, seed=1)
+    speed = (n / s) / (n_k4 / s_k4)
+    if faster:
+        assert opened >= 12 and speed > 1.1
+        assert policy.costs.as_dict()["seconds"]["step"] < 0.05  # the host's work, told from a forward
+    else:
+        late = _engine_at_batch_1(policy, CPU_BS1, rho, 0.94, requests=4, seed=2)[2]
+        assert speed > 0.97 and late == 0
