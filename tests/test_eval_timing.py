@@ -502,9 +502,15 @@ def test_every_timed_job_starts_from_an_emptied_cache_on_the_interleaved_schedul
             assert set(costs["seconds"]) == set(FEATURES) and not costs["fixed"] and costs["steps"] > 0
         else:
             assert costs is None
-    # per-task times add up to each job's wall time
+    # per-task times add up to each job's wall time, and each task's is the wall while it was in
+    # flight split between at most the batch's 2 requests: at least half its latency (timed
+    # apart, from its arrival to its last token), at most all of it and its arrival; at batch 2
+    # over 3 tasks the requests overlap, so some task's share is below its latency
     for r in records:
         assert sum(r["task_s"]) == pytest.approx(r["wall_s"], rel=1e-9) and len(r["task_s"]) == 3
+        pairs = list(zip(r["task_s"], r["latency_s"]))
+        assert all(lat / 2 - 1e-9 <= share <= lat + 0.25 for share, lat in pairs), pairs
+        assert any(share < 0.9 * lat for share, lat in pairs), pairs
     for row in s["rows"]:
         assert row["repeats"] == 2 and row["s_per_task_spread"] is not None and len(row["s_per_task_ci"]) == 2
         # the row's time per task is the timed jobs' own: each repeat's mean over its tasks,
