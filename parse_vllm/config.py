@@ -76,7 +76,7 @@ class ParseConfig:
     spec_tokens: int = 0
     # on_reject "adaptive": the cost model's seconds per unit of each of
     # window_policy.FEATURES ("step", "target_forward", "target_tokens",
-    # "draft_forwards", "draft_tokens", "verify_passes", "verify_tokens"),
+    # "draft_forwards", "draft_tokens", "verify_passes", "verify_tokens", "draft_calls"),
     # fixed instead of fitted online to this engine's step times. For decisions
     # that do not move with the machine's load (benchmarks, tests), or costs
     # measured once on the serving GPU. A feature not named costs 0.

@@ -177,6 +177,7 @@ class ParseController:
         self.host.count_drafter_calls(run.calls)
         self._step_x[3] += run.forwards
         self._step_x[4] += run.call_tokens + run.drafted
+        self._step_x[7] += run.calls
 
     # -- transitions ------------------------------------------------------------
 

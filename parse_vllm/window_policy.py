@@ -83,13 +83,16 @@ OPTIMISTIC_RHO = 0.98  # the engine's survival rate before any window was judged
 RHO_MAX = 0.999  # the most the engine's optimistic survival rate may read
 PRIOR_PART = 8  # draft tokens per judged part before any part was judged (chunked judging)
 OPTIMISTIC_ALPHA = 0.9  # the engine's token-level acceptance rate before any draft was verified
+SPAN_TOKENS = 2  # tokens a window's drafter call writes the KV of each step (its last two: windows.py)
 PRIOR_DRAFT_TOKENS = 8.0  # how much the engine's α weighs in a request's, in verified draft tokens
 # What a step ran, the cost model's inputs: the step itself (host work), whether the target
 # ran its forward, the tokens through it, the drafter's sequential forwards (a w-token draft
 # takes w, however many rows share them) and the tokens through them (rows x positions),
-# the verification passes (each a forward of the target) and their tokens. A GPU step is
-# mostly the forwards' fixed costs (weights read once, whatever the tokens); a CPU step grows
-# with the tokens; the fit tells which this machine is.
+# the verification passes (each a forward of the target) and their tokens, and the drafter's
+# calls (each with its own host work: 80 ms here on a CPU, as much as a forward, so a window
+# drafted 2 tokens a call pays it every 2 tokens, a k 4 step every 4). A GPU step is mostly
+# the forwards' fixed costs (weights read once, whatever the tokens); a CPU step grows with
+# the tokens; the fit tells which this machine is.
 FEATURES = (
     "step",
     "target_forward",
@@ -98,6 +101,7 @@ FEATURES = (
     "draft_tokens",
     "verify_passes",
     "verify_tokens",
+    "draft_calls",
 )
 
 
@@ -114,16 +118,26 @@ def expected_drafted(rho: float, w: int, part: float) -> float:
     return min(float(w), expected_taken(rho, w) + (1.0 - rho**w) * part)
 
 
-def exploration_bound(answer_tokens: int, min_window: int = MIN_WINDOW, first_backoff: int = FIRST_BACKOFF) -> int:
+def exploration_bound(
+    answer_tokens: int, min_window: int = MIN_WINDOW, first_backoff: int = FIRST_BACKOFF, first_window: int | None = None
+) -> int:
     """The most draft tokens a request spends on windows over an answer of `answer_tokens`
-    tokens when every window it opens is rejected (module docstring)."""
+    tokens when every window it opens is rejected (module docstring): its first window
+    (`first_window`, the shortest size that paid; MIN_WINDOW where forwards cost the same
+    for any tokens) and a probe of `min_window` after each back-off."""
     probes = 1 + int(math.floor(math.log2(answer_tokens / first_backoff + 1)))
-    return min_window * probes
+    return (min_window if first_window is None else first_window) + min_window * (probes - 1)
 
 
 # The drafter's FEATURES, fitted to the drafter's own time; the rest to the step's time less it.
-DRAFTER = np.array([FEATURES.index("draft_forwards"), FEATURES.index("draft_tokens")])
+DRAFTER = np.array([FEATURES.index(f) for f in ("draft_forwards", "draft_tokens", "draft_calls")])
 REST = np.array([i for i in range(len(FEATURES)) if i not in DRAFTER])
+
+
+# The most the fit's variance may grow to in any direction. Forgetting inflates it in directions
+# no recent step ran (a verification pass while no window opens), without bound: after some
+# 35,000 steps the covariance overflows and the fit turns NaN. Capped at the unknown forward's prior.
+P_MAX = 1e6
 
 
 class CostModel:
@@ -131,20 +145,22 @@ class CostModel:
     forgetting (`forget` per step) from a weak prior: every token free, the step's own host
     work near free, a target forward's fixed cost unknown. Steps that only decode run one
     step and one forward each, so they cannot tell the two apart; the prior gives their
-    common cost to the forward, which a window's drafting steps (no forward) do not pay, and
-    those steps, once a window runs, measure the host work alone. (A prior giving it to the
+    common cost to the forward, which a window's drafting steps (no forward) do not pay; once
+    a window runs, those steps tell the host's work (less the drafter's, timed apart) from it. (A prior giving it to the
     step charged every drafting step a target forward: windows looked 2x dearer at batch 1
     and none ever opened to correct it.) The drafter's part (DRAFTER) is fitted to the drafter's own time, the rest
     (REST) to the step's time less it: two independent fits, each learning only from steps
     that ran some of its features. A step much slower than predicted (an engine that sat
-    idle between steps) is not learnt from. `fixed` (seconds by FEATURES name,
+    idle between steps) is not learnt from, unless it ran a feature no step learnt from
+    before (a first window's drafting step, predicted at nearly nothing). `fixed` (seconds by FEATURES name,
     parse.adaptive_step_costs): θ given, never fitted."""
 
     def __init__(self, forget: float = 0.98, prior_weight: float = 1.0, fixed: dict[str, float] | None = None):
         self.forget = forget
         self.theta = np.zeros(len(FEATURES))
         self.P = np.eye(len(FEATURES)) / prior_weight  # block-diagonal: DRAFTER and REST
-        self.P[1, 1] = 1e6  # a target forward's fixed cost is unknown until the first step
+        self.P[1, 1] = P_MAX  # a target forward's fixed cost is unknown until the first step
+        self.seen = np.zeros(len(FEATURES), dtype=bool)  # the features some learnt step ran
         self.steps = 0
         self.fixed = fixed is not None
         if fixed is not None:
@@ -155,8 +171,10 @@ class CostModel:
         if self.fixed:
             return
         x = np.asarray(x, dtype=np.float64)
-        if self.steps >= 8 and seconds > 20 * max(self.cost(x), 1e-6):
+        new = bool(np.any(x[~self.seen] != 0))
+        if self.steps >= 8 and not new and seconds > 20 * max(self.cost(x), 1e-6):
             return
+        self.seen |= x != 0
         for idx, y in ((REST, seconds - drafter_seconds), (DRAFTER, drafter_seconds)):
             if x[idx].any():
                 self._fit(idx, x[idx], y)
@@ -168,18 +186,30 @@ class CostModel:
         Px = P @ x
         gain = Px / (self.forget + x @ Px)
         self.theta[idx] += gain * (y - x @ self.theta[idx])
-        self.P[block] = (P - np.outer(gain, Px)) / self.forget
+        P = (P - np.outer(gain, Px)) / self.forget
+        # kept symmetric, positive semi-definite and bounded: eigenvalues in [0, P_MAX] (the
+        # subtraction's rounding, grown by 1 / forget a step in directions no step runs,
+        # would otherwise turn P indefinite and the fit NaN)
+        vals, vecs = np.linalg.eigh((P + P.T) / 2)
+        self.P[block] = (vecs * np.clip(vals, 0.0, P_MAX)) @ vecs.T
 
     def as_dict(self) -> dict:
-        """What the model holds: seconds by FEATURES name (negative ones as 0, as `cost`
-        reads them; a valid parse.adaptive_step_costs), fixed or fitted, and the steps it
-        learnt from."""
+        """What the model holds: seconds by FEATURES name (negative ones as 0: a valid
+        parse.adaptive_step_costs, which `cost` reads as given), fixed or fitted, and the
+        steps it learnt from."""
         seconds = {name: float(max(t, 0.0)) for name, t in zip(FEATURES, self.theta)}
         return {"seconds": seconds, "fixed": self.fixed, "steps": self.steps}
 
     def cost(self, x: np.ndarray) -> float:
-        """Predicted seconds of x (negative coefficients, from noise, count as 0)."""
-        return float(np.maximum(self.theta, 0.0) @ np.asarray(x, dtype=np.float64))
+        """Predicted seconds of x: each fit's (REST's, DRAFTER's) at least 0. Coefficients are
+        read as fitted, negative ones too: where two features move together (a drafter
+        forward and its tokens, at batch 1) the fit may trade one against the other, and
+        only their sum, which the steps pin down, means anything; clipped one by one, that
+        sum was lost (windows priced 2x off)."""
+        x = np.asarray(x, dtype=np.float64)
+        if self.fixed:
+            return float(self.theta @ x)
+        return sum(max(float(self.theta[idx] @ x[idx]), 0.0) for idx in (REST, DRAFTER))
 
 
 @dataclass
@@ -197,10 +227,10 @@ class ArmStats:
 
     def rho_upper(self, prior: float, prior_tokens: float = PRIOR_TOKENS) -> float:
         """ρ read optimistically: its mean plus one standard error of a rate over the judged
-        tokens (the prior's counted as judged), at most RHO_MAX."""
+        tokens (the prior's counted as judged), at most RHO_MAX (or the mean, if higher)."""
         rho = self.rho(prior, prior_tokens)
         n = self.judged_tokens + self.rejections + prior_tokens
-        return min(rho + math.sqrt(rho * (1.0 - rho) / n), RHO_MAX)
+        return min(rho + math.sqrt(rho * (1.0 - rho) / n), max(RHO_MAX, rho))
 
     def alpha(self, prior: float, prior_tokens: float = PRIOR_DRAFT_TOKENS) -> float:
         return (self.token_accepted + prior_tokens * prior) / (self.token_accepted + self.token_failures + prior_tokens)
@@ -316,41 +346,47 @@ class WindowPolicy:
         """FEATURES of one window of w tokens, as this request's share: the engine steps it
         spans (it opens in a step of the batch, is drafted a chunk a step while the others
         decode, and its judgment is the first step of the request's next move), a share of
-        one target forward, the target's tokens over it, its w drafter forwards and tokens,
-        and its verification pass. Judged in parts (given the survival rate `rho`): what it
+        one target forward, the target's tokens over it, its w drafter forwards and the
+        tokens they run (its w drafts, and each step's call writing the KV of its last
+        SPAN_TOKENS tokens, as `ParseController.count_drafter` counts a step's), its
+        verification pass, and a drafter call a step. Judged in parts (given the survival rate `rho`): what it
         is expected to draft (module docstring), and a target forward and a verification
         pass per part."""
         if rho is None:
             steps = math.ceil(w / self.chunk) if self.chunk else 1
-            return np.array([steps / self.batch, 1 / self.batch, w + 1, w, w, 1, self.verify_tokens])
+            return np.array(
+                [steps / self.batch, 1 / self.batch, w + 1, w, w + SPAN_TOKENS * steps, 1, self.verify_tokens, steps]
+            )
         drafted = expected_drafted(rho, w, self.part)
         parts = max(1.0, drafted / self.part)
         steps = drafted / self.chunk if self.chunk else 1.0
         return np.array(
-            [(steps + parts) / self.batch, parts / self.batch, drafted + parts, drafted, drafted, parts,
-             parts * self.verify_tokens]
+            [(steps + parts) / self.batch, parts / self.batch, drafted + parts, drafted,
+             drafted + SPAN_TOKENS * steps, parts, parts * self.verify_tokens, steps]
         )  # fmt: skip
 
     def alpha(self, r: RequestPolicy) -> float:
         """The request's token-level acceptance rate, with the engine's as its prior."""
         return r.stats.alpha(self.prior(r).alpha(OPTIMISTIC_ALPHA))
 
-    def token_level_cost(self, k: int | None = None) -> np.ndarray:
+    def token_level_cost(self, k: int | None = None, accepted: float = 0.0) -> np.ndarray:
         """FEATURES of one step of the token-level arm at k (default: its k now), as this
         request's share: the step, the target's forward and the drafter's k sequential
-        forwards are the batch's (every row on the arm drafts k, in one pass:
-        `choose_token_k`), its k + 1 target tokens and k drafter tokens its own."""
+        forwards and call are the batch's (every row on the arm drafts k, in one pass:
+        `choose_token_k`), its k + 1 target tokens and its drafter tokens its own (its
+        `accepted` tokens and the target's, then its k drafts: `token_level_step_cost`'s)."""
         k = self.token_k if k is None else k
-        return np.array([1 / self.batch, 1 / self.batch, k + 1, k / self.batch, k, 0, 0])
+        drafted = accepted + 1 + k if k else 0.0
+        return np.array([1 / self.batch, 1 / self.batch, k + 1, k / self.batch, drafted, 0, 0, (k > 0) / self.batch])
 
     def token_level_step_cost(self, k: int, accepted: list[float]) -> np.ndarray:
         """FEATURES of one step of the token-level arm at k for rows expecting to accept
         `accepted` [n] tokens each: one target forward over n(k + 1) tokens and, if k > 0, k
-        drafter forwards over each row's new tokens (its accepted ones and the target's) and
-        its k drafts."""
+        drafter forwards, in one call, over each row's new tokens (its accepted ones and the
+        target's) and its k drafts."""
         n = len(accepted)
         drafted = sum(a + 1 for a in accepted) + n * k if k else 0.0
-        return np.array([1, 1, n * (k + 1), k, drafted, 0, 0], dtype=np.float64)
+        return np.array([1, 1, n * (k + 1), k, drafted, 0, 0, k > 0], dtype=np.float64)
 
     def choose_token_k(self, rows: list[RequestPolicy]) -> int:
         """The token-level arm's k for this step's `rows` (the requests on it), shared by
@@ -376,13 +412,13 @@ class WindowPolicy:
         """Expected tokens per second of the request on the token-level arm at k (default: its k now)."""
         k = self.token_k if k is None else k
         accepted = expected_taken(self.alpha(r), k) if k else 0.0
-        return (accepted + 1.0) / max(self.costs.cost(self.token_level_cost(k)), 1e-12)
+        return (accepted + 1.0) / max(self.costs.cost(self.token_level_cost(k, accepted)), 1e-12)
 
     def decide(self, r: RequestPolicy, room: int) -> Decision:
         """The request's next move, `room`: the most tokens a window could hold now (its
-        max_tokens and the context). A window taken whole is followed by one twice as long
-        (up to W), if a window still pays; otherwise the best-paying length up to twice the
-        last one."""
+        max_tokens and the context). A request's first window is the shortest size that
+        pays; one taken whole is followed by one twice as long (up to W), if a window still
+        pays; otherwise the best-paying length up to twice the last one."""
         if r.backoff_left > 0 or room < 1:
             return Decision(0, why=BACKING_OFF if room >= 1 else NO_ROOM)
         cap = min(self.window, room)

@@ -28,6 +28,7 @@ GPU_COSTS = {
     "draft_tokens": 1e-6,
     "verify_passes": 0.02,
     "verify_tokens": 1e-5,
+    "draft_calls": 1e-4,
 }
 
 

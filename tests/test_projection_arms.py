@@ -120,22 +120,48 @@ def test_arms_at_batch_1_by_hand():
 
 
 def test_adaptive_pays_its_exploration_bound_where_token_level_wins():
+    """Where token-level is the fastest arm, adaptive pays what its exploration can cost: a
+    first window, the shortest size (W = 8 here, the only one) whose whole-window cost per
+    token at the policy's optimistic ρ 0.999 beats token-level's, then probes after each
+    back-off, each costing what it takes beyond token-level's time for the tokens it keeps.
+    A whole window of 8: 8 draft tokens (16 ms), a forward over
+    9 tokens (layers(9) 18.667 + head(9) 5.5), one of the `continue` row's passes (14):
+    54.1667 ms for E[taken | 8, 0.999] + 1 = 999 (1 - 0.999^8) + 1 = 8.9641 tokens, 6.0426 ms
+    a token. The engine explores request after request while that optimistic reading says a
+    window pays; here the run is one request."""
     t, d = _models()
-    # token-level accepts 80 of 100 tokens: 20 forwards over 5 tokens, 80 draft tokens
+    window = 16 + layers(9) + 5.5 + 14
+    assert window == pytest.approx(54.1667, abs=1e-4)
+    # token-level accepting 80 of 100 (20 forwards over 5 tokens, 80 draft tokens): 4.967 ms a
+    # token, faster than a window even if all were kept: no window opens, nothing is added
     tl = 20 * (layers(5) + 3.5) + 80 * 2
     p = pj.project_arms({"token_level": _token_level(80, 20), "continue": _continue()}, t, d, batch=1, requests=1)
     a = p["arms"]
-    assert a["token_level"]["ms"] == pytest.approx(tl)
-    assert a["adaptive"]["best_arm"] == "token_level"
-    # one request of 100 tokens: probes at 16, 48 (and 112 > 100): 1 + floor(log2(100/16 + 1)) = 3
-    assert window_policy.exploration_bound(100) == 3 * 16 and a["adaptive"]["probes_per_request"] == 3
-    # each wholly wasted: 16 draft tokens (32 ms), a forward over 17 tokens (layers(17) + head(17) 9.5),
-    # one of the `continue` row's passes (14)
-    probe = 32 + layers(17) + 9.5 + 14
-    assert a["adaptive"]["exploration_ms_per_token"] == pytest.approx(3 * probe / 100)
-    assert a["adaptive"]["ms_per_token"] == pytest.approx(tl / 100 + 3 * probe / 100)
-    # never further below the best arm than that bound; here below token-level k 4
-    assert p["adaptive_over_token_level"] == pytest.approx((tl / 100) / (tl / 100 + 3 * probe / 100))
+    assert a["token_level"]["ms"] == pytest.approx(tl) and tl / 100 < window / 8.9641
+    assert a["adaptive"]["best_arm"] == "token_level" and a["adaptive"]["first_window"] == 0
+    assert a["adaptive"]["requests_exploring"] == 0 and a["adaptive"]["probes_per_request"] == 0
+    assert a["adaptive"]["exploration_ms_per_token"] == 0.0 and p["adaptive_over_token_level"] == pytest.approx(1.0)
+    # token-level accepting 50 (25 plain steps, 25 forwards over 5, 100 draft tokens): 8.583 ms a
+    # token, slower than a kept window; `continue`'s windows all rejected at once (11.29 ms a
+    # token), so token-level is the fastest arm, and the first window, 8, is explored
+    tl = 25 * 9.5 + 25 * (layers(5) + 3.5) + 100 * 2
+    lost = _continue(accepted_in_windows=0, accepted=0, rejections=4)
+    p = pj.project_arms({"token_level": _token_level(), "continue": lost}, t, d, batch=1, requests=1)
+    a = p["arms"]
+    assert a["adaptive"]["best_arm"] == "token_level" and tl / 100 > window / 8.9641
+    assert a["adaptive"]["first_window"] == 8
+    # one request of 100 tokens: the first window (rejected: the judge kept no token), then
+    # probes of min(16, W) = 8 at 16 and 48 (112 > 100): 1 + floor(log2(100/16 + 1)) = 3
+    # windows, each costing its 54.1667 ms less what token-level takes for the one token it
+    # yields (the target's), 8.5833 ms: 45.5833 ms
+    assert a["adaptive"]["probes_per_request"] == 3 and a["adaptive"]["requests_exploring"] == 1
+    assert window_policy.exploration_bound(100, min_window=8, first_window=8) == 3 * 8
+    loss = window - tl / 100
+    assert loss == pytest.approx(45.5833, abs=1e-4)
+    assert a["adaptive"]["exploration_ms_per_token"] == pytest.approx(3 * loss / 100)
+    assert a["adaptive"]["ms_per_token"] == pytest.approx(tl / 100 + 3 * loss / 100)
+    # never further below the best arm than that; here below token-level k 4
+    assert p["adaptive_over_token_level"] == pytest.approx((tl / 100) / (tl / 100 + 3 * loss / 100))
     assert p["adaptive_over_token_level"] < 1
 
 
@@ -188,7 +214,8 @@ def test_roofline_costs_and_the_committed_runs_arms():
         a = r["arms"]
         assert a["chunked_overlap"]["ms"] <= a["chunked"]["ms"]
         assert a["chunked"]["discarded_per_rejection"] <= 16
-        assert a["adaptive"]["speedup"] <= max(a[k]["speedup"] for k in ("token_level", "continue", "chunked_overlap"))
+        best = max(a[k]["speedup"] for k in ("token_level", "continue", "chunked_overlap"))
+        assert a["adaptive"]["speedup"] <= best * (1 + 1e-12)
     md = "\n".join(pj.arms_section(proj))
     assert "| arm | qwen3-0.6b → qwen3-8b, batch 1 | qwen3-0.6b → qwen3-8b, batch 8 |" in md
     assert all(f"- {x}" in md for x in pj.ARM_ASSUMPTIONS)

@@ -658,12 +658,17 @@ ARM_ASSUMPTIONS = (
     "up: J x (c x draft step + judge).",
     "Adaptive: the policy picks, per request, the arm of higher expected goodput; the projection gives it the "
     "fastest of token-level, whole-window and chunked (with and without overlap) arms; where token-level is "
-    "the fastest, plus the most its exploration can cost (window_policy.exploration_bound: per request "
-    "MIN_WINDOW-token probes at output tokens b, 3b, 7b, ..., each taken as wholly wasted: its draft tokens, a "
-    "forward over them and one verification pass, none of its tokens kept); where a window arm is the fastest, "
-    "its probes are that arm's windows and nothing is added. A worst case: the adaptive row's own counters "
-    "(`adaptive, its CPU run's counters`) show what its exploration cost in fact, with CPU-made choices. Every request is taken to favour the same arm (the counters are per run, not per "
-    "request), so a mix of requests that favour different arms would do better than this.",
+    "the fastest, plus what its exploration can cost: request after request, while the policy's optimistic "
+    "reading of the judge's survival rate (window_policy.ArmStats.rho_upper, learning from each window as the "
+    "`continue` row's rate would have it) says some size pays, the request's first window is the shortest "
+    "such size, and if rejected, MIN_WINDOW-token probes follow at output tokens b, 3b, 7b, ... "
+    "(window_policy.exploration_bound); each window (its draft tokens, a forward over them and one "
+    "verification pass) costs what it takes beyond token-level's time for the tokens the judge is expected "
+    "to keep of it (the `continue` row's survival rate); where a window arm is the fastest, "
+    "its probes are that arm's windows and nothing is added. An estimate, not a bound: the adaptive row's own "
+    "counters (`adaptive, its CPU run's counters`) show what its exploration cost in fact, with CPU-made "
+    "choices. Every request is taken to favour the same arm (the counters are per run, not per request), so a "
+    "mix of requests that favour different arms would do better than this.",
     "Step costs without a gpu_costs.json (`roofline:<gpu>`): a roofline stand-in, not a measurement: per "
     "decoder layer max(bytes read / (peak bandwidth x 0.8), FLOPs / (peak bf16 dense x 0.6)) plus 30 µs of "
     "kernel overheads (CUDA graphs), the LM head likewise plus 20 µs; bytes = the layer's bf16 weights + the KV "
@@ -849,22 +854,54 @@ def project_arms(
             window_ms=w["ms"],
         )
     # adaptive: the best arm plus the most its exploration can cost (ARM_ASSUMPTIONS)
-    from parse_vllm.window_policy import FIRST_BACKOFF, MIN_WINDOW, exploration_bound
+    from parse_vllm.window_policy import (
+        FIRST_BACKOFF,
+        MIN_WINDOW,
+        OPTIMISTIC_RHO,
+        ArmStats,
+        expected_taken,
+        window_sizes,
+    )
 
     best = min(("token_level", "continue", "chunked", "chunked_overlap"), key=lambda a: arms[a]["ms_per_token"])
     answer = max(cont_c.tokens / max(requests, 1), 1.0)
-    probe_tokens = exploration_bound(int(answer), MIN_WINDOW, FIRST_BACKOFF)
-    probes = probe_tokens / MIN_WINDOW
     rows_per_call = cont["at_batch"]["rows_per_drafter_call"]
-    probe_forward = (
-        decode / batch + target.step_ms(batch, batch - 1 + MIN_WINDOW + 1, batch - 1 + MIN_WINDOW + 1) - decode
-        if batch > 1
-        else target.forward_ms(MIN_WINDOW + 1, MIN_WINDOW + 1)
-    )
-    probe_ms = MIN_WINDOW * cont["step_ms"]["draft_decode"] / rows_per_call + probe_forward
-    probe_ms += cont["step_ms"]["verification_pass"]
+
+    def window_ms(w: int) -> float:  # a whole window of w: its draft, a forward over it, a pass
+        forward = (
+            decode / batch + target.step_ms(batch, batch - 1 + w + 1, batch - 1 + w + 1) - decode
+            if batch > 1
+            else target.forward_ms(w + 1, w + 1)
+        )
+        return w * cont["step_ms"]["draft_decode"] / rows_per_call + forward + cont["step_ms"]["verification_pass"]
+
+    # The engine explores (window_policy): request after request, while its optimistic reading
+    # of the judge's survival rate says some size pays, the request's first window is the
+    # shortest such size, and if it is rejected, probes of MIN_WINDOW (or W) follow at output
+    # tokens b, 3b, ...; the reading learns from each window as the judge's rate (the `continue`
+    # row's) would have it, and each window costs what it takes beyond the token-level arm's
+    # time for the tokens the judge is expected to keep of it.
+    sizes = window_sizes(int(s["window"])) if s["window"] else []
+    tl_per_token = arms["token_level"]["ms_per_token"]
+    rho = cont_c.accepted_in_windows / max(cont_c.accepted_in_windows + cont_c.rejections, 1e-9)
+    probe = min(MIN_WINDOW, int(s["window"]))
+    probes = 1 + int(math.floor(math.log2(answer / FIRST_BACKOFF + 1)))
+    def loss(w: int) -> float:
+        return max(window_ms(w) - (expected_taken(rho, w) + 1) * tl_per_token, 0.0)
+
+    engine, explore_ms, first, explored = ArmStats(), 0.0, 0, 0
+    for _ in range(max(requests, 1)):
+        reading = engine.rho_upper(OPTIMISTIC_RHO)
+        w = next((w for w in sizes if window_ms(w) / (expected_taken(reading, w) + 1) < tl_per_token), 0)
+        if not w:
+            break
+        first, explored = first or w, explored + 1
+        rejected = 1.0 - rho**w
+        engine.judged_tokens += expected_taken(rho, w)
+        engine.rejections += rejected
+        explore_ms += loss(w) + rejected * (probes - 1) * loss(probe)
     # where a window arm is the best, the probes are that arm's own windows: nothing to add
-    explore_per_token = probes * probe_ms / answer if best == "token_level" else 0.0
+    explore_per_token = explore_ms / max(cont_c.tokens, 1) if best == "token_level" else 0.0
     ms_per_token = arms[best]["ms_per_token"] + explore_per_token
     arms["adaptive"] = {
         "arm": "adaptive",
@@ -872,7 +909,9 @@ def project_arms(
         "ms_per_token": ms_per_token,
         "speedup": per_token_target / ms_per_token,
         "exploration_ms_per_token": explore_per_token,
-        "probes_per_request": probes,
+        "probes_per_request": probes if explored else 0,
+        "first_window": first,  # the first request's first window (0: none opened)
+        "requests_exploring": explored,  # requests that opened a first window
         "answer_tokens": answer,
     }
     for a in ("token_level", "continue", "chunked", "chunked_overlap"):
