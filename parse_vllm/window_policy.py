@@ -119,7 +119,10 @@ def expected_drafted(rho: float, w: int, part: float) -> float:
 
 
 def exploration_bound(
-    answer_tokens: int, min_window: int = MIN_WINDOW, first_backoff: int = FIRST_BACKOFF, first_window: int | None = None
+    answer_tokens: int,
+    min_window: int = MIN_WINDOW,
+    first_backoff: int = FIRST_BACKOFF,
+    first_window: int | None = None,
 ) -> int:
     """The most draft tokens a request spends on windows over an answer of `answer_tokens`
     tokens when every window it opens is rejected (module docstring): its first window

@@ -886,6 +886,7 @@ def project_arms(
     rho = cont_c.accepted_in_windows / max(cont_c.accepted_in_windows + cont_c.rejections, 1e-9)
     probe = min(MIN_WINDOW, int(s["window"]))
     probes = 1 + int(math.floor(math.log2(answer / FIRST_BACKOFF + 1)))
+
     def loss(w: int) -> float:
         return max(window_ms(w) - (expected_taken(rho, w) + 1) * tl_per_token, 0.0)
 
