@@ -14,10 +14,7 @@ k), from plain numbers:
   from its windows (a window that took `a` of its tokens and was rejected saw a survivals
   and one failure; one taken whole saw w survivals and no failure: the geometric MLE
   ρ = Σ a / (Σ a + rejections), with the engine's own estimate over the requests of the
-  same τ and guard as a prior worth `PRIOR_TOKENS` tokens). The engine's estimate is read
-  optimistically, as its mean plus one standard error (at most RHO_MAX): an engine whose
-  windows are untried opens some, since nothing else would ever tell it what its judge
-  takes, and one whose judge rejects them stops opening them for new requests after a few.
+  same τ and guard as a prior worth `PRIOR_TOKENS` tokens).
 
   what a window and a step cost: `CostModel`, a linear model of the engine's step time
   in the tokens a step runs through the target, the drafter and the verification pass,
@@ -52,19 +49,19 @@ windows and a window judged in parts, and takes the best; a rejection still send
 request to the token-level arm for a back-off, after which the same choice is made again
 (no forced probe: a part's waste is already bounded).
 
-Judged whole, a request's first window is the shortest of `window_sizes` (MIN_WINDOW,
-doubling, up to W) that pays: MIN_WINDOW where a forward costs about the same for any
-tokens (a GPU), longer where a judgment's forwards must be spread over more drafted tokens
-to beat the token-level arm (a CPU at batch 1). One taken whole is followed by one twice as
+Judged whole, windows start at `MIN_WINDOW`; one taken whole is followed by one twice as
 long while windows pay (a request whose windows are all taken reaches W, as Hugging Face's
 schedule grows its draft on full acceptance), otherwise the best-paying length up to twice
-the last. After a window is rejected, or whenever the token-level arm wins, the request stays with the token-level
+the last. (A first window longer than MIN_WINDOW, or the judge's rate read optimistically
+until tried, would find windows that pay only when long; on this CPU at batch 1 they did
+not pay, and trying them cost 15-23% against k 4: docs/adaptive-windows.md.) After a
+window is rejected, or whenever the token-level arm wins, the request stays with the token-level
 arm for a back-off, counted in output tokens, that doubles with every window rejected in a
 row; when it ends the request re-probes with a window of MIN_WINDOW tokens, whatever the
 estimates say. So a request whose judge never accepts pays at most MIN_WINDOW drafted
 tokens per probe, and probes at output tokens b, 3b, 7b, ... (b = `FIRST_BACKOFF`): over
 an answer of N tokens at most MIN_WINDOW * (log2(N / b + 1) + 1) draft tokens on windows
-(`exploration_bound`; where the first window is longer than MIN_WINDOW, that many more).
+(`exploration_bound`).
 
 Pure: plain numbers in, a decision out.
 """
@@ -80,7 +77,6 @@ MIN_WINDOW = 16  # the shortest window, and the probe after a back-off
 FIRST_BACKOFF = 16  # output tokens of the token-level arm after the first rejected window
 PRIOR_TOKENS = 32.0  # how much the engine's estimate weighs in a request's, in judged tokens
 OPTIMISTIC_RHO = 0.98  # the engine's survival rate before any window was judged
-RHO_MAX = 0.999  # the most the engine's optimistic survival rate may read
 PRIOR_PART = 8  # draft tokens per judged part before any part was judged (chunked judging)
 OPTIMISTIC_ALPHA = 0.9  # the engine's token-level acceptance rate before any draft was verified
 SPAN_TOKENS = 2  # tokens a window's drafter call writes the KV of each step (its last two: windows.py)
@@ -118,18 +114,11 @@ def expected_drafted(rho: float, w: int, part: float) -> float:
     return min(float(w), expected_taken(rho, w) + (1.0 - rho**w) * part)
 
 
-def exploration_bound(
-    answer_tokens: int,
-    min_window: int = MIN_WINDOW,
-    first_backoff: int = FIRST_BACKOFF,
-    first_window: int | None = None,
-) -> int:
+def exploration_bound(answer_tokens: int, min_window: int = MIN_WINDOW, first_backoff: int = FIRST_BACKOFF) -> int:
     """The most draft tokens a request spends on windows over an answer of `answer_tokens`
-    tokens when every window it opens is rejected (module docstring): its first window
-    (`first_window`, the shortest size that paid; MIN_WINDOW where forwards cost the same
-    for any tokens) and a probe of `min_window` after each back-off."""
+    tokens when every window it opens is rejected (module docstring)."""
     probes = 1 + int(math.floor(math.log2(answer_tokens / first_backoff + 1)))
-    return (min_window if first_window is None else first_window) + min_window * (probes - 1)
+    return min_window * probes
 
 
 # The drafter's FEATURES, fitted to the drafter's own time; the rest to the step's time less it.
@@ -227,13 +216,6 @@ class ArmStats:
 
     def rho(self, prior: float, prior_tokens: float = PRIOR_TOKENS) -> float:
         return (self.judged_tokens + prior_tokens * prior) / (self.judged_tokens + self.rejections + prior_tokens)
-
-    def rho_upper(self, prior: float, prior_tokens: float = PRIOR_TOKENS) -> float:
-        """ρ read optimistically: its mean plus one standard error of a rate over the judged
-        tokens (the prior's counted as judged), at most RHO_MAX (or the mean, if higher)."""
-        rho = self.rho(prior, prior_tokens)
-        n = self.judged_tokens + self.rejections + prior_tokens
-        return min(rho + math.sqrt(rho * (1.0 - rho) / n), max(RHO_MAX, rho))
 
     def alpha(self, prior: float, prior_tokens: float = PRIOR_DRAFT_TOKENS) -> float:
         return (self.token_accepted + prior_tokens * prior) / (self.token_accepted + self.token_failures + prior_tokens)
@@ -343,7 +325,7 @@ class WindowPolicy:
     # -- the choice ------------------------------------------------------------------
 
     def rho(self, r: RequestPolicy) -> float:
-        return r.stats.rho(self.prior(r).rho_upper(OPTIMISTIC_RHO))
+        return r.stats.rho(self.prior(r).rho(OPTIMISTIC_RHO))
 
     def window_cost(self, w: int, rho: float | None = None) -> np.ndarray:
         """FEATURES of one window of w tokens, as this request's share: the engine steps it
@@ -419,9 +401,9 @@ class WindowPolicy:
 
     def decide(self, r: RequestPolicy, room: int) -> Decision:
         """The request's next move, `room`: the most tokens a window could hold now (its
-        max_tokens and the context). A request's first window is the shortest size that
-        pays; one taken whole is followed by one twice as long (up to W), if a window still
-        pays; otherwise the best-paying length up to twice the last one."""
+        max_tokens and the context). A window taken whole is followed by one twice as long
+        (up to W), if a window still pays; otherwise the best-paying length up to twice the
+        last one."""
         if r.backoff_left > 0 or room < 1:
             return Decision(0, why=BACKING_OFF if room >= 1 else NO_ROOM)
         cap = min(self.window, room)
@@ -433,10 +415,8 @@ class WindowPolicy:
         if r.last_whole:
             lengths = [min(2 * r.last_window, cap)]
         else:
-            limit = min(cap, 2 * r.last_window) if r.last_window else cap
+            limit = min(cap, 2 * r.last_window if r.last_window else MIN_WINDOW)
             lengths = [w for w in self.sizes if w <= limit] or [limit]
-            if not r.last_window:  # the first window: the shortest that pays, what a rejection would waste
-                lengths = [w for w in lengths if self.goodput_window(rho, w) > best_g][:1] or lengths[:1]
         # (length, judged in parts) -> goodput; judged in parts, the longest (its waste is a part)
         moves = [(w, False) for w in lengths] + ([(cap, True)] if self.judge_chunks else [])
         for w, parts in moves:

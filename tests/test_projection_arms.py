@@ -121,14 +121,13 @@ def test_arms_at_batch_1_by_hand():
 
 def test_adaptive_pays_its_exploration_bound_where_token_level_wins():
     """Where token-level is the fastest arm, adaptive pays what its exploration can cost: a
-    first window, the shortest size (W = 8 here, the only one) whose whole-window cost per
-    token at the policy's optimistic ρ 0.999 beats token-level's, then probes after each
-    back-off, each costing what it takes beyond token-level's time for the tokens it keeps.
-    A whole window of 8: 8 draft tokens (16 ms), a forward over
-    9 tokens (layers(9) 18.667 + head(9) 5.5), one of the `continue` row's passes (14):
-    54.1667 ms for E[taken | 8, 0.999] + 1 = 999 (1 - 0.999^8) + 1 = 8.9641 tokens, 6.0426 ms
-    a token. The engine explores request after request while that optimistic reading says a
-    window pays; here the run is one request."""
+    window of min(MIN_WINDOW, W) = 8 where it pays at the engine's reading of the judge
+    (its prior 0.98 before any window), then probes after each back-off, each costing what it
+    takes beyond token-level's time for the tokens it keeps. A whole window of 8: 8 draft
+    tokens (16 ms), a forward over 9 tokens (layers(9) 18.667 + head(9) 5.5), one of the
+    `continue` row's passes (14): 54.1667 ms for E[taken | 8, 0.98] + 1 = 49 (1 - 0.98^8) + 1 =
+    8.3038 tokens, 6.5231 ms a token. The engine explores request after request while that
+    reading says a window pays; here the run is one request."""
     t, d = _models()
     window = 16 + layers(9) + 5.5 + 14
     assert window == pytest.approx(54.1667, abs=1e-4)
@@ -137,8 +136,8 @@ def test_adaptive_pays_its_exploration_bound_where_token_level_wins():
     tl = 20 * (layers(5) + 3.5) + 80 * 2
     p = pj.project_arms({"token_level": _token_level(80, 20), "continue": _continue()}, t, d, batch=1, requests=1)
     a = p["arms"]
-    assert a["token_level"]["ms"] == pytest.approx(tl) and tl / 100 < window / 8.9641
-    assert a["adaptive"]["best_arm"] == "token_level" and a["adaptive"]["first_window"] == 0
+    assert a["token_level"]["ms"] == pytest.approx(tl) and tl / 100 < window / 8.3038
+    assert a["adaptive"]["best_arm"] == "token_level"
     assert a["adaptive"]["requests_exploring"] == 0 and a["adaptive"]["probes_per_request"] == 0
     assert a["adaptive"]["exploration_ms_per_token"] == 0.0 and p["adaptive_over_token_level"] == pytest.approx(1.0)
     # token-level accepting 50 (25 plain steps, 25 forwards over 5, 100 draft tokens): 8.583 ms a
@@ -148,14 +147,13 @@ def test_adaptive_pays_its_exploration_bound_where_token_level_wins():
     lost = _continue(accepted_in_windows=0, accepted=0, rejections=4)
     p = pj.project_arms({"token_level": _token_level(), "continue": lost}, t, d, batch=1, requests=1)
     a = p["arms"]
-    assert a["adaptive"]["best_arm"] == "token_level" and tl / 100 > window / 8.9641
-    assert a["adaptive"]["first_window"] == 8
-    # one request of 100 tokens: the first window (rejected: the judge kept no token), then
+    assert a["adaptive"]["best_arm"] == "token_level" and tl / 100 > window / 8.3038
+    # one request of 100 tokens: a window of 8 (rejected: the judge kept no token), then
     # probes of min(16, W) = 8 at 16 and 48 (112 > 100): 1 + floor(log2(100/16 + 1)) = 3
     # windows, each costing its 54.1667 ms less what token-level takes for the one token it
     # yields (the target's), 8.5833 ms: 45.5833 ms
     assert a["adaptive"]["probes_per_request"] == 3 and a["adaptive"]["requests_exploring"] == 1
-    assert window_policy.exploration_bound(100, min_window=8, first_window=8) == 3 * 8
+    assert window_policy.exploration_bound(100, min_window=8) == 3 * 8
     loss = window - tl / 100
     assert loss == pytest.approx(45.5833, abs=1e-4)
     assert a["adaptive"]["exploration_ms_per_token"] == pytest.approx(3 * loss / 100)

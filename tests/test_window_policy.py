@@ -160,15 +160,14 @@ def test_where_tokens_cost_compute_the_token_level_arm_wins():
     1.166 s and yields E[taken | ρ 0.5] + 1 = 2 - 0.5^16, 1.7152 tokens/s; w 32: 1.702 s,
     1.1751; w 64: 2.774 s, 0.7210; w 128: 4.918 s, 0.4067. The
     token-level arm wins, and the request stays with it for FIRST_BACKOFF tokens: the engine
-    and the request have seen windows take 10 tokens over 10 rejections, so ρ reads at most
-    (10 + 32 · 0.851) / 52 = 0.716 (the engine's 0.795 plus its standard error 0.056), where a
-    window of 16 yields 3.5 tokens in 1.086 s."""
+    and the request have seen windows take 10 tokens over 10 rejections, so ρ is (10 + 32 ·
+    0.795) / 52 = 0.682 (the engine's (10 + 32 · 0.98) / 52 = 0.795 its prior)."""
     policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30)
     policy.costs.theta = CPU_THETA.copy()
     r = RequestPolicy()
     for s in (r.stats, policy.prior(r)):
         s.judged_tokens, s.rejections = 10, 10
-    assert policy.rho(r) == pytest.approx(0.716, abs=1e-3)
+    assert policy.rho(r) == pytest.approx(0.682, abs=1e-3)
     for _ in range(10):
         policy.token_level_verified(r, 4, 2)
     assert policy.alpha(r) == pytest.approx(0.677008, abs=1e-6)
@@ -179,23 +178,20 @@ def test_where_tokens_cost_compute_the_token_level_arm_wins():
 
 
 def test_where_forwards_cost_the_same_for_any_tokens_a_first_window_wins():
-    """A GPU-like cost (θ = GPU_THETA), a fresh request in an untried engine: no record, so ρ
-    is the engine's optimistic reading, RHO_MAX = 0.999 (0.98 plus its standard error over 32
-    prior tokens, 0.0247, capped), and α the optimistic 0.9.
+    """A GPU-like cost (θ = GPU_THETA), a fresh request: no record, so ρ is the optimistic
+    0.98 (32 prior tokens at 0.98) and α the optimistic 0.9.
 
     By hand: E[accepted | 4] = 0.9 (1 - 0.9^4) / 0.1 = 3.0951; token-level x = [1, 1, 5, 4,
     8.0951, 0, 0]: 0.001 + 0.02 + 5e-5 + 0.008 + 8.0951e-6 = 0.0290581 s, 4.0951 / 0.0290581 =
     140.93 tokens/s. The first window is MIN_WINDOW = 16 tokens:
     x = [8, 1, 17, 16, 32, 1, 30], 0.008 + 0.02 + 1.7e-4 + 0.032 + 3.2e-5 + 0.02 + 3e-4 =
-    0.080502 s; E[taken] = 0.999 (1 - 0.999^16) / 0.001 = 999 (1 - 0.984119) = 15.8652, so
-    16.8652 / 0.080502 = 209.50 tokens/s: the window wins, the shortest size that does.
-    (At the prior's mean, 0.98: 14.5339 / 0.080502 = 180.54.)"""
+    0.080502 s; E[taken] = 0.98 (1 - 0.98^16) / 0.02 = 49 (1 - 0.723798) = 13.5339, so
+    14.5339 / 0.080502 = 180.54 tokens/s: the window wins."""
     policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30)
     policy.costs.theta = GPU_THETA.copy()
     r = RequestPolicy()
-    assert policy.rho(r) == pytest.approx(0.999)
+    assert policy.rho(r) == pytest.approx(0.98)
     assert policy.goodput_token_level(r) == pytest.approx(4.0951 / 0.0290581, rel=1e-6)
-    assert policy.goodput_window(0.999, 16) == pytest.approx(16.8652 / 0.080502, rel=1e-4)
     assert policy.goodput_window(0.98, 16) == pytest.approx(14.5339 / 0.080502, rel=1e-4)
     assert policy.decide(r, room=500).window == 16 and r.backoff_left == 0
 
@@ -295,9 +291,8 @@ def test_judged_in_parts_a_window_costs_what_it_drafts_to_its_first_failure():
 def test_parts_are_chosen_where_whole_windows_would_waste_costly_drafts():
     """A costly drafter (0.02 s a forward), a costly target forward (0.05 s), cheap tokens; the
     token-level arm is the target alone (k 0); the request's last window, 64, was taken whole,
-    so a whole window would be 128; its record gives ρ = 0.95 with the prior's mean, (37.8 +
-    32 · 0.98) / (37.8 + 3 + 32), and the policy reads (37.8 + 32 · 0.999) / 72.8 = 0.95835
-    (the engine untried: its optimistic RHO_MAX), which chooses the same as 0.95 below.
+    so a whole window would be 128; its record gives ρ = (37.8 + 32 · 0.98) / (37.8 + 3 + 32) =
+    0.95.
 
     By hand: the target alone, x = [1, 1, 1, 0, 0, 0, 0]: 0.001 + 0.05 + 1e-5 = 0.05101 s a
     token, 19.604 tokens/s. A whole 128: E[taken] = 19 (1 - 0.95^128) = 18.9732, x = [64, 1,
@@ -311,7 +306,7 @@ def test_parts_are_chosen_where_whole_windows_would_waste_costly_drafts():
         policy.costs.theta = theta.copy()
         r = RequestPolicy(last_window=64, last_whole=True)
         r.stats.judged_tokens, r.stats.rejections = 37.8, 3
-        assert r.stats.rho(0.98) == pytest.approx(0.95) and policy.rho(r) == pytest.approx(0.95835, abs=1e-5)
+        assert policy.rho(r) == pytest.approx(0.95)
         assert policy.goodput_token_level(r) == pytest.approx(1 / 0.05101, rel=1e-9)
         assert policy.goodput_window(0.95, 128) == pytest.approx(19.9732 / 2.6807, rel=1e-4)
         assert policy.goodput_window(0.95, 128, parts=True) == pytest.approx(19.9732 / 0.7428, rel=1e-3)
@@ -562,33 +557,26 @@ def _engine_at_batch_1(policy, theta, rho: float, alpha: float, requests: int, s
 
 @pytest.mark.parametrize("rho", [0.997, 0.9])
 @pytest.mark.parametrize("call", [0.0, CPU_BS1[-1]])
-def test_at_batch_1_an_untried_engine_finds_out_whether_windows_pay(rho, call):
-    """An engine that has seen nothing (costs unknown, judge untried) beside plain k 4 at
-    batch 1, the token-level arm accepting with α 0.94 (odd's k 4 rows), over 12 requests.
-    Where a drafter call costs nothing, a window's draft costs less per token than k 4's
-    step: a judge that keeps 99.7% of tokens in a row (odd's `continue` rows) gets windows
-    that open, grow and, once the engine has learnt, beat k 4 by 20%; one that keeps 90%
-    costs a few windows and stays within 3% of k 4. At this CPU's 80 ms a call, a window
-    drafted 2 tokens a call costs about what k 4 does per token: for a judge that keeps 90%
-    windows do not pay (after its first windows the engine opens at most one more), and for
-    one that keeps 99.7% they come within 2% of k 4, so the engine still opens some, and
-    loses up to 5% to k 4 on the near tie (each request's own whole windows read its rate
-    high)."""
+def test_at_batch_1_on_this_cpu_the_policy_stays_with_k4(rho, call):
+    """An engine that has seen nothing (costs unknown) beside plain k 4 at this CPU's batch-1
+    costs, the token-level arm accepting with α 0.94 (odd's k 4 rows), over 12 requests and 4
+    more, with and without the drafter call's 80 ms, with a judge that keeps 99.7% of tokens
+    in a row (odd's `continue` rows) or 90%. A first window of 16 does not pay here, where a
+    judgment costs a forward and a pass; the few the first requests open (while the costs
+    are still being learnt) teach the engine so, and it stays within 3% of k 4, opening no
+    window in the later requests. (Windows that would pay only when long, a judge keeping
+    99.7% with free drafter calls, are not found: the price of a first window of 16.)"""
     theta = np.append(CPU_BS1[:-1], call)
     policy = WindowPolicy(W, spec_tokens=4, chunk=2, verify_tokens_per_window=30)
     s, n, opened = _engine_at_batch_1(policy, theta, rho, 0.94, requests=12, seed=1)
     s_k4, n_k4, _ = _engine_at_batch_1(None, theta, rho, 0.94, requests=12, seed=1)
-    speed = (n / s) / (n_k4 / s_k4)
-    s, n, late = _engine_at_batch_1(policy, theta, rho, 0.94, requests=4, seed=2)
-    s_k4, n_k4, _ = _engine_at_batch_1(None, theta, rho, 0.94, requests=4, seed=2)
-    later = (n / s) / (n_k4 / s_k4)
-    if rho > 0.99 and not call:
-        assert opened >= 12 and speed > 1.03 and later > 1.15
-        assert policy.costs.as_dict()["seconds"]["step"] < 0.01  # the host's work, told from a forward
-    elif rho > 0.99:
-        assert speed > 0.95 and later > 0.95
-    else:
-        assert speed > 0.97 and later > 0.97 and late <= 1
+    s2, n2, late = _engine_at_batch_1(policy, theta, rho, 0.94, requests=4, seed=2)
+    s2_k4, n2_k4, _ = _engine_at_batch_1(None, theta, rho, 0.94, requests=4, seed=2)
+    assert (n / s) / (n_k4 / s_k4) > 0.97 and (n2 / s2) / (n2_k4 / s2_k4) > 0.97
+    assert late == 0
+    # the host's work told from the forward, and the call from the forwards
+    got = policy.costs.as_dict()["seconds"]
+    assert got["step"] < 0.01 and got["target_forward"] == pytest.approx(theta[1], rel=0.2)
 
 
 def test_steps_without_a_window_for_long_neither_overflow_the_fit_nor_lose_the_next_window():
@@ -623,24 +611,3 @@ def test_a_first_drafting_step_is_learnt_from_though_predicted_at_nothing():
     assert model.cost(drafting) > 0.8 * float(CPU_BS1 @ drafting)  # (one step of RLS: most of the way)
     model.update(decode, 30.0)  # an idle gap before a step of known features is still dropped
     assert model.cost(decode) == pytest.approx(CPU_BS1 @ decode, rel=0.05)
-
-
-def test_the_optimistic_reading_is_capped_but_never_below_the_mean():
-    """By hand: untried, 0.98 + sqrt(0.98 · 0.02 / 32) = 1.0047, capped at RHO_MAX 0.999; after
-    5,000 tokens kept and none rejected the mean is (5000 + 32 · 0.98) / 5032 = 0.999873,
-    which the reading keeps (not the cap: it would price a 128 window 6% lower than known)."""
-    from parse_vllm.window_policy import OPTIMISTIC_RHO, RHO_MAX, ArmStats
-
-    assert ArmStats().rho_upper(OPTIMISTIC_RHO) == RHO_MAX == 0.999
-    known = ArmStats(judged_tokens=5000)
-    assert known.rho(OPTIMISTIC_RHO) == pytest.approx(0.999873, abs=1e-6)
-    assert known.rho_upper(OPTIMISTIC_RHO) == pytest.approx(known.rho(OPTIMISTIC_RHO))
-    rejected = ArmStats(judged_tokens=90, rejections=10)  # mean (90 + 31.36) / 132 = 0.919394
-    se = np.sqrt(0.919394 * (1 - 0.919394) / 132)
-    assert rejected.rho_upper(OPTIMISTIC_RHO) == pytest.approx(0.919394 + se, abs=1e-6)
-
-
-def test_the_exploration_bound_counts_a_longer_first_window():
-    """A first window of 64 (the shortest size that paid on a CPU at batch 1), then probes
-    of 16: over 384 tokens 64 + 16 · 4 = 128 draft tokens at most."""
-    assert exploration_bound(384, first_window=64) == 64 + 16 * 4 == exploration_bound(384) + 48

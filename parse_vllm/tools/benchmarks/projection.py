@@ -658,10 +658,10 @@ ARM_ASSUMPTIONS = (
     "up: J x (c x draft step + judge).",
     "Adaptive: the policy picks, per request, the arm of higher expected goodput; the projection gives it the "
     "fastest of token-level, whole-window and chunked (with and without overlap) arms; where token-level is "
-    "the fastest, plus what its exploration can cost: request after request, while the policy's optimistic "
-    "reading of the judge's survival rate (window_policy.ArmStats.rho_upper, learning from each window as the "
-    "`continue` row's rate would have it) says some size pays, the request's first window is the shortest "
-    "such size, and if rejected, MIN_WINDOW-token probes follow at output tokens b, 3b, 7b, ... "
+    "the fastest, plus what its exploration can cost: request after request, while a MIN_WINDOW-token window "
+    "(or W, if shorter) pays at the engine's reading of the judge's survival rate (window_policy.ArmStats.rho, "
+    "the request's prior, learning from each window as the `continue` row's rate would have it), the request "
+    "opens one, and if it is rejected, probes of that size follow at output tokens b, 3b, 7b, ... "
     "(window_policy.exploration_bound); each window (its draft tokens, a forward over them and one "
     "verification pass) costs what it takes beyond token-level's time for the tokens the judge is expected "
     "to keep of it (the `continue` row's survival rate); where a window arm is the fastest, "
@@ -854,14 +854,7 @@ def project_arms(
             window_ms=w["ms"],
         )
     # adaptive: the best arm plus the most its exploration can cost (ARM_ASSUMPTIONS)
-    from parse_vllm.window_policy import (
-        FIRST_BACKOFF,
-        MIN_WINDOW,
-        OPTIMISTIC_RHO,
-        ArmStats,
-        expected_taken,
-        window_sizes,
-    )
+    from parse_vllm.window_policy import FIRST_BACKOFF, MIN_WINDOW, OPTIMISTIC_RHO, ArmStats, expected_taken
 
     best = min(("token_level", "continue", "chunked", "chunked_overlap"), key=lambda a: arms[a]["ms_per_token"])
     answer = max(cont_c.tokens / max(requests, 1), 1.0)
@@ -875,13 +868,12 @@ def project_arms(
         )
         return w * cont["step_ms"]["draft_decode"] / rows_per_call + forward + cont["step_ms"]["verification_pass"]
 
-    # The engine explores (window_policy): request after request, while its optimistic reading
-    # of the judge's survival rate says some size pays, the request's first window is the
-    # shortest such size, and if it is rejected, probes of MIN_WINDOW (or W) follow at output
-    # tokens b, 3b, ...; the reading learns from each window as the judge's rate (the `continue`
-    # row's) would have it, and each window costs what it takes beyond the token-level arm's
-    # time for the tokens the judge is expected to keep of it.
-    sizes = window_sizes(int(s["window"])) if s["window"] else []
+    # The engine explores (window_policy): request after request, while a MIN_WINDOW window (or
+    # W, if shorter) pays at the engine's reading of the judge's survival rate (the request's
+    # prior), the request opens one, and if it is rejected, probes of that size follow at
+    # output tokens b, 3b, ...; the reading learns from each window as the judge's rate (the
+    # `continue` row's) would have it, and each window costs what it takes beyond the
+    # token-level arm's time for the tokens the judge is expected to keep of it.
     tl_per_token = arms["token_level"]["ms_per_token"]
     rho = cont_c.accepted_in_windows / max(cont_c.accepted_in_windows + cont_c.rejections, 1e-9)
     probe = min(MIN_WINDOW, int(s["window"]))
@@ -890,17 +882,16 @@ def project_arms(
     def loss(w: int) -> float:
         return max(window_ms(w) - (expected_taken(rho, w) + 1) * tl_per_token, 0.0)
 
-    engine, explore_ms, first, explored = ArmStats(), 0.0, 0, 0
-    for _ in range(max(requests, 1)):
-        reading = engine.rho_upper(OPTIMISTIC_RHO)
-        w = next((w for w in sizes if window_ms(w) / (expected_taken(reading, w) + 1) < tl_per_token), 0)
-        if not w:
+    engine, explore_ms, explored = ArmStats(), 0.0, 0
+    for _ in range(max(requests, 1) if probe else 0):
+        reading = engine.rho(OPTIMISTIC_RHO)
+        if window_ms(probe) / (expected_taken(reading, probe) + 1) >= tl_per_token:
             break
-        first, explored = first or w, explored + 1
-        rejected = 1.0 - rho**w
-        engine.judged_tokens += expected_taken(rho, w)
+        explored += 1
+        rejected = 1.0 - rho**probe
+        engine.judged_tokens += expected_taken(rho, probe)
         engine.rejections += rejected
-        explore_ms += loss(w) + rejected * (probes - 1) * loss(probe)
+        explore_ms += loss(probe) + rejected * (probes - 1) * loss(probe)
     # where a window arm is the best, the probes are that arm's own windows: nothing to add
     explore_per_token = explore_ms / max(cont_c.tokens, 1) if best == "token_level" else 0.0
     ms_per_token = arms[best]["ms_per_token"] + explore_per_token
@@ -911,8 +902,7 @@ def project_arms(
         "speedup": per_token_target / ms_per_token,
         "exploration_ms_per_token": explore_per_token,
         "probes_per_request": probes if explored else 0,
-        "first_window": first,  # the first request's first window (0: none opened)
-        "requests_exploring": explored,  # requests that opened a first window
+        "requests_exploring": explored,  # requests that opened a window
         "answer_tokens": answer,
     }
     for a in ("token_level", "continue", "chunked", "chunked_overlap"):
