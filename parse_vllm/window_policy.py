@@ -52,11 +52,11 @@ request to the token-level arm for a back-off, after which the same choice is ma
 Judged whole, windows start at `MIN_WINDOW`; one taken whole is followed by one twice as
 long while windows pay (a request whose windows are all taken reaches W, as Hugging Face's
 schedule grows its draft on full acceptance), otherwise the best-paying length up to twice
-the last. (A first window longer than MIN_WINDOW, or the judge's rate read optimistically
-until tried, would find windows that pay only when long; on this CPU at batch 1 they did
-not pay, and trying them cost 15-23% against k 4: docs/adaptive-windows.md.) After a
-window is rejected, or whenever the token-level arm wins, the request stays with the token-level
-arm for a back-off, counted in output tokens, that doubles with every window rejected in a
+the last. (A longer first window, or the judge's rate read optimistically until tried,
+would find windows that pay only when long, but where none pays, as on a CPU at batch 1,
+trying them costs more than k 4 gains back: docs/adaptive-windows.md.) After a window is
+rejected, or whenever the token-level arm wins, the request stays with the token-level arm
+for a back-off, counted in output tokens, that doubles with every window rejected in a
 row; when it ends the request re-probes with a window of MIN_WINDOW tokens, whatever the
 estimates say. So a request whose judge never accepts pays at most MIN_WINDOW drafted
 tokens per probe, and probes at output tokens b, 3b, 7b, ... (b = `FIRST_BACKOFF`): over
@@ -133,18 +133,19 @@ P_MAX = 1e6
 
 
 class CostModel:
-    """Step time ≈ θ · x over FEATURES, θ ≥ 0, fitted by recursive least squares with
-    forgetting (`forget` per step) from a weak prior: every token free, the step's own host
-    work near free, a target forward's fixed cost unknown. Steps that only decode run one
-    step and one forward each, so they cannot tell the two apart; the prior gives their
-    common cost to the forward, which a window's drafting steps (no forward) do not pay; once
-    a window runs, those steps tell the host's work (less the drafter's, timed apart) from it. (A prior giving it to the
-    step charged every drafting step a target forward: windows looked 2x dearer at batch 1
-    and none ever opened to correct it.) The drafter's part (DRAFTER) is fitted to the drafter's own time, the rest
-    (REST) to the step's time less it: two independent fits, each learning only from steps
-    that ran some of its features. A step much slower than predicted (an engine that sat
-    idle between steps) is not learnt from, unless it ran a feature no step learnt from
-    before (a first window's drafting step, predicted at nearly nothing). `fixed` (seconds by FEATURES name,
+    """Step time ≈ θ · x over FEATURES, fitted by recursive least squares with forgetting
+    (`forget` per step) from a weak prior: every token free, the step's own host work near
+    free, a target forward's fixed cost unknown. Steps that only decode run one step and one
+    forward each, so they cannot tell the two apart; the prior gives their common cost to
+    the forward, which a window's drafting steps (no forward) do not pay; once a window
+    runs, those steps tell the host's work (less the drafter's, timed apart) from it. (A
+    prior giving it to the step would charge every drafting step a target forward: windows
+    look 2x dearer at batch 1, and none opens to correct it.) The drafter's part (DRAFTER) is
+    fitted to the drafter's own time, the rest (REST) to the step's time less it: two
+    independent fits, each learning only from steps that ran some of its features. A step
+    much slower than predicted (an engine that sat idle between steps) is not learnt from,
+    unless it ran a feature no step learnt from before (a first window's drafting step,
+    predicted at nearly nothing). `fixed` (seconds by FEATURES name,
     parse.adaptive_step_costs): θ given, never fitted."""
 
     def __init__(self, forget: float = 0.98, prior_weight: float = 1.0, fixed: dict[str, float] | None = None):
@@ -334,9 +335,9 @@ class WindowPolicy:
         one target forward, the target's tokens over it, its w drafter forwards and the
         tokens they run (its w drafts, and each step's call writing the KV of its last
         SPAN_TOKENS tokens, as `ParseController.count_drafter` counts a step's), its
-        verification pass, and a drafter call a step. Judged in parts (given the survival rate `rho`): what it
-        is expected to draft (module docstring), and a target forward and a verification
-        pass per part."""
+        verification pass, and a drafter call a step. Judged in parts (given the survival
+        rate `rho`): what it is expected to draft (module docstring), and a target forward
+        and a verification pass per part."""
         if rho is None:
             steps = math.ceil(w / self.chunk) if self.chunk else 1
             return np.array(
@@ -410,8 +411,6 @@ class WindowPolicy:
         if r.failed_in_row and not self.judge_chunks:
             r.probes += 1
             return Decision(min(MIN_WINDOW, cap), probe=True, why=PROBE)  # the back-off is over: probe
-        rho = self.rho(r)
-        best, best_g = (0, False), self.goodput_token_level(r)
         if r.last_whole:
             lengths = [min(2 * r.last_window, cap)]
         else:
@@ -419,6 +418,8 @@ class WindowPolicy:
             lengths = [w for w in self.sizes if w <= limit] or [limit]
         # (length, judged in parts) -> goodput; judged in parts, the longest (its waste is a part)
         moves = [(w, False) for w in lengths] + ([(cap, True)] if self.judge_chunks else [])
+        rho = self.rho(r)
+        best, best_g = (0, False), self.goodput_token_level(r)
         for w, parts in moves:
             if (g := self.goodput_window(rho, w, parts)) > best_g:
                 best, best_g = (w, parts), g

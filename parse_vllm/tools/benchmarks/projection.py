@@ -879,19 +879,17 @@ def project_arms(
     probe = min(MIN_WINDOW, int(s["window"]))
     probes = 1 + int(math.floor(math.log2(answer / FIRST_BACKOFF + 1)))
 
-    def loss(w: int) -> float:
-        return max(window_ms(w) - (expected_taken(rho, w) + 1) * tl_per_token, 0.0)
-
+    probe_ms = window_ms(probe) if probe else 0.0
+    loss = max(probe_ms - (expected_taken(rho, probe) + 1) * tl_per_token, 0.0)  # one window's
+    rejected = 1.0 - rho**probe  # the chance a window is rejected (and its request re-probes)
     engine, explore_ms, explored = ArmStats(), 0.0, 0
     for _ in range(max(requests, 1) if probe else 0):
-        reading = engine.rho(OPTIMISTIC_RHO)
-        if window_ms(probe) / (expected_taken(reading, probe) + 1) >= tl_per_token:
+        if probe_ms / (expected_taken(engine.rho(OPTIMISTIC_RHO), probe) + 1) >= tl_per_token:
             break
         explored += 1
-        rejected = 1.0 - rho**probe
         engine.judged_tokens += expected_taken(rho, probe)
         engine.rejections += rejected
-        explore_ms += loss(probe) + rejected * (probes - 1) * loss(probe)
+        explore_ms += loss * (1 + rejected * (probes - 1))
     # where a window arm is the best, the probes are that arm's own windows: nothing to add
     explore_per_token = explore_ms / max(cont_c.tokens, 1) if best == "token_level" else 0.0
     ms_per_token = arms[best]["ms_per_token"] + explore_per_token
