@@ -49,6 +49,15 @@ windows and a window judged in parts, and takes the best; a rejection still send
 request to the token-level arm for a back-off, after which the same choice is made again
 (no forced probe: a part's waste is already bounded).
 
+No window opens before the cost model has learnt from `COST_STEPS` steps that ran the
+target's forward and, where the token-level arm drafts, the drafter (`costs_learnt`): until
+then a window's drafting is priced at the prior's nothing, and the first request would open
+windows that the engine's own steps would have shown not to pay (on this CPU at batch 1, a
+first request's windows cost it half again its time: docs/adaptive-windows.md). The wait is
+the first request's first few steps, on the token-level arm, which runs at its own speed
+meanwhile; where windows pay (a GPU), the learnt costs say so and the first window opens
+then. Given step costs (`adaptive_step_costs`) need no wait.
+
 Judged whole, windows start at `MIN_WINDOW`; one taken whole is followed by one twice as
 long while windows pay (a request whose windows are all taken reaches W, as Hugging Face's
 schedule grows its draft on full acceptance), otherwise the best-paying length up to twice
@@ -81,6 +90,11 @@ PRIOR_PART = 8  # draft tokens per judged part before any part was judged (chunk
 OPTIMISTIC_ALPHA = 0.9  # the engine's token-level acceptance rate before any draft was verified
 SPAN_TOKENS = 2  # tokens a window's drafter call writes the KV of each step (its last two: windows.py)
 PRIOR_DRAFT_TOKENS = 8.0  # how much the engine's α weighs in a request's, in verified draft tokens
+# Per step on the target alone (k 0), a request's own token-level record is worth this much
+# of itself: drafting nothing, it gathers no evidence, and a few unlucky early drafts would
+# otherwise keep it off the drafter for good; forgotten, its α returns to the engine's.
+ALPHA_FORGET = 0.9
+COST_STEPS = 8  # learnt steps of the target's forward (and the drafter's) before a first window
 # What a step ran, the cost model's inputs: the step itself (host work), whether the target
 # ran its forward, the tokens through it, the drafter's sequential forwards (a w-token draft
 # takes w, however many rows share them) and the tokens through them (rows x positions),
@@ -126,6 +140,11 @@ DRAFTER = np.array([FEATURES.index(f) for f in ("draft_forwards", "draft_tokens"
 REST = np.array([i for i in range(len(FEATURES)) if i not in DRAFTER])
 
 
+# A verification pass is a forward of the target over its copies: priced as one (TARGET's
+# coefficients) until the engine has timed a pass of its own.
+TARGET = np.array([FEATURES.index(f) for f in ("target_forward", "target_tokens")])
+VERIFY = np.array([FEATURES.index(f) for f in ("verify_passes", "verify_tokens")])
+
 # The most the fit's variance may grow to in any direction. Forgetting inflates it in directions
 # no recent step ran (a verification pass while no window opens), without bound: after some
 # 35,000 steps the covariance overflows and the fit turns NaN. Capped at the unknown forward's prior.
@@ -154,6 +173,7 @@ class CostModel:
         self.P = np.eye(len(FEATURES)) / prior_weight  # block-diagonal: DRAFTER and REST
         self.P[1, 1] = P_MAX  # a target forward's fixed cost is unknown until the first step
         self.seen = np.zeros(len(FEATURES), dtype=bool)  # the features some learnt step ran
+        self.runs = np.zeros(len(FEATURES), dtype=np.int64)  # learnt steps that ran each feature
         self.steps = 0
         self.fixed = fixed is not None
         if fixed is not None:
@@ -168,10 +188,16 @@ class CostModel:
         if self.steps >= 8 and not new and seconds > 20 * max(self.cost(x), 1e-6):
             return
         self.seen |= x != 0
+        self.runs += x != 0
         for idx, y in ((REST, seconds - drafter_seconds), (DRAFTER, drafter_seconds)):
             if x[idx].any():
                 self._fit(idx, x[idx], y)
         self.steps += 1
+
+    def knows(self, names: tuple[str, ...], steps: int) -> bool:
+        """Whether every feature in `names` was run by at least `steps` learnt steps (given
+        costs: always)."""
+        return self.fixed or all(self.runs[FEATURES.index(n)] >= steps for n in names)
 
     def _fit(self, idx: np.ndarray, x: np.ndarray, y: float) -> None:
         block = np.ix_(idx, idx)
@@ -202,7 +228,11 @@ class CostModel:
         x = np.asarray(x, dtype=np.float64)
         if self.fixed:
             return float(self.theta @ x)
-        return sum(max(float(self.theta[idx] @ x[idx]), 0.0) for idx in (REST, DRAFTER))
+        theta = self.theta
+        if not self.seen[VERIFY].any():  # no pass timed yet: the prior's nothing would be a free judgment
+            theta = theta.copy()
+            theta[VERIFY] = theta[TARGET]
+        return sum(max(float(theta[idx] @ x[idx]), 0.0) for idx in (REST, DRAFTER))
 
 
 @dataclass
@@ -224,12 +254,13 @@ class ArmStats:
 
 # Why a decision went as it did (Decision.why).
 BACKING_OFF = "backing off"  # token-level for a while after a rejection or a token-level choice
+LEARNING_COSTS = "learning costs"  # token-level until the cost model knows this engine's steps
 NO_ROOM = "no room"  # max_tokens or the context leaves no token for a window
 PROBE = "probe"  # the back-off after a rejected window is over: a MIN_WINDOW window, judged whole
 WINDOW_PAYS = "window pays"  # a whole window's expected tokens per second beat the token-level arm's
 PARTS_PAY = "window in parts pays"  # a window judged in parts beat both
 TOKEN_LEVEL_PAYS = "token-level pays"  # the token-level arm beat every window
-WHY = (BACKING_OFF, NO_ROOM, PROBE, WINDOW_PAYS, PARTS_PAY, TOKEN_LEVEL_PAYS)
+WHY = (BACKING_OFF, LEARNING_COSTS, NO_ROOM, PROBE, WINDOW_PAYS, PARTS_PAY, TOKEN_LEVEL_PAYS)
 
 
 @dataclass
@@ -325,6 +356,13 @@ class WindowPolicy:
 
     # -- the choice ------------------------------------------------------------------
 
+    def costs_learnt(self) -> bool:
+        """Whether the cost model has learnt enough of this engine's steps to price a window:
+        `COST_STEPS` steps that ran the target's forward and, if the token-level arm drafts
+        (its k now), the drafter (module docstring)."""
+        needed = ("target_forward", "draft_forwards") if self.token_k else ("target_forward",)
+        return self.costs.knows(needed, COST_STEPS)
+
     def rho(self, r: RequestPolicy) -> float:
         return r.stats.rho(self.prior(r).rho(OPTIMISTIC_RHO))
 
@@ -387,6 +425,10 @@ class WindowPolicy:
                 if best is None or g > best[0] * (1 + 1e-9):
                     best = (g, k)
             self.token_k = best[1]
+            if self.token_k == 0:
+                for r in rows:
+                    r.stats.token_accepted *= ALPHA_FORGET
+                    r.stats.token_failures *= ALPHA_FORGET
         return self.token_k
 
     def goodput_window(self, rho: float, w: int, parts: bool = False) -> float:
@@ -407,10 +449,19 @@ class WindowPolicy:
         last one."""
         if r.backoff_left > 0 or room < 1:
             return Decision(0, why=BACKING_OFF if room >= 1 else NO_ROOM)
+        if not self.costs_learnt():
+            return Decision(0, why=LEARNING_COSTS)
         cap = min(self.window, room)
         if r.failed_in_row and not self.judge_chunks:
-            r.probes += 1
-            return Decision(min(MIN_WINDOW, cap), probe=True, why=PROBE)  # the back-off is over: probe
+            # the back-off is over: probe, if a judge that took every token would make the
+            # window pay (a probe tests the judge; where the costs alone rule windows out,
+            # as on a CPU at batch 1, there is nothing to test)
+            w = min(MIN_WINDOW, cap)
+            if self.goodput_window(1.0, w) > self.goodput_token_level(r):
+                r.probes += 1
+                return Decision(w, probe=True, why=PROBE)
+            r.backoff_left = FIRST_BACKOFF * 2 ** (r.failed_in_row - 1)
+            return Decision(0, why=TOKEN_LEVEL_PAYS)
         if r.last_whole:
             lengths = [min(2 * r.last_window, cap)]
         else:

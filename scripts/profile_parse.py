@@ -172,7 +172,8 @@ def engine_kwargs(args, config: str, target, draft) -> dict:
     """The LLM keyword arguments of a --configs name."""
     from parse_vllm.tools.benchmarks import common
 
-    kw = dict(max_model_len=args.max_model_len, max_num_seqs=max(8, args.batch), dtype="float32")
+    max_num_seqs = args.max_num_seqs or max(8, args.batch)
+    kw = dict(max_model_len=args.max_model_len, max_num_seqs=max_num_seqs, dtype="float32")
     if config == "parse":
         parse = {"threshold": args.threshold, **json.loads(args.parse)}
         return common.parse_engine(target, draft, args.window, parse, **kw)
@@ -470,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parse", default="{}", help="more PARSE options, JSON")
     ap.add_argument("--max-tokens", type=int, default=384)
     ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="the engine's (default: max(8, --batch))")
     ap.add_argument("--rate", type=int, default=50, help="py-spy samples per second")
     ap.add_argument("--spy", action=argparse.BooleanOptionalAction, default=True, help="record with py-spy")
     ap.add_argument("--out", type=Path, default=Path("bench/results/profile"))

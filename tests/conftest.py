@@ -146,6 +146,22 @@ def assert_judgments_match_target_forwards(target: Path, records: list[dict], to
     assert worst <= tol, f"max |log-prob diff| {worst}"
 
 
+# on_reject adaptive's step costs fixed (parse.adaptive_step_costs), GPU-like: a forward costs the
+# same for 1 or 100 tokens, a draft forward a tenth of the target's. Its choices then follow
+# from the judge's alone, whatever load this machine is under (fitted, a loaded 2-core CPU
+# can price every window out).
+GPU_COSTS = {
+    "step": 1e-3,
+    "target_forward": 0.02,
+    "target_tokens": 1e-5,
+    "draft_forwards": 2e-3,
+    "draft_tokens": 1e-6,
+    "verify_passes": 0.02,
+    "verify_tokens": 1e-5,
+    "draft_calls": 1e-4,
+}
+
+
 def parse_kwargs(tiny_models, window: int = WINDOW, **parse) -> dict:
     # Windows of W = 16 in two steps of 8 draft tokens (the default, 2, would take 8):
     # every test engine drafts windows over steps, at the suite's pace.

@@ -5,7 +5,7 @@ the target's tokens, windows over steps and preemption losing nothing."""
 from __future__ import annotations
 
 import pytest
-from conftest import PROMPTS, close_llm, engine_kwargs, make_llm, parse_kwargs
+from conftest import GPU_COSTS, PROMPTS, close_llm, engine_kwargs, make_llm, parse_kwargs
 
 import parse_vllm
 from parse_vllm.window_policy import MIN_WINDOW, exploration_bound
@@ -16,20 +16,6 @@ W = 64
 REJECT_ALL = {"parse_threshold": 1.0}  # judged, and every prefix fails
 ACCEPT_ALL = {"parse_threshold": 0.0}
 LOSSLESS = {"parse_threshold": 1.0, "parse_guard": 1}
-# The policy's step costs fixed (parse.adaptive_step_costs), GPU-like: a forward costs the
-# same for 1 or 100 tokens, a draft forward a tenth of the target's. Its choices then follow
-# from the judge's alone, whatever load this machine is under (fitted, a loaded 2-core CPU
-# can price every window out).
-GPU_COSTS = {
-    "step": 1e-3,
-    "target_forward": 0.02,
-    "target_tokens": 1e-5,
-    "draft_forwards": 2e-3,
-    "draft_tokens": 1e-6,
-    "verify_passes": 0.02,
-    "verify_tokens": 1e-5,
-    "draft_calls": 1e-4,
-}
 
 
 def sp(max_tokens, **extra_args):

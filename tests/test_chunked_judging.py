@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import PROMPTS, close_llm, make_llm, parse_kwargs
+from conftest import GPU_COSTS, PROMPTS, close_llm, make_llm, parse_kwargs
 
 import parse_vllm
 
@@ -110,7 +110,13 @@ def test_adaptive_windows_the_policy_judges_in_parts_are_judged_in_parts(tiny_mo
     monkeypatch.setattr(window_policy.WindowPolicy, "decide", in_parts)
     adaptive = make_llm(
         **parse_kwargs(
-            tiny_models, window=WINDOW, draft_chunk=CHUNK, judge_chunks=True, on_reject="adaptive", **JUDGING
+            tiny_models,
+            window=WINDOW,
+            draft_chunk=CHUNK,
+            judge_chunks=True,
+            on_reject="adaptive",
+            adaptive_step_costs=GPU_COSTS,  # windows pay: what is tested is how they are judged
+            **JUDGING,
         )
     )
     try:
