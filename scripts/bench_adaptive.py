@@ -129,9 +129,16 @@ def rows_of(run: Path, pair: str) -> list[dict]:
             per_repeat = [
                 sum(r["s_per_task_repeats"][i] * len(r["task_s"]) for r in sets) / len(task_s) for i in range(reps)
             ]
+            probed = [timing.row_repeats(r, probe=True) for r in sets]
+            task_probe_repeats = None
+            if all(probed):
+                task_probe_repeats = [
+                    [t for reps in probed for t in reps[i]] for i in range(min(len(reps) for reps in probed))
+                ]
             row.update(
                 task_s=task_s,
                 task_s_repeats=task_s_repeats,
+                task_probe_repeats=task_probe_repeats,
                 tok_s=sum(task_tokens) / sum(task_s),
                 tok_s_ci=timing.tok_s_ci(task_tokens, task_s),
                 s_per_task=statistics.fmean(task_s),
@@ -199,7 +206,8 @@ def goal_keys(rows: list[dict], tau: float | None = None) -> dict:
     ``policy_over_best_{set}_bs{b}`` (the fastest of the target, token-level k 4 and `continue`,
     whole or judged in parts, over the policy row's time per task, > 1: the policy is faster;
     goal ≥ 0.97), with ``_ci``, ``_by_repeat``, ``_baseline``, ``_policy`` (adaptive or
-    adaptive-parts) and ``_run``; ``policy_pass_at_1_{set}`` and ``target_pass_at_1_{set}``
+    adaptive-parts) and ``_run``, and where the run probed the machine's speed the same ratio in
+    probe units (``_probe``, ``_probe_ci``, ``_probe_by_repeat``: timing.py); ``policy_pass_at_1_{set}`` and ``target_pass_at_1_{set}``
     (batch 8); ``discarded_draft_per_rejection_before``: `continue`'s draft tokens thrown away
     per rejected window, ``_after``: the same judged in parts (eval variant k4-parts), both at
     the largest batch where both were run (``_batch``; the Coder sets pooled).
@@ -233,6 +241,9 @@ def goal_keys(rows: list[dict], tau: float | None = None) -> dict:
             key = f"policy_over_best_{name}_bs{batch}"
             out[key], out[f"{key}_ci"], out[f"{key}_by_repeat"] = f["ratio"], f["ci"], f["by_repeat"]
             out[f"{key}_baseline"], out[f"{key}_policy"], out[f"{key}_run"] = best["config"], policy["config"], runs[-1]
+            if p := speed(best, policy, probe=True):  # the machine's changing speed taken out
+                out[f"{key}_probe"], out[f"{key}_probe_ci"] = p["ratio"], p["ci"]
+                out[f"{key}_probe_by_repeat"] = p["by_repeat"]
         at8 = [r for r in coder if r["split"] == split and r["batch"] == 8]
         for configs, prefix in ((POLICY_CONFIGS, "policy"), (("target",), "target")):
             got = [r for c in configs for r in at8 if r["config"] == c and (c == "target" or r["tau"] == tau)]
@@ -277,6 +288,11 @@ def goal_lines(keys: dict) -> list[str]:
             ratio, by = keys[key], keys[f"{key}_by_repeat"]
             met = "met" if ratio >= 0.97 and all(b is not None and b >= 0.97 for b in by) else "**not met**"
             text = timing.describe_ratio(ratio, keys[f"{key}_ci"], by_repeat=by)
+            if f"{key}_probe" in keys:
+                probe = timing.describe_ratio(
+                    keys[f"{key}_probe"], keys[f"{key}_probe_ci"], by_repeat=keys[f"{key}_probe_by_repeat"]
+                )
+                text += f"; in probe units {probe}"
             lines.append(
                 f"| {name} | {batch} | {text} | {keys.get(f'{key}_policy', 'adaptive')} | {keys[f'{key}_baseline']} | "
                 f"`{keys.get(f'{key}_run', '—')}` | {met} |"
@@ -298,10 +314,12 @@ def goal_lines(keys: dict) -> list[str]:
     return lines
 
 
-def speed(ref: dict, row: dict, few: bool = False) -> dict:
+def speed(ref: dict, row: dict, few: bool = False, probe: bool = False) -> dict | None:
     """ref's time per task over row's, pooled, by repeat, with the interval over repeats and
-    tasks and the verdict (timing.speed_figures)."""
-    return timing.speed_figures(timing.row_repeats(ref), timing.row_repeats(row), few)
+    tasks and the verdict (timing.speed_figures); probe: the same in probe units (None
+    where either row was not probed)."""
+    a, b = timing.row_repeats(ref, probe), timing.row_repeats(row, probe)
+    return timing.speed_figures(a, b, few) if a and b else None
 
 
 def label(r: dict) -> str:

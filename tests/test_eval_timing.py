@@ -119,6 +119,72 @@ def test_per_task_time_shares_each_step_among_the_requests_in_flight():
     assert timing.per_task([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0], [2.0, 9.0, 2.0]]) == [2.0, 2.0, 2.0]
 
 
+def test_a_slow_spell_of_the_machine_inflates_task_s_and_not_the_probe_units():
+    """The same tasks as above (batch 2, 2, 4 and 3 steps of 1 s), the machine twice as slow
+    in steps 3 and 4; a probe before each step takes 0.1 s at full speed, 0.2 s in the slow
+    spell, and reads it. By hand, seconds (probes left out): step 1-2 0.5 each to tasks 0 and
+    1, steps 3-4 1.0 each to tasks 1 and 2, step 5 1.0 to task 2: task_s 1, 3, 3 (wall 7).
+    In probe units each stretch over its probe: 0.5 / 0.1 = 5, 1.0 / 0.2 = 5, 1.0 / 0.1 =
+    10: task 0 10, task 1 20, task 2 20, the times of the spell-free run (1, 2, 2) in units
+    of 0.1 s. Latencies leave the probes out: 2, 6 and 5 s."""
+    speeds = [1.0, 1.0, 2.0, 2.0, 1.0]
+    clock = _Clock()
+    engine = _Engine(clock, [2, 4, 3], 1.0, 0.0)
+    step = engine.step
+
+    def slow_step():
+        engine.step_s = speeds[engine.n]
+        engine.n += 1
+        return step()
+
+    def probe():
+        clock.t += 0.1 * speeds[engine.n]
+        return 0.1 * speeds[engine.n]
+
+    engine.n, engine.step = 0, slow_step
+    llm = type("LLM", (), {})()
+    llm.llm_engine = engine
+    got = tools_engine.run_batch(llm, [[1]] * 3, [None] * 3, 2, clock=clock, probe=probe)
+    assert got["task_s"] == pytest.approx([1.0, 3.0, 3.0]) and got["wall_s"] == pytest.approx(7.0)
+    assert got["task_probe"] == pytest.approx([10.0, 20.0, 20.0]) and got["probe_s"] == pytest.approx(0.1)
+    assert got["latency_s"] == pytest.approx([2.0, 6.0, 5.0])
+    assert _run([2, 4, 3], batch=2)["task_probe"] is None
+
+
+def test_probe_units_take_a_slow_spell_out_of_a_ratio():
+    """Two rows of 12 tasks, 2 repeats: the target alone at 4 s a task; the other row does
+    the same work, but its repeat 2 ran in a spell 1.5x slower (6 s a task in seconds). In
+    seconds: repeats 1.0x and 0.67x, pooled 8 / 10 = 0.8x, "no difference" (they disagree).
+    In probe units (the probe slowed alike, 1.5x): 40 units a task throughout, 1.0x in each
+    repeat with the point interval [1, 1]. The summary keeps the probe keys, and the table
+    gains the probe column, only where a run probed."""
+    tasks = [f"HumanEval/{i}" for i in range(12)]
+    base = {"set": "humaneval-odd", "batch": 1, "item_ids": tasks, "n_prompts": 12, "few_tasks": False}
+    target = dict(base, config="target", task_s=[4.0] * 12, task_s_repeats=[[4.0] * 12] * 2)
+    target["task_probe_repeats"] = [[40.0] * 12] * 2
+    other = dict(base, config="token-k4", task_s=[5.0] * 12, task_s_repeats=[[4.0] * 12, [6.0] * 12])
+    other["task_probe_repeats"] = [[40.0] * 12] * 2
+    report.speeds([target, other])
+    assert other["speedup"] == pytest.approx(0.8) and other["speedup_by_repeat"] == pytest.approx([1.0, 2 / 3])
+    assert other["speedup_verdict"] == timing.SAME
+    assert other["speedup_probe"] == pytest.approx(1.0) and other["speedup_probe_ci"] == pytest.approx([1.0, 1.0])
+    assert other["speedup_probe_by_repeat"] == pytest.approx([1.0, 1.0])
+    assert report.summary_row(other)["speedup_probe"] == pytest.approx(1.0)
+    assert any(c[0] == "speed_probe_text" for c in report._columns([target, other]))
+    for r in (target, other):
+        for k in report.PROBE_KEYS:
+            r.pop(k, None)
+    report.speeds([target, other])
+    assert "speedup_probe" not in report.summary_row(other)
+    assert not any(c[0] == "speed_probe_text" for c in report._columns([target, other]))
+
+
+def test_the_speed_probe_reads_seconds():
+    probe = tools_engine.SpeedProbe()
+    got = [probe() for _ in range(3)]
+    assert all(0 < t < 5 for t in got)
+
+
 # -- intervals and "no difference" -----------------------------------------------------------
 
 

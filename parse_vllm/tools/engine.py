@@ -9,10 +9,40 @@ import statistics
 import time
 from typing import Any
 
-__all__ = ["close", "prefix_cache_counters", "reset_prefix_cache", "run_batch", "spec_counters"]
+__all__ = ["SpeedProbe", "close", "prefix_cache_counters", "reset_prefix_cache", "run_batch", "spec_counters"]
 
 
-def run_batch(llm, prompts: list[list[int]], params_list: list, batch: int, clock=time.perf_counter) -> dict[str, Any]:
+class SpeedProbe:
+    """How fast the machine is right now: a fixed piece of work shaped like a decode step's
+    (5 rows through a 1536 x 8960 float32 weight, twice: 110 MB read, as a forward's layers
+    read theirs, and a 512 x 512 product), timed. On a shared 2-core VM the same engine step
+    takes 170 ms in one minute and 235 ms in the next (other tenants); this probe's time
+    follows a forward-like workload's with correlation 0.93, so a step's seconds over the
+    probe's (its "probe units") compare jobs that ran minutes apart (docs/benchmarks.md).
+    About 17 ms on this machine; run between steps, outside the timed stretches."""
+
+    ROWS, DIM, HIDDEN = 5, 1536, 8960
+
+    def __init__(self):
+        import torch
+
+        gen = torch.Generator().manual_seed(0)
+        self._x = torch.randn(self.ROWS, self.DIM, generator=gen)
+        self._w = torch.randn(self.DIM, self.HIDDEN, generator=gen)
+        self._c = torch.randn(512, 512, generator=gen)
+        self()  # first touch of the weight, outside any reading
+
+    def __call__(self, clock=time.perf_counter) -> float:
+        t = clock()
+        self._x @ self._w
+        self._x @ self._w
+        self._c @ self._c
+        return clock() - t
+
+
+def run_batch(
+    llm, prompts: list[list[int]], params_list: list, batch: int, clock=time.perf_counter, probe=None
+) -> dict[str, Any]:
     """Keep ``batch`` requests in flight; per-request latency and tokens, and each request's
     share of the wall time (``task_s``).
 
@@ -22,13 +52,21 @@ def run_batch(llm, prompts: list[list[int]], params_list: list, batch: int, cloc
     that stays in flight longer (more tokens, slower acceptance) gets more of it, and at
     batch 1 a task's share is its whole request (adding it, then its steps). ``latency_s[i]``:
     from the request's arrival to its last token (at batch > 1 these overlap and add up to
-    more than the wall)."""
+    more than the wall).
+
+    ``probe`` (a :class:`SpeedProbe`, or any callable returning seconds): run before every
+    step, its own time taken out of the stretches; each stretch is also counted in probe
+    units (its seconds over the probe's), shared out as ``task_s`` is: ``task_probe``, which
+    a slower spell of the machine does not inflate. ``probe_s``: the probes' median."""
     engine = llm.llm_engine
     pending = list(range(len(prompts)))
     started: dict[str, float] = {}
     outputs: dict[int, list[int]] = {}
     latency: dict[int, float] = {}
     share = [0.0] * len(prompts)
+    units = [0.0] * len(prompts)  # the shares in probe units
+    probes: list[float] = []
+    probed = 0.0  # seconds spent probing so far (no task's, no request's)
     live: dict[str, int] = {}  # request id -> task, added and not finished
     ids: dict[int, str] = {}  # task -> its request id
     t0 = last = clock()
@@ -37,14 +75,21 @@ def run_batch(llm, prompts: list[list[int]], params_list: list, batch: int, cloc
             i = pending.pop(0)
             rid = f"r{i}-{time.monotonic_ns()}"
             engine.add_request(rid, {"prompt_token_ids": prompts[i]}, params_list[i])
-            started[rid] = clock()
+            started[rid] = clock() - probed
             live[rid], ids[i] = i, rid
+        if probe is not None:
+            t = clock()
+            probes.append(probe())
+            d = clock() - t  # the probe is no task's time
+            last, probed = last + d, probed + d
         outs = engine.step()
         now = clock()
         if live:
             part = (now - last) / len(live)
             for i in live.values():
                 share[i] += part
+                if probe is not None:
+                    units[i] += part / probes[-1]
         last = now
         for out in outs:
             if out.finished:
@@ -52,8 +97,8 @@ def run_batch(llm, prompts: list[list[int]], params_list: list, batch: int, cloc
                 if i is None:
                     i = int(out.request_id.split("-")[0][1:])
                 outputs[i] = list(out.outputs[0].token_ids)
-                latency[i] = now - started[out.request_id]
-    wall = last - t0
+                latency[i] = now - probed - started[out.request_id]
+    wall = last - t0 - probed
     tokens = sum(len(o) for o in outputs.values())
     lat = sorted(latency.values())
     return {
@@ -66,6 +111,8 @@ def run_batch(llm, prompts: list[list[int]], params_list: list, batch: int, cloc
         "latency_s": [latency[i] for i in range(len(prompts))],
         "latency_p50_s": statistics.median(lat),
         "latency_p90_s": lat[min(len(lat) - 1, int(0.9 * len(lat)))],
+        "task_probe": units if probe is not None else None,
+        "probe_s": statistics.median(probes) if probes else None,
     }
 
 

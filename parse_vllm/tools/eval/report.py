@@ -88,6 +88,22 @@ ROW_KEYS = (
 )
 
 
+# A row's figures in probe units (timing.py), kept only where its run probed the machine's speed.
+PROBE_KEYS = (
+    "speedup_probe",
+    "speedup_probe_ci",
+    "speedup_probe_by_repeat",
+    "speedup_probe_verdict",
+    "task_probe_repeats",
+    "probe_s_repeats",
+)
+
+
+def summary_row(r: dict) -> dict:
+    """A row as summary.json keeps it: ROW_KEYS, and PROBE_KEYS where the run probed."""
+    return {**{k: r.get(k) for k in ROW_KEYS}, **{k: r[k] for k in PROBE_KEYS if r.get(k) is not None}}
+
+
 def setting(row: dict) -> tuple:
     return (row["config"], row.get("tau"), row.get("guard"))
 
@@ -143,6 +159,13 @@ def _speed(r: dict, ref: dict) -> None:
     r["speedup"], r["speedup_by_repeat"] = f["ratio"], f["by_repeat"]
     r["speedup_ci"] = [1.0, 1.0] if r is ref else f["ci"]
     r["speedup_verdict"] = None if r is ref else f["verdict"]
+    # the same in probe units (timing.py): the machine's changing speed taken out
+    ref_units, units = timing.row_repeats(ref, probe=True), timing.row_repeats(r, probe=True)
+    p = timing.speed_figures(ref_units, units, bool(r.get("few_tasks"))) if ref_units and units else None
+    if p is not None:
+        r["speedup_probe"], r["speedup_probe_by_repeat"] = p["ratio"], p["by_repeat"]
+        r["speedup_probe_ci"] = [1.0, 1.0] if r is ref else p["ci"]
+        r["speedup_probe_verdict"] = None if r is ref else p["verdict"]
 
 
 def speeds(rows: list[dict]) -> None:
@@ -348,6 +371,19 @@ COLS = [
 ]
 
 
+PROBE_COL = ("speed_probe_text", "the same in probe units (the machine's speed out) [95% CI]", "")
+
+
+def _columns(rows: list[dict]) -> list[tuple]:
+    """COLS, with the run where rows come from several, and the speed in probe units where
+    some row has it."""
+    cols = ([("run", "run", "")] if any("run" in r for r in rows) else []) + COLS[1:]
+    if any(r.get("speedup_probe") is not None for r in rows):
+        at = next(i for i, c in enumerate(cols) if c[0] == "speed_text") + 1
+        cols.insert(at, PROBE_COL)
+    return cols
+
+
 def _table_rows(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
@@ -362,10 +398,19 @@ def _table_rows(rows: list[dict]) -> list[dict]:
             speed = _describe_speed(r)
             if r.get("speedup_ci") is None:
                 speed += " (tok/s: a run without per-task times)"
+        speed_probe = None
+        if r["config"] != "target" and r.get("speedup_probe") is not None:
+            speed_probe = timing.describe_ratio(
+                r["speedup_probe"],
+                r.get("speedup_probe_ci"),
+                bool(r.get("few_tasks")),
+                r.get("speedup_probe_by_repeat"),
+            )
         out.append(
             dict(
                 r,
                 label=display(r),
+                speed_probe_text=speed_probe,
                 s_per_task_text=s_text,
                 spread_text=None if spread is None else f"{spread:.1%} ({r.get('repeats')} repeats)",
                 speed_text=speed,
@@ -442,7 +487,7 @@ def markdown(summary: dict) -> str:
         lines += [
             f"### {name} ({', '.join(f'{v} prompts at batch {k}' for k, v in sorted(n.items()))})",
             "",
-            common.table(_table_rows(rows), ([("run", "run", "")] if any("run" in r for r in rows) else []) + COLS[1:]),
+            common.table(_table_rows(rows), _columns(rows)),
             "",
         ]
     nf = summary.get("noise_floor")

@@ -530,10 +530,18 @@ def run_engine(
 
     import parse_vllm
     from parse_vllm._vllm import LLM, SamplingParams
-    from parse_vllm.tools.engine import close, prefix_cache_counters, reset_prefix_cache, run_batch, spec_counters
+    from parse_vllm.tools.engine import (
+        SpeedProbe,
+        close,
+        prefix_cache_counters,
+        reset_prefix_cache,
+        run_batch,
+        spec_counters,
+    )
 
     progress.set_description(f"starting {config}")
     llm = LLM(**kw, disable_log_stats=False)
+    probe = SpeedProbe()  # the machine's speed before every step (timing.py: probe units)
     records = []
     try:
         for i, job in enumerate(jobs):
@@ -558,7 +566,7 @@ def run_engine(
                 parse_vllm.reset_stats(llm)
             spec0, cache0 = spec_counters(llm), prefix_cache_counters(llm)
             with tqdm(total=len(job["prompts"]), desc=f"  {where}", unit="req", leave=False, file=sys.stderr) as bar:
-                res = run_batch(_Tracked(llm, bar), job["prompts"], params, job["batch"])
+                res = run_batch(_Tracked(llm, bar), job["prompts"], params, job["batch"], probe=probe)
             spec1, cache1 = spec_counters(llm), prefix_cache_counters(llm)
             process_job = next(_JOBS_IN_THIS_PROCESS)
             stats = parse_vllm.get_stats(llm) if is_parse else None
@@ -570,7 +578,10 @@ def run_engine(
                 "process_job": process_job,  # 0: the first timed job of its process
                 **{
                     k: res[k]
-                    for k in ("wall_s", "tokens", "tok_s", "task_s", "latency_s", "latency_p50_s", "latency_p90_s")
+                    for k in (
+                        *("wall_s", "tokens", "tok_s", "task_s", "task_probe", "probe_s"),
+                        *("latency_s", "latency_p50_s", "latency_p90_s"),
+                    )
                 },
                 "outputs": res["outputs"],
                 "acceptance": _acceptance(config, {k: spec1[k] - spec0[k] for k in spec1}, stats),
@@ -707,6 +718,9 @@ def build_row(records: list[dict]) -> dict:
         "s_per_task_spread": timing.spread(per_repeat),
         "task_s": task_s,
         "task_s_repeats": [r["task_s"] for r in recs],  # [repeats][tasks]: the intervals resample both
+        # the same in probe units (timing.py), where every repeat was probed
+        "task_probe_repeats": [r["task_probe"] for r in recs] if all(r.get("task_probe") for r in recs) else None,
+        "probe_s_repeats": [r.get("probe_s") for r in recs],
         "task_tokens": task_tokens,
         "tokens": first["tokens"],
         "wall_s": statistics.median(r["wall_s"] for r in recs),
@@ -1125,7 +1139,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         "tau_head": tau_head,
         "sets": [s.name for s in sets],
         "prompts": {s.name: {str(b): [it["id"] for it in chosen[(s.name, b)]] for b in batches} for s in sets},
-        "rows": [{k: r.get(k) for k in report.ROW_KEYS} for r in rows],
+        "rows": [report.summary_row(r) for r in rows],
         **rec,
         "baselines": baselines,
         "noise_floor": report.noise_floor_summary(baselines),

@@ -30,6 +30,15 @@
   repeat it is the paired bootstrap over tasks. A ratio is "faster" or "slower" only where
   its interval excludes 1.0 *and* every repeat's ratio lies on that side; otherwise it is
   "no difference".
+* **Probe units: the machine's speed taken out.** This VM's speed changes by a third from
+  one minute to the next (other tenants: the same 5-token forward takes 170 ms, then 235
+  ms), in spells longer than a step and shorter than a job, so two jobs minutes apart, or
+  two repeats of one, differ by up to 18% for the same work. A fixed probe
+  (:class:`parse_vllm.tools.engine.SpeedProbe`, 17 ms here) runs before every engine step,
+  outside the timed stretches, and each stretch is also counted in probe units (its seconds
+  over the probe's): ``task_probe``. The same figures (ratio, repeats, interval, verdict)
+  are computed from them beside the seconds' (``row_repeats(row, probe=True)``): the
+  seconds say what a user waits, the probe units which configuration does less work.
 * **The noise floor.** The target alone measured twice: repeat 2's time per task against
   repeat 1's (the same ratio and interval), and the spread of its repeats. Ratios within it
   are not resolved by the run.
@@ -173,10 +182,13 @@ def speed_figures(
     return {"ratio": ratio, "ci": ci, "by_repeat": by_repeat, "verdict": verdict(ci, few, by_repeat)}
 
 
-def row_repeats(row: dict) -> list[list[float]]:
+def row_repeats(row: dict, probe: bool = False) -> list[list[float]] | None:
     """A summary row's per-task times by repeat: ``task_s_repeats`` where the run saved them,
     else its per-task medians as one repeat (a row written before they were saved: its
-    interval then leaves the repeats' spread out)."""
+    interval then leaves the repeats' spread out). probe: the same in probe units
+    (``task_probe_repeats``), None where the run did not probe."""
+    if probe:
+        return row.get("task_probe_repeats")
     return row.get("task_s_repeats") or [row["task_s"]]
 
 
