@@ -78,6 +78,8 @@ class ParseRunnerMixin:
         self._rows_drafting_unsupported = why = _vllm.rows_drafting_unsupported(self)
         if why:
             logger.warning("PARSE: the drafter runs over the whole batch each step (%s)", why)
+            if p.policy is not None:  # vLLM's proposer: its passes are not counted as the policy's features
+                p.policy.token_drafts_counted = False
         if config.token_proposer is not None:
             if why:
                 raise ParseConfigError(f"parse.token_proposer needs the draft model drafting chosen rows ({why})")

@@ -50,13 +50,16 @@ request to the token-level arm for a back-off, after which the same choice is ma
 (no forced probe: a part's waste is already bounded).
 
 No window opens before the cost model has learnt from `COST_STEPS` steps that ran the
-target's forward and, where the token-level arm drafts, the drafter (`costs_learnt`): until
-then a window's drafting is priced at the prior's nothing, and the first request would open
-windows that the engine's own steps would have shown not to pay (on this CPU at batch 1, a
-first request's windows cost it half again its time: docs/adaptive-windows.md). The wait is
-the first request's first few steps, on the token-level arm, which runs at its own speed
-meanwhile; where windows pay (a GPU), the learnt costs say so and the first window opens
-then. Given step costs (`adaptive_step_costs`) need no wait.
+target's forward and, where the draft model writes the token-level arm's drafts (and they
+are counted: not a token proposer's, nor vLLM's whole-batch proposer's), the drafter
+(`costs_learnt`): until then a window's drafting is priced at the prior's nothing, and the
+first request would open windows that the engine's own steps would have shown not to pay (on
+this CPU at batch 1, a first request's windows took it 40.7 s against k 4's 26.1 s:
+docs/adaptive-windows.md). The wait is the first request's first few steps, on the
+token-level arm, which runs at its own speed meanwhile; where windows pay (a GPU), the
+learnt costs say so and the first window opens then. Given step costs
+(`adaptive_step_costs`) need no wait. Where only windows run the drafter (k 0, a token
+proposer) its cost is learnt from the first windows, priced free until then.
 
 Judged whole, windows start at `MIN_WINDOW`; one taken whole is followed by one twice as
 long while windows pay (a request whose windows are all taken reaches W, as Hugging Face's
@@ -67,8 +70,10 @@ trying them costs more than k 4 gains back: docs/adaptive-windows.md.) After a w
 rejected, or whenever the token-level arm wins, the request stays with the token-level arm
 for a back-off, counted in output tokens, that doubles with every window rejected in a
 row; when it ends the request re-probes with a window of MIN_WINDOW tokens, whatever the
-estimates say. So a request whose judge never accepts pays at most MIN_WINDOW drafted
-tokens per probe, and probes at output tokens b, 3b, 7b, ... (b = `FIRST_BACKOFF`): over
+judge's estimate says, as long as some window would pay if the judge took every token (a
+probe tests the judge; where the costs alone rule windows out there is nothing to test,
+and the back-off starts again). So a request whose judge never accepts pays at most
+MIN_WINDOW drafted tokens per probe, and probes at output tokens b, 3b, 7b, ... (b = `FIRST_BACKOFF`): over
 an answer of N tokens at most MIN_WINDOW * (log2(N / b + 1) + 1) draft tokens on windows
 (`exploration_bound`).
 
@@ -307,6 +312,9 @@ class WindowPolicy:
         self.part = float(max(chunk, PRIOR_PART))  # draft tokens per judged part, averaged
         self.sizes = sizes or window_sizes(window)
         self.costs = CostModel(fixed=step_costs)  # step_costs: parse.adaptive_step_costs
+        # the draft model writes the token-level arm's drafts and its passes are counted (False:
+        # a token proposer drafts them, or vLLM's proposer runs over the whole batch)
+        self.token_drafts_counted = True
         # The engine's record, by request key (τ and guard: a judge takes far more at τ 0
         # than at 0.9), the prior of a request's own.
         self.engine: dict[tuple, ArmStats] = {}
@@ -358,9 +366,10 @@ class WindowPolicy:
 
     def costs_learnt(self) -> bool:
         """Whether the cost model has learnt enough of this engine's steps to price a window:
-        `COST_STEPS` steps that ran the target's forward and, if the token-level arm drafts
-        (its k now), the drafter (module docstring)."""
-        needed = ("target_forward", "draft_forwards") if self.token_k else ("target_forward",)
+        `COST_STEPS` steps that ran the target's forward and, if the draft model drafts for
+        the token-level arm (its k now, counted), the drafter (module docstring)."""
+        drafter = self.token_k and self.token_drafts_counted
+        needed = ("target_forward", "draft_forwards") if drafter else ("target_forward",)
         return self.costs.knows(needed, COST_STEPS)
 
     def rho(self, r: RequestPolicy) -> float:
@@ -415,7 +424,9 @@ class WindowPolicy:
     def choose_token_k(self, rows: list[RequestPolicy]) -> int:
         """The token-level arm's k for this step's `rows` (the requests on it), shared by
         them: the k of `token_ks` with the most tokens per second over the rows, each
-        yielding E[accepted | its α, k] + 1 tokens (ties: the shorter k)."""
+        yielding E[accepted | its α, k] + 1 tokens (ties: the shorter k). On k 0 (the target
+        alone) each row keeps ALPHA_FORGET of its own token-level record, which drafting
+        nothing it cannot renew."""
         if rows:
             alphas = [self.alpha(r) for r in rows]
             best = None
@@ -457,7 +468,8 @@ class WindowPolicy:
             # window pay (a probe tests the judge; where the costs alone rule windows out,
             # as on a CPU at batch 1, there is nothing to test)
             w = min(MIN_WINDOW, cap)
-            if self.goodput_window(1.0, w) > self.goodput_token_level(r):
+            token_level = self.goodput_token_level(r)
+            if any(self.goodput_window(1.0, n) > token_level for n in [w] + [n for n in self.sizes if n <= cap]):
                 r.probes += 1
                 return Decision(w, probe=True, why=PROBE)
             r.backoff_left = FIRST_BACKOFF * 2 ** (r.failed_in_row - 1)

@@ -154,6 +154,17 @@ def test_the_policys_goal_keys_by_hand():
     assert keys["policy_over_best_odd_bs8"] == pytest.approx(10 / 12)
     assert keys["policy_over_best_odd_bs8_by_repeat"] == pytest.approx([1.0, 0.75])
     assert keys["policy_over_best_odd_bs8_baseline"] == "token-k4"
+    assert "policy_over_best_odd_bs8_probe" not in keys  # rows without probe units: no such key
+    # the same rows probed: adaptive's repeat 2 ran in a spell twice as slow (8 s of work 4 in
+    # units of 1 s), k 4's did not: 10 units over 8, repeats 1.0 and 1.5
+    probed = [dict(r, task_probe_repeats=r["task_s_repeats"]) for r in rows]
+    probed[3]["task_probe_repeats"] = [[2.0, 2.0], [2.0, 2.0]]
+    keys_probe = ba.goal_keys(probed)
+    assert keys_probe["policy_over_best_odd_bs8_probe"] == pytest.approx(10 / 8)
+    assert keys_probe["policy_over_best_odd_bs8_probe_by_repeat"] == pytest.approx([1.0, 1.5])
+    assert keys_probe["policy_over_best_odd_bs8"] == pytest.approx(10 / 12)  # the seconds' as before
+    # (the repeats disagree on the side of 1: no difference, whatever the pooled 1.25x)
+    assert "in probe units no difference (1.25x" in "\n".join(ba.goal_lines(keys_probe))
     assert "policy_over_best_odd_bs1" not in keys and "policy_over_best_mbpp_test_bs8" not in keys
     assert keys["policy_pass_at_1_odd"] == 0.45 and keys["target_pass_at_1_odd"] == 0.5
     # continue at batch 8 over both sets: (300 + 100 - 100 - 40) draft tokens over 5 rejections

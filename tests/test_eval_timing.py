@@ -179,10 +179,19 @@ def test_probe_units_take_a_slow_spell_out_of_a_ratio():
     assert not any(c[0] == "speed_probe_text" for c in report._columns([target, other]))
 
 
-def test_the_speed_probe_reads_seconds():
-    probe = tools_engine.SpeedProbe()
-    got = [probe() for _ in range(3)]
-    assert all(0 < t < 5 for t in got)
+def test_the_speed_probe_probes_once_a_second_and_reads_the_median_of_its_last_three():
+    """Probes of 10, 30, 20 and 50 ms at t = 0, 1, 2.5 and 3.5 s; read at t = 0, 0.5, 1, 2.5,
+    3.5: 10 (one probe), 10 (none due), median(10, 30) = 20, median(10, 30, 20) = 20,
+    median(30, 20, 50) = 30. A real probe reads some milliseconds."""
+    clock = _Clock()
+    probe = tools_engine.SpeedProbe(interval_s=1.0, keep=3, clock=clock)
+    probe.probe = iter([0.01, 0.03, 0.02, 0.05]).__next__
+    got = []
+    for t in (0.0, 0.5, 1.0, 2.5, 3.5):
+        clock.t = t
+        got.append(probe())
+    assert got == pytest.approx([0.01, 0.01, 0.02, 0.02, 0.03])
+    assert 0 < tools_engine.SpeedProbe()() < 5
 
 
 # -- intervals and "no difference" -----------------------------------------------------------

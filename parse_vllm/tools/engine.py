@@ -19,25 +19,40 @@ class SpeedProbe:
     takes 170 ms in one minute and 235 ms in the next (other tenants); this probe's time
     follows a forward-like workload's with correlation 0.93, so a step's seconds over the
     probe's (its "probe units") compare jobs that ran minutes apart (docs/benchmarks.md).
-    About 17 ms on this machine; run between steps, outside the timed stretches."""
+
+    A call returns the reading: the median of the last `keep` probes, probing again only
+    when `interval_s` has passed since the last (about 17 ms a probe here; a probe every
+    step would add that to every step the adaptive policy times, and one preempted probe
+    would skew its step's units). A CPU's speed: on a GPU the probe says nothing of it."""
 
     ROWS, DIM, HIDDEN = 5, 1536, 8960
 
-    def __init__(self):
+    def __init__(self, interval_s: float = 1.0, keep: int = 3, clock=time.perf_counter):
         import torch
 
         gen = torch.Generator().manual_seed(0)
         self._x = torch.randn(self.ROWS, self.DIM, generator=gen)
         self._w = torch.randn(self.DIM, self.HIDDEN, generator=gen)
         self._c = torch.randn(512, 512, generator=gen)
-        self()  # first touch of the weight, outside any reading
+        self.interval_s, self.keep, self.clock = interval_s, keep, clock
+        self.probe()  # first touch of the weight, outside any reading
+        self._last: list[float] = []
+        self._at = None  # when the last probe ran
 
-    def __call__(self, clock=time.perf_counter) -> float:
-        t = clock()
+    def probe(self) -> float:
+        """One probe's seconds."""
+        t = self.clock()
         self._x @ self._w
         self._x @ self._w
         self._c @ self._c
-        return clock() - t
+        return self.clock() - t
+
+    def __call__(self) -> float:
+        now = self.clock()
+        if self._at is None or now - self._at >= self.interval_s:
+            self._last = (self._last + [self.probe()])[-self.keep :]
+            self._at = now
+        return statistics.median(self._last)
 
 
 def run_batch(
@@ -54,10 +69,11 @@ def run_batch(
     from the request's arrival to its last token (at batch > 1 these overlap and add up to
     more than the wall).
 
-    ``probe`` (a :class:`SpeedProbe`, or any callable returning seconds): run before every
-    step, its own time taken out of the stretches; each stretch is also counted in probe
-    units (its seconds over the probe's), shared out as ``task_s`` is: ``task_probe``, which
-    a slower spell of the machine does not inflate. ``probe_s``: the probes' median."""
+    ``probe`` (a :class:`SpeedProbe`, or any callable returning the machine's current
+    reading in seconds): called before every step, the time it takes taken out of the
+    stretches (and of the latencies); each stretch is also counted in probe units (its
+    seconds over the reading), shared out as ``task_s`` is: ``task_probe``, which a slower
+    spell of the machine does not inflate. ``probe_s``: the readings' median."""
     engine = llm.llm_engine
     pending = list(range(len(prompts)))
     started: dict[str, float] = {}
@@ -89,7 +105,7 @@ def run_batch(
             for i in live.values():
                 share[i] += part
                 if probe is not None:
-                    units[i] += part / probes[-1]
+                    units[i] += part / max(probes[-1], 1e-9)
         last = now
         for out in outs:
             if out.finished:

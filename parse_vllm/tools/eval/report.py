@@ -101,7 +101,10 @@ PROBE_KEYS = (
 
 def summary_row(r: dict) -> dict:
     """A row as summary.json keeps it: ROW_KEYS, and PROBE_KEYS where the run probed."""
-    return {**{k: r.get(k) for k in ROW_KEYS}, **{k: r[k] for k in PROBE_KEYS if r.get(k) is not None}}
+    probed = {k: r[k] for k in PROBE_KEYS if r.get(k) is not None}
+    if not all(probed.get("probe_s_repeats") or [None]):  # some repeat not probed (a run resumed across the change)
+        probed.pop("probe_s_repeats", None)
+    return {**{k: r.get(k) for k in ROW_KEYS}, **probed}
 
 
 def setting(row: dict) -> tuple:

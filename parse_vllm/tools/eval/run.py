@@ -526,10 +526,12 @@ def run_engine(
     PARSE settings), then the prefix cache emptied (vLLM's ``reset_prefix_cache``) and the
     counters read -- then timed per task. ``on_done(record)`` gets each finished job's
     record at once (saved by the caller, so a cut run resumes)."""
+    import torch
     from tqdm.auto import tqdm
 
     import parse_vllm
     from parse_vllm._vllm import LLM, SamplingParams
+    from parse_vllm._vllm.platform import ENGINE_MULTIPROCESSING_ENV
     from parse_vllm.tools.engine import (
         SpeedProbe,
         close,
@@ -541,7 +543,10 @@ def run_engine(
 
     progress.set_description(f"starting {config}")
     llm = LLM(**kw, disable_log_stats=False)
-    probe = SpeedProbe()  # the machine's speed before every step (timing.py: probe units)
+    # the machine's speed before every step (timing.py: probe units); a CPU probe, so only
+    # where the engine runs on the CPU, in this process
+    in_process = os.environ.get(ENGINE_MULTIPROCESSING_ENV) == "0"
+    probe = SpeedProbe() if in_process and not torch.cuda.is_available() else None
     records = []
     try:
         for i, job in enumerate(jobs):
