@@ -410,7 +410,7 @@ def goals(rows: list[dict]) -> list[str]:
         "| pass@1 adaptive − continue (problems) |",
         "|---|---|---:|---:|---|---:|---|---:|---:|",
     ]
-    key = lambda r: (r["pair"], r["split"], r["batch"], r["tau"])  # noqa: E731
+    key = lambda r: (r["pair"], r["split"], r["batch"], r["tau"], r["run"])  # noqa: E731 (one run: timed side by side)
     by = {(key(r), r["config"]): r for r in rows}
     for r in sorted(
         (r for r in rows if r["config"] == "adaptive"),
@@ -460,7 +460,7 @@ def _goals_tok_s(rows: list[dict], only: dict | None = None) -> list[str]:
             "|---|---|---:|---:|---:|---|---:|---:|",
         ]
     )
-    key = lambda r: (r["pair"], r["split"], r["batch"], r["tau"])  # noqa: E731
+    key = lambda r: (r["pair"], r["split"], r["batch"], r["tau"], r["run"])  # noqa: E731 (one run: timed side by side)
     by = {(key(r), r["config"]): r for r in rows}
     for r in sorted(
         (r for r in rows if r["config"] == "adaptive" and (only is None or r is only)),
