@@ -34,9 +34,10 @@
   one minute to the next (other tenants: the same 5-token forward takes 170 ms, then 235
   ms), in spells longer than a step and shorter than a job, so two jobs minutes apart, or
   two repeats of one, differ by up to 18% for the same work. A fixed probe
-  (:class:`parse_vllm.tools.engine.SpeedProbe`, 17 ms here) runs before every engine step,
-  outside the timed stretches, and each stretch is also counted in probe units (its seconds
-  over the probe's): ``task_probe``. The same figures (ratio, repeats, interval, verdict)
+  (:class:`parse_vllm.tools.engine.SpeedProbe`, 17 ms here, run at most once a second) is
+  read before every engine step, outside the timed stretches, and each stretch is also
+  counted in probe units (its seconds over the reading, the median of the last three
+  probes): ``task_probe``. Only where the engine runs on this CPU in the eval's process. The same figures (ratio, repeats, interval, verdict)
   are computed from them beside the seconds' (``row_repeats(row, probe=True)``): the
   seconds say what a user waits, the probe units which configuration does less work.
 * **The noise floor.** The target alone measured twice: repeat 2's time per task against
