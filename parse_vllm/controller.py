@@ -96,8 +96,8 @@ class ParseController:
                 copies * self.template.suffix_len,
                 step_costs=self.config.adaptive_step_costs,
                 judge_chunks=self.config.judge_chunks,
+                token_drafts_counted=self.token_proposer is None,
             )
-            self.policy.token_drafts_counted = self.token_proposer is None
         self._step_x = np.zeros(len(WINDOW_COST_FEATURES))  # what the step ran (window_policy.FEATURES)
         # the drafter's time in a step (the runner's spans), for the window policy's cost model
         self.drafter_clock = SpanClock(self.device, enabled=self.policy is not None)

@@ -133,6 +133,11 @@ def expected_drafted(rho: float, w: int, part: float) -> float:
     return min(float(w), expected_taken(rho, w) + (1.0 - rho**w) * part)
 
 
+def backoff_tokens(failed_in_row: int) -> int:
+    """Output tokens on the token-level arm after the `failed_in_row`-th window rejected in a row."""
+    return FIRST_BACKOFF * 2 ** (failed_in_row - 1)
+
+
 def exploration_bound(answer_tokens: int, min_window: int = MIN_WINDOW, first_backoff: int = FIRST_BACKOFF) -> int:
     """The most draft tokens a request spends on windows over an answer of `answer_tokens`
     tokens when every window it opens is rejected (module docstring)."""
@@ -177,7 +182,6 @@ class CostModel:
         self.theta = np.zeros(len(FEATURES))
         self.P = np.eye(len(FEATURES)) / prior_weight  # block-diagonal: DRAFTER and REST
         self.P[1, 1] = P_MAX  # a target forward's fixed cost is unknown until the first step
-        self.seen = np.zeros(len(FEATURES), dtype=bool)  # the features some learnt step ran
         self.runs = np.zeros(len(FEATURES), dtype=np.int64)  # learnt steps that ran each feature
         self.steps = 0
         self.fixed = fixed is not None
@@ -192,12 +196,16 @@ class CostModel:
         new = bool(np.any(x[~self.seen] != 0))
         if self.steps >= 8 and not new and seconds > 20 * max(self.cost(x), 1e-6):
             return
-        self.seen |= x != 0
         self.runs += x != 0
         for idx, y in ((REST, seconds - drafter_seconds), (DRAFTER, drafter_seconds)):
             if x[idx].any():
                 self._fit(idx, x[idx], y)
         self.steps += 1
+
+    @property
+    def seen(self) -> np.ndarray:
+        """[len(FEATURES)] bool: the features some learnt step ran."""
+        return self.runs > 0
 
     def knows(self, names: tuple[str, ...], steps: int) -> bool:
         """Whether every feature in `names` was run by at least `steps` learnt steps (given
@@ -301,6 +309,7 @@ class WindowPolicy:
         sizes=None,
         step_costs: dict[str, float] | None = None,
         judge_chunks: bool = False,
+        token_drafts_counted: bool = True,
     ):
         self.window = window  # W, the longest window
         self.spec_tokens = spec_tokens  # the token-level arm's longest k (0: the target alone)
@@ -314,7 +323,7 @@ class WindowPolicy:
         self.costs = CostModel(fixed=step_costs)  # step_costs: parse.adaptive_step_costs
         # the draft model writes the token-level arm's drafts and its passes are counted (False:
         # a token proposer drafts them, or vLLM's proposer runs over the whole batch)
-        self.token_drafts_counted = True
+        self.token_drafts_counted = token_drafts_counted
         # The engine's record, by request key (τ and guard: a judge takes far more at τ 0
         # than at 0.9), the prior of a request's own.
         self.engine: dict[tuple, ArmStats] = {}
@@ -344,7 +353,7 @@ class WindowPolicy:
         r.last_whole = not rejected and taken >= window
         if rejected:
             r.failed_in_row += 1
-            r.backoff_left = FIRST_BACKOFF * 2 ** (r.failed_in_row - 1)
+            r.backoff_left = backoff_tokens(r.failed_in_row)
         else:
             r.failed_in_row = 0
 
@@ -467,12 +476,11 @@ class WindowPolicy:
             # the back-off is over: probe, if a judge that took every token would make the
             # window pay (a probe tests the judge; where the costs alone rule windows out,
             # as on a CPU at batch 1, there is nothing to test)
-            w = min(MIN_WINDOW, cap)
             token_level = self.goodput_token_level(r)
-            if any(self.goodput_window(1.0, n) > token_level for n in [w] + [n for n in self.sizes if n <= cap]):
+            if any(self.goodput_window(1.0, n) > token_level for n in [n for n in self.sizes if n <= cap] or [cap]):
                 r.probes += 1
-                return Decision(w, probe=True, why=PROBE)
-            r.backoff_left = FIRST_BACKOFF * 2 ** (r.failed_in_row - 1)
+                return Decision(min(MIN_WINDOW, cap), probe=True, why=PROBE)
+            r.backoff_left = backoff_tokens(r.failed_in_row)
             return Decision(0, why=TOKEN_LEVEL_PAYS)
         if r.last_whole:
             lengths = [min(2 * r.last_window, cap)]

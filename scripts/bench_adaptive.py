@@ -122,19 +122,14 @@ def rows_of(run: Path, pair: str) -> list[dict]:
         if timed:
             task_s = [t for r in sets for t in r["task_s"]]
             # the sets side by side in each repeat (every set ran every repeat)
-            by_set = [timing.row_repeats(r) for r in sets]
-            task_s_repeats = [[t for reps in by_set for t in reps[i]] for i in range(min(len(reps) for reps in by_set))]
+            task_s_repeats = _side_by_side([timing.row_repeats(r) for r in sets])
             task_tokens = [t for r in sets for t in (r.get("task_tokens") or [0] * len(r["task_s"]))]
             reps = min(len(r.get("s_per_task_repeats") or []) for r in sets)
             per_repeat = [
                 sum(r["s_per_task_repeats"][i] * len(r["task_s"]) for r in sets) / len(task_s) for i in range(reps)
             ]
             probed = [timing.row_repeats(r, probe=True) for r in sets]
-            task_probe_repeats = None
-            if all(probed):
-                task_probe_repeats = [
-                    [t for reps in probed for t in reps[i]] for i in range(min(len(reps) for reps in probed))
-                ]
+            task_probe_repeats = _side_by_side(probed) if all(probed) else None
             row.update(
                 task_s=task_s,
                 task_s_repeats=task_s_repeats,
@@ -166,6 +161,12 @@ def rows_of(run: Path, pair: str) -> list[dict]:
             r["ratio_ci"], r["ratio_by_repeat"], r["verdict"] = None, None, (timing.TOO_FEW if few else None)
         r["tok_s_ci"] = r.get("tok_s_ci")
     return out
+
+
+def _side_by_side(by_set: list[list[list[float]]]) -> list[list[float]]:
+    """Per-task figures by repeat of several sets ([set][repeat][task]) as one set's
+    ([repeat][tasks of every set]): every set ran every repeat."""
+    return [[t for reps in by_set for t in reps[i]] for i in range(min(len(reps) for reps in by_set))]
 
 
 def discarded_counts(r: dict) -> dict:

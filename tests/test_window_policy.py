@@ -58,7 +58,6 @@ def learnt(policy: WindowPolicy, theta: np.ndarray) -> None:
     every feature): a window can be priced."""
     policy.costs.theta = theta.copy()
     policy.costs.runs[:] = COST_STEPS
-    policy.costs.seen[:] = True
 
 
 def cpu_like(policy: WindowPolicy, steps: int = 80) -> None:

@@ -315,12 +315,10 @@ def _entry_name(entry: dict) -> str:
     return f"{name} ({TOKEN_LEVEL_TAG})" if entry.get("windows") == 0 else name
 
 
-def _describe_speed(r: dict) -> str:
+def _describe_speed(r: dict, key: str = "speedup") -> str:
     """A row's (or a candidate's per-set) speed-up against the target, its interval and each
-    repeat's figure, as the tables write it."""
-    return timing.describe_ratio(
-        r["speedup"], r.get("speedup_ci"), bool(r.get("few_tasks")), r.get("speedup_by_repeat")
-    )
+    repeat's figure, as the tables write it (key "speedup_probe": the same in probe units)."""
+    return timing.describe_ratio(r[key], r.get(f"{key}_ci"), bool(r.get("few_tasks")), r.get(f"{key}_by_repeat"))
 
 
 def unresolved(entry: dict) -> str:
@@ -403,12 +401,7 @@ def _table_rows(rows: list[dict]) -> list[dict]:
                 speed += " (tok/s: a run without per-task times)"
         speed_probe = None
         if r["config"] != "target" and r.get("speedup_probe") is not None:
-            speed_probe = timing.describe_ratio(
-                r["speedup_probe"],
-                r.get("speedup_probe_ci"),
-                bool(r.get("few_tasks")),
-                r.get("speedup_probe_by_repeat"),
-            )
+            speed_probe = _describe_speed(r, "speedup_probe")
         out.append(
             dict(
                 r,
