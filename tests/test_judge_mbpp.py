@@ -453,3 +453,60 @@ def test_the_vllm_topk_reader_equals_an_hf_forward(tiny_models, hf):
             top = set(lp[j].topk(baselines.TOP_K - 5).indices.tolist())  # clear of ties at the k-th
             assert top <= set(ids.tolist()) and s[j + 1] in ids.tolist() and len(ids) <= baselines.TOP_K + 1
             assert np.allclose(lps, lp[j, torch.as_tensor(ids)].numpy(), atol=1e-3)
+
+
+def test_judges_on_tables_rebuild_the_answers_and_give_the_full_builds_scores(run, hf, tmp_path, capsys):
+    """`--judges-on-tables` on a copy of the report (its data folders removed): the draft's
+    answers rebuilt and checked against the tables, the baselines stage over the tables' rows
+    alone, and every compared judge's column, on training (out of fold) and held out, equal to
+    the full build's; the head's columns untouched. A table row that names another length
+    stops the run, naming the row."""
+    import shutil
+
+    from parse_vllm.tools.judge import scores
+
+    out = tmp_path / "out"
+    shutil.copytree(run["out"], out, ignore=shutil.ignore_patterns("data"))
+    models = run["models"]
+    full = {sp: scores.read(out / "scores" / f"{sp}.csv") for sp in ("mbpp_train_validation_prompt", "mbpp_test")}
+    hidden, logprobs = _readers(hf)
+    base = [
+        "train-judge", "--target", str(models["target"]), "--draft", str(models["draft"]), "--window", "16",
+        "--samples", "2", "--prefixes-passing", "1", "--prefixes-failing", "2", "--max-tokens", "40",
+        "--engine", json.dumps({"kv_cache_memory_bytes": 64 << 20, "max_model_len": 512}), "--out", str(out),
+        "--judges-on-tables",
+    ]  # fmt: skip
+    path = run["path"]
+    mp = pytest.MonkeyPatch()
+    script = run["script"]
+    mp.setattr(jdata, "open_writer", lambda e: script.writer("draft" if e["model"] == str(models["draft"]) else "x"))
+    mp.setattr(jdata, "open_reader", lambda engine: hidden)
+    mp.setattr(jdata, "open_logprob_reader", lambda engine: pytest.fail("no evidence stage"))
+    mp.setattr(baselines, "open_topk_reader", _topk_reader(models))
+    try:
+        assert cli.main([*base, "--prompts", str(path), "--balance-samples", "2", "--balance-below", "0"]) == 0
+        held = [*base, "--prompts", f"{path}:test", "--balance-samples", "2", "--balance-below", "0"]
+        assert cli.main(held) == 0
+        for sp, want in full.items():
+            got = scores.read(out / "scores" / f"{sp}.csv")
+            assert np.array_equal(got.head, want.head) and np.array_equal(got.ex.label, want.ex.label)
+            for name in ("kl", "suffix_free", "suffix_free_kl"):
+                assert np.allclose(got.judges[name], want.judges[name], atol=1e-6), (sp, name)
+            assert np.array_equal(got.judges["head_kl"], want.judges["head_kl"])  # kept from the full build
+        assert not (out / "data-tables" / "mbpp-test" / "labels.done.json").exists()
+        s = json.loads((out / "summary.json").read_text())
+        assert s["data_for_judges"]["mbpp_test"]["rows"] == len(full["mbpp_test"].ex)
+        table = out / "scores" / "mbpp_test.csv"
+        lines = table.read_text().splitlines()
+        k = next(i for i, line in enumerate(lines) if line.split(",")[3] == "whole")
+        cells = lines[k].split(",")
+        cells[4] = str(int(cells[4]) + 1)  # a whole answer one token longer than the draft wrote it
+        lines[k] = ",".join(cells)
+        table.write_text("\n".join(lines) + "\n")
+        shutil.rmtree(out / "data-tables" / "mbpp-test")
+        capsys.readouterr()
+        assert cli.main(held) == 2
+        err = capsys.readouterr().err
+        assert "1 of" in err and f"length {int(cells[4])}: the answer has {int(cells[4]) - 1} tokens" in err, err
+    finally:
+        mp.undo()

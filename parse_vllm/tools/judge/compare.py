@@ -86,8 +86,9 @@ def kl_statistic(ex: probe.Examples) -> tuple[str, dict[str, dict[str, float | N
     return best, {f: {"auc_whole": w, "auc_prefix": p} for f, (w, p) in aucs.items()}
 
 
-def train(ex: probe.Examples, head_features: tuple[str, ...], log=print) -> dict[str, Any]:
-    """Each judge's out-of-fold scores on the training examples and its fit on all of them."""
+def train(ex: probe.Examples, head_features: tuple[str, ...], log=print, judges=None) -> dict[str, Any]:
+    """Each judge's out-of-fold scores on the training examples and its fit on all of them
+    (the KL judge and the fitted ones named in `judges`, all of them when None)."""
     stat, stat_aucs = kl_statistic(ex)
     log(f"compare: KL judge -{stat} (training AUC whole {stat_aucs[stat]['auc_whole']}, "
         f"prefixes {stat_aucs[stat]['auc_prefix']})")  # fmt: skip
@@ -95,6 +96,8 @@ def train(ex: probe.Examples, head_features: tuple[str, ...], log=print) -> dict
     fits, chosen_c = {}, {}
     H = ex.hidden.shape[1]
     for name, names in fitted_sets(tuple(head_features)).items():
+        if judges is not None and name not in judges:
+            continue
         X = ex.features(names)
         with probe.boosting(names, H):
             oof[name], per_fold = probe.nested_oof(X, ex, grid=GRID)

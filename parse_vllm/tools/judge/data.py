@@ -298,6 +298,9 @@ class Job:
     log: Callable[[str], None] = print
     timings: dict[str, float] = field(default_factory=dict)
     evidence: bool = False  # build the evidence stage too
+    # The tasks that get balance answers, from the distinct greedy and sampled answers, where they
+    # are known (rebuilding the answers a score table names, tables.py): no target answers needed.
+    balance_tasks: Callable[[list[dict]], list[str]] | None = None
     # more stages after the others, (name, function of the job): the baselines stage
     # (baselines.py, which builds on this module's files and readers)
     extra_stages: list[tuple[str, Callable[[Job], None]]] = field(default_factory=list)
@@ -569,13 +572,16 @@ def _balance(job: Job, answers: list[dict], clock: _Clock) -> None:
     s, bal = job.settings, job.settings.balance
     cpath = job.path("checks.jsonl")
     passed = {(r["task"], r["answer"]): r["passed"] for r in read_jsonl(cpath)}
-    twriter = None
-    try:
-        target, twriter = _target_answers(job, clock)
-    finally:
-        if twriter is not None:
-            twriter.close()
-    tasks = [t for t in rarely_failing(answers, passed, float(bal["below"])) if target[t]["passed"]]
+    if job.balance_tasks is not None:
+        tasks = job.balance_tasks(answers)
+    else:
+        twriter = None
+        try:
+            target, twriter = _target_answers(job, clock)
+        finally:
+            if twriter is not None:
+                twriter.close()
+        tasks = [t for t in rarely_failing(answers, passed, float(bal["below"])) if target[t]["passed"]]
     path = job.path("answers.jsonl")
     done = {r["task"] for r in read_jsonl(path) if r["source"] == "balance"}
     todo = [t for t in tasks if t not in done]

@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baselines", action="store_true", help="build the baselines stage too: the KL judge's "
                    "draft-target divergences and the hidden state at the prefix itself, without the verification "
                    "suffix (tools/judge/baselines.py)")  # fmt: skip
+    p.add_argument("--judges-on-tables", action="store_true", help="score the compared judges (KL, suffix-free) "
+                   "on the examples OUT's score tables name: the draft's answers rebuilt and checked against the "
+                   "tables, then the baselines stage alone, in OUT/data-tables/<set>; the training sets fit the "
+                   "judges, held-out sets are scored with them (tools/judge/tables.py)")  # fmt: skip
     o = ap.add_argument_group("run and output")
     o.add_argument("--out", type=Path, default=Path("bench/results/judge"), help="report folder (and the head)")
     o.add_argument("--data", type=Path, help="data folder (default OUT/data/<prompt set>)")
@@ -391,6 +395,24 @@ def _main(args) -> int:
                 extra_stages=[(baselines.STAGE, baselines.stage_baselines)] if args.baselines else [],
             )
         )
+    if args.judges_on_tables:
+        from . import report, tables
+
+        given = [f for f in ("evaluate", "old_head", "data_only", "ship") if getattr(args, f)]
+        if given:
+            raise JudgeError(f"--judges-on-tables scores the judges alone: leave out --{given[0].replace('_', '-')}")
+        for job in jobs:
+            job.deadline = jobs[0].deadline
+            job.folder = args.data or args.out / tables.FOLDER / job.settings.set_name
+        try:
+            summary = tables.run(args.out, [(job, split_name(p.name)) for (p, _), job in zip(sets, jobs)], log=log)
+        except data.TimeBound:
+            log(f"stopped at the time bound (--max-minutes {args.max_minutes:g}): run the same command again to resume")
+            return 3
+        except tables.TablesError as e:
+            raise JudgeError(str(e)) from None
+        print(report.markdown(summary))
+        return 0
     deadline = jobs[0].deadline
     for job in jobs:
         job.deadline = deadline  # one time bound for every set
