@@ -510,3 +510,35 @@ def test_judges_on_tables_rebuild_the_answers_and_give_the_full_builds_scores(ru
         assert "1 of" in err and f"length {int(cells[4])}: the answer has {int(cells[4]) - 1} tokens" in err, err
     finally:
         mp.undo()
+
+
+def test_judges_fitted_on_some_training_sets_score_only_their_rows(tmp_path):
+    """A training table of two sets, the judges' scores given for one (the other NaN): the
+    report's judge figures are that set's alone, and none pooled over the table."""
+    from parse_vllm.tools.judge import scores
+
+    rng = np.random.default_rng(0)
+    n = 40
+    src = np.array(["a"] * 20 + ["b"] * 20)
+    label = np.array([(i // 2) % 2 == 0 for i in range(n)])
+    ex = scores._table(
+        {"set": list(src), "task": [f"t{i // 2}" for i in range(n)], "answer": ["0"] * n, "kind": ["whole", "prefix"] * 20,
+         "length": ["5"] * n, "label": ["1" if x else "0" for x in label], "weight": ["1.0"] * n,
+         "zero_shot": [repr(float(x)) for x in rng.normal(size=n)], "head": [repr(float(x)) for x in rng.normal(size=n)]}, n,
+    )  # fmt: skip
+    judge = np.where(src == "a", label + rng.normal(0, 0.1, n), np.nan)
+    table = scores.ScoreTable(ex=ex.ex, head=ex.head, judges={"kl": judge})
+    up = scores.figures(table, "train", {"train_split": "train"})
+    a = src == "a"
+    w = a & ex.ex.whole
+    assert up["auc_kl_whole_a"] == pytest.approx(probe_auc(judge[w], label[w]))
+    assert up["auc_kl_whole_a"] == 1.0 and not any(k.startswith("auc_kl_") and k.endswith(("_b", "_train")) for k in up)
+    path = scores.write(tmp_path / "t.csv", ex.ex, ex.head, judges={"kl": judge})
+    back = scores.read(path)
+    assert np.array_equal(np.isnan(back.judges["kl"]), ~a) and np.array_equal(back.judges["kl"][a], judge[a])
+
+
+def probe_auc(z, y):
+    from parse_vllm.tools.judge import probe
+
+    return probe.auc(z, y, np.ones(len(z)))

@@ -138,9 +138,17 @@ def figures(table: ScoreTable, split: str, summary: dict[str, Any]) -> dict[str,
     ex, z = table.ex, table.head
     up: dict[str, Any] = dict(probe.scores_report(z, ex, split))
     for name, zj in (table.judges or {}).items():
-        for kind, mask in (("whole", ex.whole), ("prefix", ~ex.whole)):
-            up.update(probe.judge_figures(name, kind, split, zj, ex, mask))
-        up.update(paired_differences(name, "head", zj, z, ex, split))
+        scored = np.isfinite(zj)  # a judge fitted on some training sets only scores their rows (tables.py)
+        parts = [(split, scored)] if scored.all() else []
+        if split == summary.get("train_split") and ex.source is not None:
+            parts += [
+                (sp, ex.source == sp) for sp in dict.fromkeys(ex.source.tolist()) if scored[ex.source == sp].all()
+            ]
+        for sp, m in parts:
+            sub = ex.subset(m)
+            for kind, mask in (("whole", sub.whole), ("prefix", ~sub.whole)):
+                up.update(probe.judge_figures(name, kind, sp, zj[m], sub, mask))
+            up.update(paired_differences(name, "head", zj[m], z[m], sub, sp))
     nested = {"pass_rates": {"head": probe.pass_rates(z, ex), "zero_shot": probe.pass_rates(ex.zero_shot, ex)},
               "tasks": per_task(ex, z), "prefix_position": by_position(ex, z)}  # fmt: skip
     if split == summary.get("train_split"):

@@ -22,7 +22,10 @@ So this rebuilds the answers, checks them against the table, and runs only the b
    them;
 4. on the training sets, compare.train fits the judges that need no suffix hidden state
    (TABLE_JUDGES) and saves them (compare.FITS_FILE); a held-out set is scored with the saved
-   fits. Each table is written again with the judges' columns added (every other column as it
+   fits. Some of the training sets may be given alone (the data of all of them can take longer
+   than a sitting): the judges are then fitted on those sets' rows, the training table's other
+   rows get no score (NaN), and the report gives the judges' figures set by set
+   (scores.figures) and records the sets (``judges_compared.train_sets``). Each table is written again with the judges' columns added (every other column as it
    was), and the report is recomputed from the tables (scores.rescore).
 """
 
@@ -114,18 +117,16 @@ def rebuild(job: data.Job, table: scores.ScoreTable, rows: np.ndarray) -> dict[s
 
 
 def with_baselines(table: scores.ScoreTable, parts: list[tuple[np.ndarray, dict[str, np.ndarray]]]) -> probe.Examples:
-    """The table's examples with every row's baselines arrays from `parts` ((rows, arrays) per
-    set); the hidden state at the prefix stands in as `hidden` (its width is the boost's H)."""
+    """The table's examples with the baselines arrays of the rows in `parts` ((rows, arrays) per
+    set; other rows zeros); the hidden state at the prefix stands in as `hidden` (its width is
+    the boost's H)."""
     n = len(table.ex)
-    got = np.zeros(n, dtype=bool)
     kl, hidden = None, None
     for rows, arrays in parts:
         if kl is None:
             kl = np.zeros((n, arrays["kl"].shape[1]))
             hidden = np.zeros((n, arrays["hidden_at_prefix"].shape[1]), dtype=np.float32)
-        kl[rows], hidden[rows], got[rows] = arrays["kl"], arrays["hidden_at_prefix"], True
-    if not got.all():
-        raise TablesError(f"{int((~got).sum())} table rows belong to no prompt set given (--prompts)")
+        kl[rows], hidden[rows] = arrays["kl"], arrays["hidden_at_prefix"]
     ex = table.ex
     ex = probe.Examples(**{k: getattr(ex, k) for k in probe._ARRAYS if k != "hidden"}, hidden=hidden, how=ex.how,
                         evidence=ex.evidence, source=ex.source, kl=kl, hidden_at_prefix=hidden)  # fmt: skip
@@ -133,8 +134,8 @@ def with_baselines(table: scores.ScoreTable, parts: list[tuple[np.ndarray, dict[
 
 
 def run(out: Path, jobs: list[tuple[data.Job, str]], log=print) -> dict[str, Any]:
-    """Steps 1-4 (module docstring) for the prompt sets `jobs` ((job, split name) each): the
-    training sets (every set the training table holds) or held-out sets (each with its own
+    """Steps 1-4 (module docstring) for the prompt sets `jobs` ((job, split name) each): training
+    sets (all or some of those the training table holds) or held-out sets (each with its own
     table). Returns the summary, recomputed from the tables and written back."""
     summary_path = out / "summary.json"
     if not summary_path.is_file():
@@ -150,8 +151,6 @@ def run(out: Path, jobs: list[tuple[data.Job, str]], log=print) -> dict[str, Any
             f"give either the training sets ({', '.join(train_sets)}) or held-out sets with a table "
             f"({', '.join(s for s in files if s != train_split)}); got {', '.join(sp for _, sp in jobs)}"
         )
-    if training and {sp for _, sp in training} != set(train_sets):
-        raise TablesError(f"the judges are fitted on every training set: give {', '.join(train_sets)}")
     groups = [(train_split, training)] if training else [(sp, [(job, sp)]) for job, sp in held]
     for split, sets in groups:
         path = out / files[split]
@@ -165,12 +164,19 @@ def run(out: Path, jobs: list[tuple[data.Job, str]], log=print) -> dict[str, Any
                 "stage_seconds": {s: job.seconds(s) for s in ("answers", "boundaries", baselines.STAGE)},
                 **({"kl_check": json.loads(c.read_text())} if (c := job.path("kl_check.json")).is_file() else {}),
             }  # fmt: skip
+        given = np.zeros(len(table.ex), dtype=bool)
+        for rows, _ in parts:
+            given[rows] = True
         ex = with_baselines(table, parts)
         if training:
-            got = compare.train(ex, (), log=log, judges=TABLE_JUDGES)
+            got = compare.train(ex.subset(given), (), log=log, judges=TABLE_JUDGES)
             compare.save(out / compare.FITS_FILE, got["kl_statistic"], got["fits"])
-            judges = got["oof"]
+            judges = {}
+            for name, z in got["oof"].items():  # rows of training sets not given: no score (NaN)
+                judges[name] = np.full(len(ex), np.nan)
+                judges[name][given] = z
             summary["judges_compared"] = {
+                "train_sets": [sp for _, sp in training],
                 "kl_statistic": got["kl_statistic"],
                 "kl_statistic_aucs": got["kl_statistic_aucs"],
                 "features": {n: list(f.features) for n, f in got["fits"].items()},
