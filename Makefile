@@ -10,7 +10,7 @@ MODELS  := $(VENV)/.parse-vllm-models
 TEST_JOBS   ?= $(shell n=$$(nproc); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST_ARGS ?= -n $(TEST_JOBS) --dist loadfile
 
-.PHONY: setup models pair demo test test-fast bench bench-full bench-eagle3 bench-adaptive eval-coder judge-coder judge-coder-train clean
+.PHONY: setup models pair demo test test-fast bench bench-full bench-eagle3 bench-adaptive eval-coder judge-coder judge-coder-train judge-coder-compare clean
 
 setup: $(STAMP)
 $(STAMP): pyproject.toml $(wildcard setup.py) scripts/setup_env.sh $(wildcard csrc/*.h csrc/*/*.cpp csrc/*/*.cu csrc/*/*.cuh csrc/*.cpp)
@@ -179,6 +179,21 @@ judge-coder-train: setup pair
 	$(VENV)/bin/parse-vllm train-judge $(JUDGE_CODER) $(JUDGE_TRAIN) --features select --ship
 	$(VENV)/bin/parse-vllm train-judge $(JUDGE_CODER) $(JUDGE_HELD_OUT) \
 	  --evaluate bench/judge-coder/judge_head.safetensors --old-head $(OLD_HEAD)
+
+# The compared judges (the KL judge, the suffix-free heads) on the committed score tables' own
+# examples, without building the head's data again (tools/judge/tables.py): the draft's answers
+# rebuilt and checked against the tables, then both models over every answer and the target over
+# every example (the baselines stage alone), in bench/judge-coder/data-tables/ (not committed);
+# the judges fitted on the training sets named, the held-out sets scored with them, the tables
+# and the report rewritten. Set by set: HumanEval even took 50 min here, MBPP test 40. The
+# committed run fitted on HumanEval even alone (JUDGE_TABLES_TRAIN="--prompts humaneval:even").
+JUDGE_TABLES := --config configs/qwen2.5-coder-1.5b-0.5b-cpu.yaml --out bench/judge-coder --samples 2 \
+	--prefixes-passing 1 --prefixes-failing 2 --judges-on-tables
+JUDGE_TABLES_TRAIN ?= $(JUDGE_TRAIN)
+JUDGE_TABLES_HELD_OUT ?= $(JUDGE_HELD_OUT)
+judge-coder-compare: setup pair
+	$(VENV)/bin/parse-vllm train-judge $(JUDGE_TABLES) $(JUDGE_TABLES_TRAIN)
+	$(VENV)/bin/parse-vllm train-judge $(JUDGE_TABLES) $(JUDGE_TABLES_HELD_OUT)
 
 clean:
 	rm -rf build *.egg-info parse_vllm/*.so

@@ -533,9 +533,13 @@ def test_judges_fitted_on_some_training_sets_score_only_their_rows(tmp_path):
     w = a & ex.ex.whole
     assert up["auc_kl_whole_a"] == pytest.approx(probe_auc(judge[w], label[w]))
     assert up["auc_kl_whole_a"] == 1.0 and not any(k.startswith("auc_kl_") and k.endswith(("_b", "_train")) for k in up)
-    path = scores.write(tmp_path / "t.csv", ex.ex, ex.head, judges={"kl": judge})
+    path = scores.write(scores.path_of(tmp_path, "train"), ex.ex, ex.head, judges={"kl": judge})
     back = scores.read(path)
     assert np.array_equal(np.isnan(back.judges["kl"]), ~a) and np.array_equal(back.judges["kl"][a], judge[a])
+    earlier = {"auc_kl_whole_train": 0.5, "auc_kl_whole_train_ci": [0.4, 0.6], "auc_kl_prefix_b": 0.7}  # another fit's
+    summary = {"train_split": "train", "score_files": {"train": "scores/train.csv"}, **earlier}
+    got = scores.rescore(tmp_path, summary)
+    assert not set(earlier) & set(got) and got["auc_kl_whole_a"] == 1.0
 
 
 def probe_auc(z, y):

@@ -398,12 +398,12 @@ def _main(args) -> int:
     if args.judges_on_tables:
         from . import report, tables
 
-        given = [f for f in ("evaluate", "old_head", "data_only", "ship") if getattr(args, f)]
+        given = [f for f in ("evaluate", "old_head", "data_only", "ship", "data") if getattr(args, f)]
         if given:
             raise JudgeError(f"--judges-on-tables scores the judges alone: leave out --{given[0].replace('_', '-')}")
         for job in jobs:
             job.deadline = jobs[0].deadline
-            job.folder = args.data or args.out / tables.FOLDER / job.settings.set_name
+            job.folder = args.out / tables.FOLDER / job.settings.set_name
         try:
             summary = tables.run(args.out, [(job, split_name(p.name)) for (p, _), job in zip(sets, jobs)], log=log)
         except data.TimeBound:

@@ -275,10 +275,15 @@ def rescore(out: Path, summary: dict[str, Any]) -> dict[str, Any]:
     for split, rel in summary.get("score_files", {}).items():
         table = read(out / rel)
         stale = [] if table.old_head is not None or split == summary.get("train_split") else ["old_head"]
-        stale += [n for n in compare.JUDGES if n not in (table.judges or {})]
+        # every judge's figures of this split (and of its sets, on the training split) go, and
+        # those its table still scores come back: a judge refitted on other sets leaves none behind
+        stale += list(compare.JUDGES)
         prefixes = tuple(p for n in stale for p in (f"auc_{n}_", f"brier_{n}_", f"auc_head_minus_{n}_"))
+        names = [split]
+        if split == summary.get("train_split") and table.ex.source is not None:
+            names += list(dict.fromkeys(table.ex.source.tolist()))
         for key in [k for k in summary if k.startswith(prefixes)]:
-            if key.removesuffix("_ci").endswith(f"_{split}"):
+            if key.removesuffix("_ci").endswith(tuple(f"_{sp}" for sp in names)):
                 del summary[key]
         summary.update(figures(table, split, summary))
     summary.update(compare.verdict(summary))

@@ -21,7 +21,7 @@ So this rebuilds the answers, checks them against the table, and runs only the b
 3. the table's rows become the folder's ``index.jsonl`` and baselines.stage_baselines runs over
    them;
 4. on the training sets, compare.train fits the judges that need no suffix hidden state
-   (TABLE_JUDGES) and saves them (compare.FITS_FILE); a held-out set is scored with the saved
+   (TABLE_JUDGES) and saves them (FITS_FILE); a held-out set is scored with the saved
    fits. Some of the training sets may be given alone (the data of all of them can take longer
    than a sitting): the judges are then fitted on those sets' rows, the training table's other
    rows get no score (NaN), and the report gives the judges' figures set by set
@@ -42,6 +42,7 @@ import numpy as np
 from . import baselines, compare, data, probe, report, scores
 
 FOLDER = "data-tables"
+FITS_FILE = "baseline_judges_tables.npz"  # beside the full build's fits (compare.FITS_FILE), not over them
 TABLE_JUDGES = ("suffix_free", "suffix_free_kl")  # fitted judges that need no hidden state at the suffix
 
 
@@ -66,12 +67,20 @@ def balance_picker(items: list[dict], top: dict[str, int]) -> Callable[[list[dic
     return pick
 
 
+def task_id(ex: probe.Examples, i: int) -> str:
+    """Row i's task id in its prompt set (a training table prefixes ids two sets share with
+    the set's name: probe.Examples.concat)."""
+    task = str(ex.task[i])
+    src = None if ex.source is None else f"{ex.source[i]}:"
+    return task[len(src) :] if src and task.startswith(src) else task
+
+
 def index_from_table(ex: probe.Examples, rows: np.ndarray, answers: dict[tuple[str, int], dict]) -> list[dict]:
     """The table's rows `rows` as index.jsonl rows, each checked against the rebuilt `answers`
     ((task, answer) -> boundaries.jsonl's row); TablesError names the rows that do not match."""
     out, bad = [], []
     for i in rows:
-        task, ans, length, whole = str(ex.task[i]), int(ex.answer[i]), int(ex.length[i]), bool(ex.whole[i])
+        task, ans, length, whole = task_id(ex, i), int(ex.answer[i]), int(ex.length[i]), bool(ex.whole[i])
         a = answers.get((task, ans))
         why = None
         if a is None:
@@ -98,8 +107,10 @@ def rebuild(job: data.Job, table: scores.ScoreTable, rows: np.ndarray) -> dict[s
     hidden states at the prefix [n, H], in the order of `rows`."""
     ex = table.ex
     top: dict[str, int] = {}
+    if not len(rows):
+        raise TablesError(f"{job.settings.set_name}: the table has no rows of this set")
     for i in rows:
-        top[str(ex.task[i])] = max(top.get(str(ex.task[i]), -1), int(ex.answer[i]))
+        top[task_id(ex, i)] = max(top.get(task_id(ex, i), -1), int(ex.answer[i]))
     job.balance_tasks = balance_picker(job.items, top)
     job.folder.mkdir(parents=True, exist_ok=True)
     for stage, fn in (("answers", data.stage_answers), ("boundaries", data.stage_boundaries)):
@@ -170,7 +181,7 @@ def run(out: Path, jobs: list[tuple[data.Job, str]], log=print) -> dict[str, Any
         ex = with_baselines(table, parts)
         if training:
             got = compare.train(ex.subset(given), (), log=log, judges=TABLE_JUDGES)
-            compare.save(out / compare.FITS_FILE, got["kl_statistic"], got["fits"])
+            compare.save(out / FITS_FILE, got["kl_statistic"], got["fits"])
             judges = {}
             for name, z in got["oof"].items():  # rows of training sets not given: no score (NaN)
                 judges[name] = np.full(len(ex), np.nan)
@@ -184,7 +195,7 @@ def run(out: Path, jobs: list[tuple[data.Job, str]], log=print) -> dict[str, Any
                 "examples": "the score tables' own rows, their answers rebuilt (tables.py)",
             }
         else:
-            fits = out / compare.FITS_FILE
+            fits = out / FITS_FILE
             if not fits.is_file():
                 raise TablesError(f"{fits}: fit the judges on the training sets first")
             judges = compare.score(ex, *compare.load(fits))
