@@ -83,7 +83,7 @@ def markdown(s: dict[str, Any]) -> str:
             )
             + " |"
         )
-    for sp, d in s.get("data", {}).items():
+    for sp, d in [*s.get("data", {}).items(), *s.get("data_for_judges", {}).items()]:
         if ck := d.get("kl_check"):
             lines += ["", f"The KL judge's top-{ck['top_k']} KL against both models' full distributions ({sp}, "
                       f"{ck['answers']} answers, {ck['tokens']} tokens): " + "; ".join(
@@ -112,7 +112,11 @@ def markdown(s: dict[str, Any]) -> str:
         "|---|---|---:|---:|---:|---:|",
     ]
     cv = {s.get("train_split"), *s.get("train_sets", [])}
-    for sp in splits:
+    compared = [n for n, _ in HELD_OUT_JUDGES if n not in (*ALWAYS_SHOWN, "old_head")]
+    # training sets whose compared judges were scored set by set (fitted on some sets: tables.py)
+    cv_sets = [sp for sp in s.get("train_sets", []) if sp not in splits
+               and any(f"auc_{n}_{k}_{sp}" in s for n in compared for k in ("whole", "prefix"))]  # fmt: skip
+    for sp in [*splits, *cv_sets]:
         for name, shown in HELD_OUT_JUDGES:
             w, p = f"auc_{name}_whole_{sp}", f"auc_{name}_prefix_{sp}"
             if name not in ALWAYS_SHOWN and s.get(w) is None and s.get(p) is None:
@@ -148,10 +152,10 @@ def markdown(s: dict[str, Any]) -> str:
             (f"{name}_minus_head", f"{label[0].upper()}{label[1:]} minus the head")
             for name, label in HELD_OUT_JUDGES if name not in ("zero_shot", "old_head", "head")
         ]:  # fmt: skip
-            paired = [(sp, k) for sp in held for k in ("whole", "prefix") if f"auc_{key}_{k}_{sp}" in s]
+            paired = [(sp, k) for sp in [*held, *cv_sets] for k in ("whole", "prefix") if f"auc_{key}_{k}_{sp}" in s]
             if paired:
                 lines += ["", f"{shown}, paired (the same tasks drawn for both): " + "; ".join(
-                    f"{sp} {k} {_signed(s[f'auc_{key}_{k}_{sp}'])} "
+                    f"{sp}{' (CV)' if sp in cv_sets else ''} {k} {_signed(s[f'auc_{key}_{k}_{sp}'])} "
                     f"{_ci(s.get(f'auc_{key}_{k}_{sp}_ci'))}" for sp, k in paired) + "."]  # fmt: skip
     if s.get("suffix_free_within_margin") is not None:
         lines += ["", f"Judge mode shipped: `{s.get('judge_mode')}`. The suffix-free head is "
@@ -183,8 +187,9 @@ def markdown(s: dict[str, Any]) -> str:
                   f"{_fmt(sel['auc_prefix'])}; kept per fold: "
                   + "; ".join(f"`{','.join(f['features'])}`" for f in sel["folds"]) + "."]  # fmt: skip
     if cmp := s.get("judges_compared"):
+        sets = f" ({', '.join(cmp['train_sets'])} alone)" if cmp.get("train_sets") else ""
         lines += ["", f"The KL judge reads -`{cmp['kl_statistic']}`, the best of the six statistics on the training "
-                  "data (AUC whole / prefixes: " + ", ".join(
+                  f"data{sets} (AUC whole / prefixes: " + ", ".join(
                       f"{f} {_fmt(v['auc_whole'])} / {_fmt(v['auc_prefix'])}" for f, v in cmp["kl_statistic_aucs"].items())
                   + ")."]  # fmt: skip
     if s.get("feature_ablation"):
