@@ -479,7 +479,9 @@ def test_judges_on_tables_rebuild_the_answers_and_give_the_full_builds_scores(ru
     path = run["path"]
     mp = pytest.MonkeyPatch()
     script = run["script"]
-    mp.setattr(jdata, "open_writer", lambda e: script.writer("draft" if e["model"] == str(models["draft"]) else "x"))
+    mp.setattr(
+        jdata, "open_writer", lambda e: script.writer("draft" if e["model"] == str(models["draft"]) else "target")
+    )
     mp.setattr(jdata, "open_reader", lambda engine: hidden)
     mp.setattr(jdata, "open_logprob_reader", lambda engine: pytest.fail("no evidence stage"))
     mp.setattr(baselines, "open_topk_reader", _topk_reader(models))
@@ -515,7 +517,7 @@ def test_judges_on_tables_rebuild_the_answers_and_give_the_full_builds_scores(ru
 def test_judges_fitted_on_some_training_sets_score_only_their_rows(tmp_path):
     """A training table of two sets, the judges' scores given for one (the other NaN): the
     report's judge figures are that set's alone, and none pooled over the table."""
-    from parse_vllm.tools.judge import scores
+    from parse_vllm.tools.judge import probe, scores
 
     rng = np.random.default_rng(0)
     n = 40
@@ -531,7 +533,7 @@ def test_judges_fitted_on_some_training_sets_score_only_their_rows(tmp_path):
     up = scores.figures(table, "train", {"train_split": "train"})
     a = src == "a"
     w = a & ex.ex.whole
-    assert up["auc_kl_whole_a"] == pytest.approx(probe_auc(judge[w], label[w]))
+    assert up["auc_kl_whole_a"] == pytest.approx(probe.auc(judge[w], label[w], np.ones(int(w.sum()))))
     assert up["auc_kl_whole_a"] == 1.0 and not any(k.startswith("auc_kl_") and k.endswith(("_b", "_train")) for k in up)
     path = scores.write(scores.path_of(tmp_path, "train"), ex.ex, ex.head, judges={"kl": judge})
     back = scores.read(path)
@@ -540,9 +542,3 @@ def test_judges_fitted_on_some_training_sets_score_only_their_rows(tmp_path):
     summary = {"train_split": "train", "score_files": {"train": "scores/train.csv"}, **earlier}
     got = scores.rescore(tmp_path, summary)
     assert not set(earlier) & set(got) and got["auc_kl_whole_a"] == 1.0
-
-
-def probe_auc(z, y):
-    from parse_vllm.tools.judge import probe
-
-    return probe.auc(z, y, np.ones(len(z)))

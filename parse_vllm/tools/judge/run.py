@@ -395,6 +395,9 @@ def _main(args) -> int:
                 extra_stages=[(baselines.STAGE, baselines.stage_baselines)] if args.baselines else [],
             )
         )
+    deadline = jobs[0].deadline
+    for job in jobs:
+        job.deadline = deadline  # one time bound for every set
     if args.judges_on_tables:
         from . import report, tables
 
@@ -402,7 +405,6 @@ def _main(args) -> int:
         if given:
             raise JudgeError(f"--judges-on-tables scores the judges alone: leave out --{given[0].replace('_', '-')}")
         for job in jobs:
-            job.deadline = jobs[0].deadline
             job.folder = args.out / tables.FOLDER / job.settings.set_name
         try:
             summary = tables.run(args.out, [(job, split_name(p.name)) for (p, _), job in zip(sets, jobs)], log=log)
@@ -413,9 +415,7 @@ def _main(args) -> int:
             raise JudgeError(str(e)) from None
         print(report.markdown(summary))
         return 0
-    deadline = jobs[0].deadline
     for job in jobs:
-        job.deadline = deadline  # one time bound for every set
         log(f"{job.settings.set_name}: {len(job.items)} prompts, data in {job.folder}")
         try:
             data.build(job)

@@ -106,11 +106,12 @@ def rebuild(job: data.Job, table: scores.ScoreTable, rows: np.ndarray) -> dict[s
     """Steps 1-3 (module docstring) for one prompt set: its rows' KL statistics [n, 6] and
     hidden states at the prefix [n, H], in the order of `rows`."""
     ex = table.ex
-    top: dict[str, int] = {}
     if not len(rows):
         raise TablesError(f"{job.settings.set_name}: the table has no rows of this set")
+    top: dict[str, int] = {}
     for i in rows:
-        top[task_id(ex, i)] = max(top.get(task_id(ex, i), -1), int(ex.answer[i]))
+        t = task_id(ex, i)
+        top[t] = max(top.get(t, -1), int(ex.answer[i]))
     job.balance_tasks = balance_picker(job.items, top)
     job.folder.mkdir(parents=True, exist_ok=True)
     for stage, fn in (("answers", data.stage_answers), ("boundaries", data.stage_boundaries)):
@@ -139,9 +140,8 @@ def with_baselines(table: scores.ScoreTable, parts: list[tuple[np.ndarray, dict[
             hidden = np.zeros((n, arrays["hidden_at_prefix"].shape[1]), dtype=np.float32)
         kl[rows], hidden[rows] = arrays["kl"], arrays["hidden_at_prefix"]
     ex = table.ex
-    ex = probe.Examples(**{k: getattr(ex, k) for k in probe._ARRAYS if k != "hidden"}, hidden=hidden, how=ex.how,
-                        evidence=ex.evidence, source=ex.source, kl=kl, hidden_at_prefix=hidden)  # fmt: skip
-    return ex
+    return probe.Examples(**{k: getattr(ex, k) for k in probe._ARRAYS if k != "hidden"}, hidden=hidden, how=ex.how,
+                          evidence=ex.evidence, source=ex.source, kl=kl, hidden_at_prefix=hidden)  # fmt: skip
 
 
 def run(out: Path, jobs: list[tuple[data.Job, str]], log=print) -> dict[str, Any]:
