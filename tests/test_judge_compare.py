@@ -6,6 +6,7 @@ columns and the report's figures from them, and the judge mode's rule."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,10 +14,11 @@ import pytest
 pytest.importorskip("sklearn")
 
 from parse_vllm.evidence import EVIDENCE_FEATURES  # noqa: E402
-from parse_vllm.tools.judge import compare, probe, scores  # noqa: E402
+from parse_vllm.tools.judge import compare, probe, report, scores  # noqa: E402
 from parse_vllm.tools.judge.baselines import KL_FEATURES  # noqa: E402
 
 H = 6
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _examples(seed: int = 0, tasks: int = 30) -> probe.Examples:
@@ -142,16 +144,32 @@ def test_score_tables_carry_the_judges_and_the_report_is_recomputed_from_them(tm
 
 
 @pytest.mark.parametrize(
-    ("diffs", "within"),
-    [((-0.01, 0.02, -0.02, 0.0), True), ((-0.01, 0.02, -0.03, 0.0), False), ((None, None, None, None), None)],
+    ("diffs", "within", "worst"),
+    [
+        ((-0.01, 0.02, -0.02, 0.0), True, -0.02),
+        ((-0.01, 0.02, -0.03, 0.0), False, -0.03),
+        ((0.05, 0.04, None, None), None, None),  # MBPP test not scored yet: not decided
+        ((None, None, None, None), None, None),
+    ],
 )
-def test_the_suffix_free_head_ships_only_within_the_margin_everywhere(diffs, within):
-    summary = {"train_split": "train", "splits": ["train", "odd", "mbpp_test"]}
-    keys = [f"auc_suffix_free_minus_head_{k}_{sp}" for sp in ("odd", "mbpp_test") for k in ("whole", "prefix")]
-    summary.update({k: d for k, d in zip(keys, diffs) if d is not None})
-    summary["auc_suffix_free_minus_head_whole_train"] = -0.5  # the training split does not decide
+def test_a_suffix_free_judge_ships_only_within_the_margin_on_every_held_out_split(diffs, within, worst):
+    summary = {"train_split": "train", "train_sets": ["even"], "splits": ["train", "even", "odd", "mbpp_test"]}
+    keys = [(k, sp) for sp in ("odd", "mbpp_test") for k in ("whole", "prefix")]
+    for (k, sp), d in zip(keys, diffs):
+        if d is not None:
+            summary[f"auc_suffix_free_kl_{k}_{sp}"] = 0.7
+            summary[f"auc_suffix_free_kl_minus_head_{k}_{sp}"] = d
+    # the sets trained on or cross-validated do not decide, however far they fall
+    summary["auc_suffix_free_kl_whole_even"], summary["auc_suffix_free_kl_minus_head_whole_even"] = 0.5, -0.5
+    summary["auc_suffix_free_kl_minus_head_whole_train"] = -0.5
     got = compare.verdict(summary)
-    assert got["suffix_free_within_margin"] is within and got["judge_mode"] == "suffix"
+    assert got["suffix_free_kl_within_margin"] is within and got["judge_mode"] == "suffix"
+    assert got["suffix_free_kl_worst_minus_head"] == worst
+    assert got["suffix_free_within_margin"] is None  # not scored anywhere
+    if within is not None:  # the report says it, on the committed summary
+        committed = json.loads((ROOT / "bench" / "judge-coder" / "summary.json").read_text())
+        md = report.markdown({**committed, **got})
+        assert f"suffix-free head + KL, {'yes' if within else 'no'} (worst {worst:+.3f})" in md
 
 
 def test_examples_load_the_baselines_arrays_and_concat_keeps_them_only_when_all_have_them(tmp_path):

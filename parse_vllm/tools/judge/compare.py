@@ -40,6 +40,7 @@ from .baselines import KL_FEATURES
 
 FITS_FILE = "baseline_judges.npz"
 JUDGES = ("kl", "suffix_free", "suffix_free_kl", "head_kl")
+SUFFIX_FREE_JUDGES = ("suffix_free", "suffix_free_kl")  # the judges that need no verification pass
 SUFFIX_FREE_MARGIN = 0.02  # a suffix-free judge this close to the head's AUC (or better) would ship
 GRID = probe.C_GRID[::2]  # C for the compared judges and inside the selection-nested folds
 
@@ -174,14 +175,20 @@ def selection_nested_oof(ex: probe.Examples, features: str, log=print) -> tuple[
 
 
 def verdict(summary: dict[str, Any]) -> dict[str, Any]:
-    """Whether the suffix-free head is within SUFFIX_FREE_MARGIN of the head (or better) on
-    every held-out split and kind (None where not compared), and the judge mode shipped: the
-    runtime reads the suffix until a suffix-free judge mode is built for a judge that meets it."""
-    held = [sp for sp in summary.get("splits", []) if sp != summary.get("train_split")]
-    diffs = [summary.get(f"auc_suffix_free_minus_head_{k}_{sp}") for sp in held for k in ("whole", "prefix")]
-    diffs = [d for d in diffs if d is not None]
-    return {
-        "judge_mode": "suffix",
-        "suffix_free_within_margin": None if not diffs else bool(min(diffs) >= -SUFFIX_FREE_MARGIN),
-        "suffix_free_margin": SUFFIX_FREE_MARGIN,
-    }
+    """For each suffix-free judge (SUFFIX_FREE_JUDGES), whether it is within SUFFIX_FREE_MARGIN
+    of the head (or better) on every held-out split and kind, and its worst paired difference
+    there (how far short it falls); None where some held-out split has no score for it. The
+    held-out splits are those neither trained on nor cross-validated (train_split,
+    train_sets). `judge_mode` is what the runtime reads: the suffix, until a suffix-free judge
+    mode is built for a judge that meets the margin."""
+    cv = {summary.get("train_split"), *summary.get("train_sets", [])}
+    held = [sp for sp in summary.get("splits", []) if sp not in cv]
+    out: dict[str, Any] = {"judge_mode": "suffix", "suffix_free_margin": SUFFIX_FREE_MARGIN}
+    for judge in SUFFIX_FREE_JUDGES:
+        scored = [sp for sp in held if any(f"auc_{judge}_{k}_{sp}" in summary for k in ("whole", "prefix"))]
+        diffs = [summary.get(f"auc_{judge}_minus_head_{k}_{sp}") for sp in scored for k in ("whole", "prefix")]
+        diffs = [d for d in diffs if d is not None]
+        decided = bool(held) and len(scored) == len(held) and bool(diffs)
+        out[f"{judge}_within_margin"] = bool(min(diffs) >= -SUFFIX_FREE_MARGIN) if decided else None
+        out[f"{judge}_worst_minus_head"] = min(diffs) if decided else None
+    return out

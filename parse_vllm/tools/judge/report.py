@@ -157,10 +157,12 @@ def markdown(s: dict[str, Any]) -> str:
                 lines += ["", f"{shown}, paired (the same tasks drawn for both): " + "; ".join(
                     f"{sp}{' (CV)' if sp in cv_sets else ''} {k} {_signed(s[f'auc_{key}_{k}_{sp}'])} "
                     f"{_ci(s.get(f'auc_{key}_{k}_{sp}_ci'))}" for sp, k in paired) + "."]  # fmt: skip
-    if s.get("suffix_free_within_margin") is not None:
-        lines += ["", f"Judge mode shipped: `{s.get('judge_mode')}`. The suffix-free head is "
-                  f"{'within' if s['suffix_free_within_margin'] else 'not within'} "
-                  f"{s['suffix_free_margin']:g} AUC of the head on every held-out split and kind."]  # fmt: skip
+    decided = [(n, label) for n, label in HELD_OUT_JUDGES if s.get(f"{n}_within_margin") is not None]
+    if decided:
+        lines += ["", f"Judge mode shipped: `{s.get('judge_mode')}`. Within {s['suffix_free_margin']:g} AUC of "
+                  "the head (or better) on every held-out split and kind: " + "; ".join(
+                      f"{label}, {'yes' if s[f'{n}_within_margin'] else 'no'} (worst "
+                      f"{_signed(s[f'{n}_worst_minus_head'])})" for n, label in decided) + "."]  # fmt: skip
     if "goals" in s:
         lines += ["", "Goals (held out): " + "; ".join(
             f"{k} ≥ {v['goal']}: {_fmt(v['value'])} — {'met' if v['met'] else 'not met' if v['met'] is not None else 'not run'}"
