@@ -559,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     noise = {}
     for run in [*args.coder, *args.smollm2]:
         summary = json.loads((run / "summary.json").read_text())
-        nf = summary.get("noise_floor")
+        nf = eval_report.with_probe_noise_floor(summary.get("noise_floor"), run / "timings.jsonl")
         if nf and nf.get("by_set_batch"):
             # runs before a process per job name none: they ran in one
             noise[str(run)] = dict(nf, processes=(summary.get("harness") or {}).get("processes", "one for the run"))

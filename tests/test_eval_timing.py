@@ -238,6 +238,46 @@ def test_an_interval_holding_one_is_no_difference():
     assert timing.verdict(nf["self_ratio_ci"]) == timing.SAME and nf["spread"] < 0.1
 
 
+def test_the_noise_floor_in_probe_units_comes_from_the_targets_probed_repeats(tmp_path):
+    """A machine 20% slower in repeat 2: the target's seconds differ by 20%, its probe units
+    (seconds over a probe that slowed by as much) not at all; read back from timings.jsonl for
+    a summary saved without them, and said in the report's line."""
+    task_s = [1.0, 2.0, 3.0, 4.0]
+    probe = 0.01
+    jobs = [
+        {"repeat": r, "task_s": [x * slow for x in task_s], "task_probe": [x * slow / (probe * slow) for x in task_s]}
+        for r, slow in enumerate((1.0, 1.2))
+    ]
+    nf = timing.noise_floor([j["task_s"] for j in jobs])
+    assert nf["self_ratio"] == pytest.approx(1 / 1.2) and nf["spread"] == pytest.approx(0.2 / 1.1)
+    pf = timing.probe_noise_floor([j["task_probe"] for j in jobs])
+    assert pf["probe_self_ratio"] == pytest.approx(1.0) and pf["probe_spread"] == pytest.approx(0.0)
+    assert timing.probe_noise_floor([jobs[0]["task_probe"], None]) == {}  # a repeat not probed
+    # a summary saved before the probe figures: they come from the run's timings
+    lines = [json.dumps({"settings": {}})]
+    for j in jobs:
+        lines.append(
+            json.dumps({"set": "humaneval-odd", "config": "target", "tau": None, "guard": None, "batch": 1, **j})
+        )
+        k4 = {**j, "task_probe": [1.0] * 4}  # another configuration's: not the noise floor's
+        lines.append(
+            json.dumps({"set": "humaneval-odd", "config": "token-k4", "tau": None, "guard": None, "batch": 1, **k4})
+        )
+    (tmp_path / "timings.jsonl").write_text("\n".join(lines) + "\n")
+    saved = report.noise_floor_summary([{"set": "humaneval-odd", "batch": 1, **nf}])
+    assert saved["max_spread_probe"] is None
+    got = report.with_probe_noise_floor(saved, tmp_path / "timings.jsonl")
+    e = got["by_set_batch"][0]
+    assert e["probe_self_ratio"] == pytest.approx(1.0) and got["max_spread_probe"] == pytest.approx(0.0)
+    assert e["self_ratio"] == nf["self_ratio"]  # the seconds' figures as saved
+    line = report.noise_floor_line(got)
+    assert "repeats differ by up to 18.2% (0.0% in probe units)" in line
+    assert "in probe units no difference (1.00x" in line
+    # a summary computed with them is left as it is
+    direct = report.noise_floor_summary([{"set": "humaneval-odd", "batch": 1, **nf, **pf}])
+    assert report.with_probe_noise_floor(direct, tmp_path / "timings.jsonl") == direct
+
+
 def _row(config, tau, task_s, tokens, acceptance=None, batch=8, windows_repeats=None):
     n = len(task_s)
     return {

@@ -421,32 +421,68 @@ def _table_rows(rows: list[dict]) -> list[dict]:
 def noise_floor_summary(baselines: list[dict]) -> dict:
     """The run's noise floor: the target alone measured twice per prompt set and batch (the
     baselines' self-ratio and spread), and the largest spread of them."""
+    keys = ("s_per_task_repeats", "spread", "self_ratio", "self_ratio_ci")
     entries = [
-        {k: b.get(k) for k in ("set", "batch", "s_per_task_repeats", "spread", "self_ratio", "self_ratio_ci")}
+        {
+            **{k: b.get(k) for k in ("set", "batch", *keys)},
+            **{f"probe_{k}": b[f"probe_{k}"] for k in keys if f"probe_{k}" in b},
+        }
         for b in baselines
         if b.get("s_per_task_repeats") is not None
     ]
     spreads = [e["spread"] for e in entries if e["spread"] is not None]
+    probe_spreads = [e["probe_spread"] for e in entries if e.get("probe_spread") is not None]
     return {
         "config": "target",
         "what": "the target alone, timed in every repeat: repeat 2's time per task over repeat 1's (self_ratio, "
-        "with its interval over tasks), and the spread of its repeats' mean time per task",
+        "with its interval over tasks), and the spread of its repeats' mean time per task; probe_*: the same "
+        "in probe units (timing.py), where every repeat was probed",
         "by_set_batch": entries,
         "max_spread": max(spreads) if spreads else None,
+        "max_spread_probe": max(probe_spreads) if probe_spreads else None,
     }
+
+
+def with_probe_noise_floor(nf: dict, timings_path) -> dict:
+    """A run's noise floor (noise_floor_summary) with its probe-unit figures taken from the
+    run's timings.jsonl where the summary was saved without them (runs from before they were
+    computed): the target's per-task probe units by repeat, on the same set and batch."""
+    import os
+
+    if not nf or not os.path.exists(timings_path):
+        return nf
+    saved = timing.repeats_in_timings(timings_path, field="task_probe")
+    entries = []
+    for e in nf.get("by_set_batch", []):
+        if "probe_spread" not in e:
+            reps = next((v for k, v in saved.items() if (k[0], k[1], k[4]) == (e["set"], "target", e["batch"])), [])
+            e = {**e, **timing.probe_noise_floor(reps)}
+        entries.append(e)
+    probe_spreads = [e["probe_spread"] for e in entries if e.get("probe_spread") is not None]
+    return {**nf, "by_set_batch": entries, "max_spread_probe": max(probe_spreads) if probe_spreads else None}
 
 
 def noise_floor_line(nf: dict) -> str:
     if not nf or not nf.get("by_set_batch"):
         return "noise floor: not measured (a run without repeats)"
+
+    def probed(e: dict) -> str:
+        if e.get("probe_spread") is None:
+            return ""
+        ratio = timing.describe_ratio(e["probe_self_ratio"], e["probe_self_ratio_ci"])
+        return f" (in probe units {ratio}, spread {e['probe_spread']:.1%})"
+
     bits = [
         f"{e['set']} bs {e['batch']}: repeat 2 / repeat 1 {timing.describe_ratio(e['self_ratio'], e['self_ratio_ci'])}, "
-        f"spread {e['spread']:.1%}"
+        f"spread {e['spread']:.1%}{probed(e)}"
         for e in nf["by_set_batch"]
         if e["spread"] is not None
     ]
+    probe = nf.get("max_spread_probe")
     return (
-        f"noise floor (the target alone measured twice): repeats differ by up to {nf['max_spread']:.1%}; "
+        f"noise floor (the target alone measured twice): repeats differ by up to {nf['max_spread']:.1%}"
+        + (f" ({probe:.1%} in probe units)" if probe is not None else "")
+        + "; "
         + "; ".join(bits)
     )
 
@@ -497,9 +533,15 @@ def markdown(summary: dict) -> str:
         ]
         for e in nf["by_set_batch"]:
             reps = ", ".join(f"{x:.3f}" for x in e["s_per_task_repeats"])
+            probe = ""
+            if e.get("probe_spread") is not None:
+                probe = (
+                    f"; in probe units (spread {_fmt(e['probe_spread'], '.1%')}): "
+                    f"{timing.describe_ratio(e['probe_self_ratio'], e['probe_self_ratio_ci'])}"
+                )
             lines.append(
                 f"- {e['set']} bs {e['batch']}: {reps} s per task (spread {_fmt(e['spread'], '.1%')}); repeat 2 "
-                f"over repeat 1: {timing.describe_ratio(e['self_ratio'], e['self_ratio_ci'])}"
+                f"over repeat 1: {timing.describe_ratio(e['self_ratio'], e['self_ratio_ci'])}{probe}"
             )
     else:
         lines += ["Target-alone timing, first and last engine of the run (its rows use the mean):", ""]

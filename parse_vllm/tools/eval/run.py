@@ -1088,6 +1088,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                 "drift_flagged": abs(drift) > common.DRIFT_LIMIT,
                 "same_text": r["same_text_repeats"],
                 **timing.noise_floor([x["task_s"] for x in reps]),
+                **timing.probe_noise_floor([x.get("task_probe") for x in reps]),
             }
         )
     # answers checked and NLL read now that no engine is running

@@ -254,9 +254,18 @@ def noise_floor(repeat_task_s: Sequence[Sequence[float]]) -> dict:
     return out
 
 
-def repeats_in_timings(path) -> dict[tuple, list[list[float]]]:
+def probe_noise_floor(repeat_task_probe: Sequence[Sequence[float] | None]) -> dict:
+    """The noise floor in probe units (``noise_floor`` over ``task_probe``), its keys prefixed
+    ``probe_``; empty where some repeat was not probed."""
+    if len(repeat_task_probe) < 2 or any(not r for r in repeat_task_probe):
+        return {}
+    return {f"probe_{k}": v for k, v in noise_floor(repeat_task_probe).items()}
+
+
+def repeats_in_timings(path, field: str = "task_s") -> dict[tuple, list[list[float]]]:
     """A run's per-task times by repeat from its timings.jsonl (one job a line after the
-    settings line), by (set, config, τ, guard, batch), repeats in order."""
+    settings line), by (set, config, τ, guard, batch), repeats in order; `field` "task_probe"
+    gives them in probe units (None for a job that was not probed)."""
     import json
     from pathlib import Path
 
@@ -267,7 +276,7 @@ def repeats_in_timings(path) -> dict[tuple, list[list[float]]]:
         except json.JSONDecodeError:  # a line a kill cut short (its job ran again)
             continue
         key = (job["set"], job["config"], job["tau"], job["guard"], job["batch"])
-        jobs.setdefault(key, {})[job["repeat"]] = job["task_s"]
+        jobs.setdefault(key, {})[job["repeat"]] = job.get(field)
     return {k: [v[r] for r in sorted(v)] for k, v in jobs.items()}
 
 
