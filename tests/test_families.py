@@ -31,6 +31,23 @@ def family(request):
     return request.param, load_tokenizer(request.param)
 
 
+def test_sentence_ends_read_through_the_backend_are_batch_decodes(family):
+    """The engine's sentence-end mask (boundaries.sentence_end_mask) decodes every token once
+    through the tokenizer's Rust backend (Llama 3, which asks for a space clean-up, through
+    batch_decode): the same texts, so the same mask, as the tokenizer's own batch_decode gives."""
+    import numpy as np
+
+    from parse_vllm import boundaries
+
+    name, tok = family
+    n = len(tok)
+    assert (tok.clean_up_tokenization_spaces is True) == (name == "llama3")  # the path each family takes
+    assert boundaries._decode_each(tok, n) == tok.batch_decode([[i] for i in range(n)])
+    special = set(tok.all_special_ids)
+    by_hand = np.array([i not in special and boundaries.is_sentence_end(tok.decode([i])) for i in range(n)])
+    assert np.array_equal(boundaries.sentence_end_mask(tok, n), by_hand)
+
+
 def test_suffix_ends_where_the_answer_starts(family):
     """The suffix's tail is exactly what the template renders to open a reply
     with reasoning off; for Qwen3 that is an empty think block, and with
