@@ -109,7 +109,6 @@ def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequenc
     interrupted run and a run asking for more prompts go on where the file ends)."""
     from tqdm import tqdm
 
-    from parse_vllm._vllm import LLM, SamplingParams
     from parse_vllm.tools.prompts import make_prompts
 
     out = work / "answers.jsonl"
@@ -120,6 +119,8 @@ def generate_answers(target: str, work: Path, cfg: TrainConfig, exclude: Sequenc
             done = sum(1 for line in f if line.strip())
     if done >= len(prompts) + cfg.self_instruct:
         return out
+    from parse_vllm._vllm import LLM, SamplingParams  # vLLM only when answers are still to write
+
     llm = LLM(
         model=target,
         dtype="bfloat16",
