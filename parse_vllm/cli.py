@@ -114,6 +114,45 @@ def check_parse_named(args: argparse.Namespace, where: str) -> None:
 # -- `parse-vllm serve` / `parse-vllm flags` -----------------------------------
 
 
+def _json_flag(argv: list[str], flag: str):
+    """The JSON value of `flag` on a command line (`--flag VALUE` or `--flag=VALUE`, the last
+    one given), None where it is absent or its value is not JSON (vLLM reads it then)."""
+    value = None
+    for i, a in enumerate(argv):
+        name, eq, rest = a.partition("=")
+        if name == flag:
+            value = rest if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    try:
+        return None if value is None else json.loads(value)
+    except json.JSONDecodeError:
+        return None
+
+
+def check_parse_options(argv: list[str], where: str) -> None:
+    """PARSE's options on a `vllm serve` command line (a speculative config naming PARSE, and
+    --additional-config's parse section) checked by ParseConfig before vLLM is imported: a
+    bad value is refused in a second instead of after vLLM's start-up (~15 s). What needs
+    vLLM (its own keys, a key neither knows, the labels' tokens) is checked after, as before."""
+    from parse_vllm.config import (
+        PARSE_METHOD,
+        ParseConfig,
+        ParseConfigError,
+        merge_parse_options,
+        parse_section,
+        split_speculative_config,
+    )
+
+    spec = _json_flag(argv, "--speculative-config")
+    try:
+        section = parse_section(_json_flag(argv, "--additional-config"))
+        if isinstance(spec, dict) and spec.get("method") == PARSE_METHOD:
+            section = merge_parse_options(split_speculative_config(spec)[1], section)
+        if section is not None:
+            ParseConfig.from_dict(section)
+    except ParseConfigError as e:
+        raise PresetError(f"{where}: {e}") from None
+
+
 def expand_config_flag(argv: list[str]) -> tuple[list[str], Preset | None]:
     """Replace `--config PRESET` (or `--parse-config PRESET`, `--config=...`)
     by the `vllm serve` arguments it stands for. The model comes first unless
@@ -157,6 +196,7 @@ def serve(argv: list[str]) -> None:
         argv, preset = expand_config_flag(argv)  # no vLLM import yet
     except ParseConfigError as e:
         raise PresetError(str(e)) from None
+    check_parse_options(argv, preset.path if preset else "arguments")
     # PARSE counters are written by the worker processes; the API server's
     # /metrics collects them in prometheus_client's multiprocess mode, which
     # must be on before prometheus_client is first imported (by vLLM).

@@ -340,6 +340,36 @@ def test_parse_vllm_serve_refuses_bad_parse_keys_before_any_engine(tiny_models):
     assert "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.parametrize(
+    ("spec_extra", "additional", "want"),
+    [
+        ({"guard": -1}, None, "parse.guard"),
+        ({}, {"parse": {"threshold": -0.2}}, "parse.threshold"),
+        ({"threshold": 0.3}, {"parse": {"threshold": 0.5}}, "set twice with different values"),
+        ({}, {"parse": {"on_reject": "never"}}, "parse.on_reject"),
+    ],
+)
+def test_bad_parse_values_are_refused_before_vllm_is_imported(tiny_models, spec_extra, additional, want):
+    """PARSE's own values (ParseConfig) are checked from the command line's JSON first: the
+    command ends with the message, no traceback, and vLLM never imported (its start-up, ~15 s
+    on this CPU, is not paid for a typo)."""
+    spec = {"method": "parse", "model": str(tiny_models["draft"]), "num_speculative_tokens": WINDOW, **spec_extra}
+    argv = _serve_cmd(tiny_models, free_port(), spec)[2:]
+    if additional is not None:
+        argv += [f"--additional-config={json.dumps(additional)}"]
+    code = (
+        "import sys\nfrom parse_vllm import cli\ntry:\n    cli.main(['serve', *sys.argv[1:]])\n"
+        "except SystemExit as e:\n    print(e, file=sys.stderr)\n"
+        "print('vllm imported' if 'vllm' in sys.modules else 'vllm not imported')"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, env=_server_env(), timeout=120
+    )
+    assert want in r.stderr, r.stderr[-2000:]
+    assert r.stderr.startswith("arguments: ") and "Traceback" not in r.stderr
+    assert r.stdout.strip() == "vllm not imported"
+
+
 # -- plain `vllm serve` ------------------------------------------------------------
 
 
