@@ -247,8 +247,10 @@ def check_same_tokenizer(vllm_config) -> None:
         raise ParseConfigError(
             "PARSE needs a draft model with the target's tokenizer (use_heterogeneous_vocab is not supported)"
         )
-    target = _vllm.target_tokenizer(vllm_config)
     draft_path = spec.draft_model_config.model
+    if _vllm.same_tokenizer_files(vllm_config.model_config.tokenizer, draft_path):
+        return
+    target = _vllm.target_tokenizer(vllm_config)
     try:
         draft = _vllm.get_tokenizer(draft_path, trust_remote_code=vllm_config.model_config.trust_remote_code)
     except Exception:  # a draft folder without tokenizer files: vLLM uses the target's

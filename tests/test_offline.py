@@ -770,6 +770,35 @@ def _swap_two_tokens(src, dst):
     return dst
 
 
+def test_the_target_tokenizer_is_loaded_once_per_files_and_a_same_files_draft_is_not_loaded(tiny_models, tmp_path):
+    """The start-up checks and the worker share one load of the target's tokenizer while its
+    files stay as they are; a folder written again is loaded again. A draft whose tokenizer
+    files are the target's bytes is the same tokenizer without a load; one token swapped is not."""
+    import shutil
+    from types import SimpleNamespace
+
+    from parse_vllm import _vllm
+
+    target = shutil.copytree(tiny_models["target"], tmp_path / "target")
+
+    def config():
+        return SimpleNamespace(
+            model_config=SimpleNamespace(
+                tokenizer=str(target), tokenizer_mode="auto", trust_remote_code=False, tokenizer_revision=None
+            )
+        )
+
+    first = _vllm.target_tokenizer(config())
+    assert _vllm.target_tokenizer(config()) is first
+    _swap_two_tokens(tiny_models["target"], tmp_path / "swapped")
+    shutil.copy(tmp_path / "swapped" / "tokenizer.json", target / "tokenizer.json")  # the folder written again
+    again = _vllm.target_tokenizer(config())
+    assert again is not first and again.get_vocab()["hello"] == first.get_vocab()["world"]
+    assert _vllm.same_tokenizer_files(str(tiny_models["target"]), str(tiny_models["draft"]))
+    assert not _vllm.same_tokenizer_files(str(tiny_models["draft"]), str(tmp_path / "swapped"))
+    assert not _vllm.same_tokenizer_files("HuggingFaceTB/SmolLM2-135M-Instruct", str(tiny_models["draft"]))
+
+
 def test_refusals_at_start(tiny_models, tmp_path):
     # vLLM's config (a pydantic dataclass) wraps the ParseConfigError raised by
     # the platform hook in its ValidationError, a ValueError with our message.
