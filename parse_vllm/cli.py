@@ -114,13 +114,17 @@ def check_parse_named(args: argparse.Namespace, where: str) -> None:
 # -- `parse-vllm serve` / `parse-vllm flags` -----------------------------------
 
 
-def _json_flag(argv: list[str], flag: str):
-    """The JSON value of `flag` on a command line (`--flag VALUE` or `--flag=VALUE`, the last
-    one given), None where it is absent or its value is not JSON (vLLM reads it then)."""
+def _json_flag(argv: list[str], flag: str, short: str | None = None):
+    """The JSON value of `flag` on a command line (`--flag VALUE`, `--flag=VALUE`, its
+    `--flag_name` spelling or `short`; the last one given), None where it is absent, its
+    value is not JSON, or a dotted form (`--flag.key VALUE`) is given too: vLLM reads those."""
+    names = {flag, "--" + flag[2:].replace("-", "_"), *([short] if short else [])}
     value = None
     for i, a in enumerate(argv):
         name, eq, rest = a.partition("=")
-        if name == flag:
+        if name.split(".", 1)[0] in names and "." in name:
+            return None
+        if name in names:
             value = rest if eq else (argv[i + 1] if i + 1 < len(argv) else None)
     try:
         return None if value is None else json.loads(value)
@@ -132,7 +136,7 @@ def check_parse_options(argv: list[str], where: str) -> None:
     """PARSE's options on a `vllm serve` command line (a speculative config naming PARSE, and
     --additional-config's parse section) checked by ParseConfig before vLLM is imported: a
     bad value is refused in a second instead of after vLLM's start-up (~15 s). What needs
-    vLLM (its own keys, a key neither knows, the labels' tokens) is checked after, as before."""
+    vLLM (its own keys, a key neither knows, the labels' tokens) is check_with_vllm's."""
     from parse_vllm.config import (
         PARSE_METHOD,
         ParseConfig,
@@ -142,7 +146,7 @@ def check_parse_options(argv: list[str], where: str) -> None:
         split_speculative_config,
     )
 
-    spec = _json_flag(argv, "--speculative-config")
+    spec = _json_flag(argv, "--speculative-config", "-sc")
     try:
         section = parse_section(_json_flag(argv, "--additional-config"))
         if isinstance(spec, dict) and spec.get("method") == PARSE_METHOD:

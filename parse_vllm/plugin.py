@@ -152,10 +152,11 @@ def arrange_engine(vllm_config, worker_cls: str) -> None:
             f"PARSE's token-level acceptance must be lossless; rejection_sample_method={method!r} "
             "is not supported (use the default 'standard')"
         )
-    check_same_tokenizer(vllm_config)
-    check_verification_template(vllm_config, config)
+    tokenizer = _vllm.target_tokenizer(vllm_config)  # once: a load takes 0.5-1 s for a 49k vocabulary
+    check_same_tokenizer(vllm_config, tokenizer)
+    check_verification_template(vllm_config, config, tokenizer)
     check_token_proposer(vllm_config, config)
-    check_judge_head(vllm_config, config)
+    check_judge_head(vllm_config, config, tokenizer)
     if vllm_config.parallel_config.pipeline_parallel_size != 1:
         raise ParseConfigError("PARSE does not support pipeline parallelism yet")
 
@@ -237,9 +238,9 @@ def is_draft_config(vllm_config) -> bool:
     return spec is not None and vllm_config.model_config is spec.draft_model_config
 
 
-def check_same_tokenizer(vllm_config) -> None:
-    """Refuse a draft whose own tokenizer differs from the target's: vLLM
-    would feed it the target's token ids, which then mean other text."""
+def check_same_tokenizer(vllm_config, target) -> None:
+    """Refuse a draft whose own tokenizer differs from the target's (`target`, the target's
+    tokenizer): vLLM would feed it the target's token ids, which then mean other text."""
     from parse_vllm import _vllm
 
     spec = vllm_config.speculative_config
@@ -248,9 +249,9 @@ def check_same_tokenizer(vllm_config) -> None:
             "PARSE needs a draft model with the target's tokenizer (use_heterogeneous_vocab is not supported)"
         )
     draft_path = spec.draft_model_config.model
-    if _vllm.same_tokenizer_files(vllm_config.model_config.tokenizer, draft_path):
+    mc = vllm_config.model_config
+    if not mc.trust_remote_code and same_fast_tokenizer_files(mc.tokenizer, draft_path):
         return
-    target = _vllm.target_tokenizer(vllm_config)
     try:
         draft = _vllm.get_tokenizer(draft_path, trust_remote_code=vllm_config.model_config.trust_remote_code)
     except Exception:  # a draft folder without tokenizer files: vLLM uses the target's
@@ -261,6 +262,28 @@ def check_same_tokenizer(vllm_config) -> None:
             f"target {vllm_config.model_config.model!r}; PARSE needs a draft "
             "with the same tokenizer (vocabulary and ids)"
         )
+
+
+# A fast tokenizer is its tokenizer.json (vocabulary, merges, added tokens) read with these
+# (added and special tokens, its class): the same bytes in two folders, the same tokenizer.
+FAST_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json")
+
+
+def same_fast_tokenizer_files(a: str, b: str) -> bool:
+    """Whether two local model folders hold the same fast tokenizer, by its files' bytes
+    (FAST_TOKENIZER_FILES, each in both or in neither, tokenizer.json in both), without
+    loading either; False where that cannot tell (a hub name, no tokenizer.json), and the
+    tokenizers are then loaded and compared."""
+    from pathlib import Path
+
+    a, b = Path(a), Path(b)
+    if not ((a / "tokenizer.json").is_file() and (b / "tokenizer.json").is_file()):
+        return False
+    for name in FAST_TOKENIZER_FILES:
+        x, y = a / name, b / name
+        if x.is_file() != y.is_file() or (x.is_file() and x.read_bytes() != y.read_bytes()):
+            return False
+    return True
 
 
 def check_token_proposer(vllm_config, config: ParseConfig) -> None:
@@ -285,20 +308,19 @@ def check_token_proposer(vllm_config, config: ParseConfig) -> None:
         )
 
 
-def check_verification_template(vllm_config, config: ParseConfig) -> None:
+def check_verification_template(vllm_config, config: ParseConfig, tokenizer) -> None:
     """Build the verification suffix and label tokens once here, in process 0,
     so a bad `question`/`labels` (or a target without a chat template) is
     refused before any engine process starts; the worker builds the same."""
-    from parse_vllm import _vllm
     from parse_vllm.templates import build_template
 
     try:
-        build_template(_vllm.target_tokenizer(vllm_config), config)
+        build_template(tokenizer, config)
     except ParseConfigError as e:
         raise ParseConfigError(f"{e} (target {vllm_config.model_config.model!r})") from e
 
 
-def check_judge_head(vllm_config, config: ParseConfig) -> None:
+def check_judge_head(vllm_config, config: ParseConfig, tokenizer) -> None:
     """Refuse, before any worker starts, a judge head (parse.judge_head) trained for
     another target, hidden size, question or labels (the worker then checks the weights)."""
     if config.judge_head is None:
@@ -307,7 +329,7 @@ def check_judge_head(vllm_config, config: ParseConfig) -> None:
     from parse_vllm.judge_head import JudgeHeadError, engine_identity, load_for_engine
     from parse_vllm.templates import build_template
 
-    template = build_template(_vllm.target_tokenizer(vllm_config), config)
+    template = build_template(tokenizer, config)
     try:
         load_for_engine(
             config.judge_head, engine_identity(**_vllm.target_shape(vllm_config), template=template, config=config)

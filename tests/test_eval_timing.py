@@ -271,11 +271,15 @@ def test_the_noise_floor_in_probe_units_comes_from_the_targets_probed_repeats(tm
     assert e["probe_self_ratio"] == pytest.approx(1.0) and got["max_spread_probe"] == pytest.approx(0.0)
     assert e["self_ratio"] == nf["self_ratio"]  # the seconds' figures as saved
     line = report.noise_floor_line(got)
-    assert "repeats differ by up to 18.2% (0.0% in probe units)" in line
+    assert "repeats differ by up to 18.2% (0.0% in probe units, where probed)" in line
     assert "in probe units no difference (1.00x" in line
     # a summary computed with them is left as it is
     direct = report.noise_floor_summary([{"set": "humaneval-odd", "batch": 1, **nf, **pf}])
     assert report.with_probe_noise_floor(direct, tmp_path / "timings.jsonl") == direct
+    # another run's timings are refused, not read
+    other = report.noise_floor_summary([{"set": "humaneval-odd", "batch": 1, **timing.noise_floor([task_s, task_s])}])
+    with pytest.raises(ValueError, match="another run's"):
+        report.with_probe_noise_floor(other, tmp_path / "timings.jsonl")
 
 
 def _row(config, tau, task_s, tokens, acceptance=None, batch=8, windows_repeats=None):

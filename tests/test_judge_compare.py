@@ -144,15 +144,15 @@ def test_score_tables_carry_the_judges_and_the_report_is_recomputed_from_them(tm
 
 
 @pytest.mark.parametrize(
-    ("diffs", "within", "worst"),
+    ("diffs", "within", "worst", "said"),
     [
-        ((-0.01, 0.02, -0.02, 0.0), True, -0.02),
-        ((-0.01, 0.02, -0.03, 0.0), False, -0.03),
-        ((0.05, 0.04, None, None), None, None),  # MBPP test not scored yet: not decided
-        ((None, None, None, None), None, None),
+        ((-0.01, 0.02, -0.02, 0.0), True, -0.02, "yes (worst -0.020)"),
+        ((-0.01, 0.02, -0.03, 0.0), False, -0.03, "no (worst -0.030)"),
+        ((0.05, 0.04, None, None), None, None, "undecided (not scored on mbpp_test)"),
+        ((None, None, None, None), None, None, "undecided (not scored on odd, mbpp_test)"),
     ],
 )
-def test_a_suffix_free_judge_ships_only_within_the_margin_on_every_held_out_split(diffs, within, worst):
+def test_a_suffix_free_judge_ships_only_within_the_margin_on_every_held_out_split(diffs, within, worst, said):
     summary = {"train_split": "train", "train_sets": ["even"], "splits": ["train", "even", "odd", "mbpp_test"]}
     keys = [(k, sp) for sp in ("odd", "mbpp_test") for k in ("whole", "prefix")]
     for (k, sp), d in zip(keys, diffs):
@@ -166,10 +166,11 @@ def test_a_suffix_free_judge_ships_only_within_the_margin_on_every_held_out_spli
     assert got["suffix_free_kl_within_margin"] is within and got["judge_mode"] == "suffix"
     assert got["suffix_free_kl_worst_minus_head"] == worst
     assert got["suffix_free_within_margin"] is None  # not scored anywhere
-    if within is not None:  # the report says it, on the committed summary
-        committed = json.loads((ROOT / "bench" / "judge-coder" / "summary.json").read_text())
-        md = report.markdown({**committed, **got})
-        assert f"suffix-free head + KL, {'yes' if within else 'no'} (worst {worst:+.3f})" in md
+    # the report says it, on the committed summary
+    committed = json.loads((ROOT / "bench" / "judge-coder" / "summary.json").read_text())
+    md = report.markdown({**committed, **got})
+    assert f"suffix-free head + KL, {said}" in md
+    assert "suffix-free head, undecided (not scored on odd, mbpp_test)" in md
 
 
 def test_examples_load_the_baselines_arrays_and_concat_keeps_them_only_when_all_have_them(tmp_path):

@@ -770,33 +770,25 @@ def _swap_two_tokens(src, dst):
     return dst
 
 
-def test_the_target_tokenizer_is_loaded_once_per_files_and_a_same_files_draft_is_not_loaded(tiny_models, tmp_path):
-    """The start-up checks and the worker share one load of the target's tokenizer while its
-    files stay as they are; a folder written again is loaded again. A draft whose tokenizer
-    files are the target's bytes is the same tokenizer without a load; one token swapped is not."""
+def test_a_draft_with_the_targets_tokenizer_files_is_not_loaded_to_compare(tiny_models, tmp_path):
+    """The start-up check's shortcut: byte-identical fast-tokenizer files are one tokenizer;
+    a swapped token, a file only one folder has, a folder without tokenizer.json or a hub
+    name is left to loading both and comparing vocabularies."""
     import shutil
-    from types import SimpleNamespace
 
-    from parse_vllm import _vllm
+    from parse_vllm.plugin import same_fast_tokenizer_files
 
-    target = shutil.copytree(tiny_models["target"], tmp_path / "target")
-
-    def config():
-        return SimpleNamespace(
-            model_config=SimpleNamespace(
-                tokenizer=str(target), tokenizer_mode="auto", trust_remote_code=False, tokenizer_revision=None
-            )
-        )
-
-    first = _vllm.target_tokenizer(config())
-    assert _vllm.target_tokenizer(config()) is first
-    _swap_two_tokens(tiny_models["target"], tmp_path / "swapped")
-    shutil.copy(tmp_path / "swapped" / "tokenizer.json", target / "tokenizer.json")  # the folder written again
-    again = _vllm.target_tokenizer(config())
-    assert again is not first and again.get_vocab()["hello"] == first.get_vocab()["world"]
-    assert _vllm.same_tokenizer_files(str(tiny_models["target"]), str(tiny_models["draft"]))
-    assert not _vllm.same_tokenizer_files(str(tiny_models["draft"]), str(tmp_path / "swapped"))
-    assert not _vllm.same_tokenizer_files("HuggingFaceTB/SmolLM2-135M-Instruct", str(tiny_models["draft"]))
+    target, draft = str(tiny_models["target"]), str(tiny_models["draft"])
+    assert same_fast_tokenizer_files(target, draft)
+    swapped = _swap_two_tokens(tiny_models["draft"], tmp_path / "swapped")
+    assert not same_fast_tokenizer_files(target, str(swapped))
+    extra = shutil.copytree(tiny_models["draft"], tmp_path / "extra")
+    (extra / "added_tokens.json").write_text('{"<extra>": 49152}')
+    assert not same_fast_tokenizer_files(target, str(extra))
+    bare = shutil.copytree(tiny_models["draft"], tmp_path / "bare")
+    (bare / "tokenizer.json").unlink()
+    assert not same_fast_tokenizer_files(str(bare), str(bare))
+    assert not same_fast_tokenizer_files("HuggingFaceTB/SmolLM2-135M-Instruct", draft)
 
 
 def test_refusals_at_start(tiny_models, tmp_path):

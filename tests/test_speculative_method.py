@@ -370,6 +370,27 @@ def test_bad_parse_values_are_refused_before_vllm_is_imported(tiny_models, spec_
     assert r.stdout.strip() == "vllm not imported"
 
 
+def test_the_early_check_reads_the_flags_as_vllm_does():
+    """Every spelling vLLM's parser takes for the two flags is read; a dotted form, which
+    vLLM's parser turns into a JSON value of its own that replaces the earlier one, leaves
+    the command to vLLM's reading (check_with_vllm), and a valid command passes."""
+    from parse_vllm.cli import check_parse_options
+    from parse_vllm.presets import PresetError
+
+    spec = {"method": "parse", "model": "d", "num_speculative_tokens": 8}
+    bad = json.dumps({**spec, "guard": -1})
+    for argv in (["--speculative-config", bad], [f"--speculative_config={bad}"], ["-sc", bad]):
+        with pytest.raises(PresetError, match="parse.guard"):
+            check_parse_options(["m", *argv], "arguments")
+    bad_section = json.dumps({"parse": {"threshold": -0.2}})
+    with pytest.raises(PresetError, match="parse.threshold"):
+        check_parse_options(["m", "--additional_config", bad_section], "arguments")
+    check_parse_options(["m", "--additional-config", bad_section, "--additional-config.parse.threshold", "0.5"], "x")
+    check_parse_options(["m", "-sc", bad, "--speculative-config.guard", "0"], "x")
+    check_parse_options(["m", "--speculative-config", json.dumps({**spec, "threshold": 0.3})], "x")
+    check_parse_options(["m", "--speculative-config", "not json"], "x")  # vLLM's parser says why
+
+
 # -- plain `vllm serve` ------------------------------------------------------------
 
 

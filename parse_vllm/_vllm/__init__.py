@@ -132,7 +132,7 @@ from .forward import (  # noqa: E402
     target_logits,
 )
 from .log import init_logger  # noqa: E402
-from .models import lm_head_columns, register_model, same_tokenizer_files, target_shape, target_tokenizer  # noqa: E402
+from .models import lm_head_columns, register_model, target_shape, target_tokenizer  # noqa: E402
 from .platform import (  # noqa: E402
     builtin_platform_qualname,
     cpu_engine_in_one_process,
@@ -262,7 +262,6 @@ __all__ = [
     "run_target_forward",
     "run_target_forward_with_layer_metadata",
     "run_vllm_serve",
-    "same_tokenizer_files",
     "sample_after_prefixes",
     "scheduled_drafts",
     "set_vllm_env",

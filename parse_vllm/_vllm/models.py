@@ -3,52 +3,19 @@ architectures registered with vLLM's model registry."""
 
 from __future__ import annotations
 
-import functools
-
 
 def target_tokenizer(vllm_config):
     """The target model's tokenizer, as vLLM itself loads it
-    (vllm.v1.spec_decode.draft_model.DraftModelProposer.__init__), loaded once per process
-    for the same files: the start-up checks and the worker (the same process on a CPU) each
-    read it, and a load takes 0.5-1 s (SmolLM2's, on this CPU). The key holds the tokenizer
-    files' sizes and times, so a folder written again is loaded again."""
-    mc = vllm_config.model_config
-    key = (str(mc.tokenizer), mc.tokenizer_mode, mc.trust_remote_code, mc.tokenizer_revision)
-    return _tokenizer(key, _files_stamp(str(mc.tokenizer)))
-
-
-def _files_stamp(folder: str) -> tuple:
-    """(name, size, mtime) of a local tokenizer folder's files; () for a hub name."""
-    import os
-
-    if not os.path.isdir(folder):
-        return ()
-    return tuple(
-        sorted(
-            (e.name, e.stat().st_size, e.stat().st_mtime_ns)
-            for e in os.scandir(folder)
-            if e.is_file() and e.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "added_tokens"))
-        )
-    )
-
-
-def same_tokenizer_files(a: str, b: str) -> bool:
-    """Whether two local model folders hold byte-identical tokenizer files (the same names,
-    the same bytes): then their tokenizers are one, without loading either."""
-    from pathlib import Path
-
-    names = [x[0] for x in _files_stamp(a)]
-    if not names or names != [x[0] for x in _files_stamp(b)]:
-        return False
-    return all((Path(a) / n).read_bytes() == (Path(b) / n).read_bytes() for n in names)
-
-
-@functools.lru_cache(maxsize=4)
-def _tokenizer(key: tuple, stamp: tuple):
+    (vllm.v1.spec_decode.draft_model.DraftModelProposer.__init__)."""
     from vllm.tokenizers.registry import get_tokenizer
 
-    name, mode, trust_remote_code, revision = key
-    return get_tokenizer(name, tokenizer_mode=mode, trust_remote_code=trust_remote_code, revision=revision)
+    mc = vllm_config.model_config
+    return get_tokenizer(
+        mc.tokenizer,
+        tokenizer_mode=mc.tokenizer_mode,
+        trust_remote_code=mc.trust_remote_code,
+        revision=mc.tokenizer_revision,
+    )
 
 
 def register_model(architecture: str, class_path: str) -> None:

@@ -446,17 +446,27 @@ def noise_floor_summary(baselines: list[dict]) -> dict:
 def with_probe_noise_floor(nf: dict, timings_path) -> dict:
     """A run's noise floor (noise_floor_summary) with its probe-unit figures taken from the
     run's timings.jsonl where the summary was saved without them (runs from before they were
-    computed): the target's per-task probe units by repeat, on the same set and batch."""
+    computed): the target's per-task probe units by repeat, on the same set and batch. The
+    timings must give the summary's own repeats in seconds (else they are another run's)."""
     import os
 
     if not nf or not os.path.exists(timings_path):
         return nf
-    saved = timing.repeats_in_timings(timings_path, field="task_probe")
+    seconds = timing.repeats_in_timings(timings_path)
+    probes = timing.repeats_in_timings(timings_path, field="task_probe")
     entries = []
     for e in nf.get("by_set_batch", []):
         if "probe_spread" not in e:
-            reps = next((v for k, v in saved.items() if (k[0], k[1], k[4]) == (e["set"], "target", e["batch"])), [])
-            e = {**e, **timing.probe_noise_floor(reps)}
+            key = next((k for k in seconds if (k[0], k[1], k[4]) == (e["set"], "target", e["batch"])), None)
+            if key is not None:
+                means = [statistics.fmean(r) for r in seconds[key]]
+                saved = e["s_per_task_repeats"]
+                if len(means) != len(saved) or not all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(means, saved)):
+                    raise ValueError(
+                        f"{timings_path}: the target's repeats on {e['set']} bs {e['batch']} do not give the "
+                        "noise floor's time per task: they are another run's"
+                    )
+                e = {**e, **timing.probe_noise_floor(probes[key])}
         entries.append(e)
     probe_spreads = [e["probe_spread"] for e in entries if e.get("probe_spread") is not None]
     return {**nf, "by_set_batch": entries, "max_spread_probe": max(probe_spreads) if probe_spreads else None}
@@ -481,7 +491,7 @@ def noise_floor_line(nf: dict) -> str:
     probe = nf.get("max_spread_probe")
     return (
         f"noise floor (the target alone measured twice): repeats differ by up to {nf['max_spread']:.1%}"
-        + (f" ({probe:.1%} in probe units)" if probe is not None else "")
+        + (f" ({probe:.1%} in probe units, where probed)" if probe is not None else "")
         + "; "
         + "; ".join(bits)
     )

@@ -185,10 +185,13 @@ def verdict(summary: dict[str, Any]) -> dict[str, Any]:
     held = [sp for sp in summary.get("splits", []) if sp not in cv]
     out: dict[str, Any] = {"judge_mode": "suffix", "suffix_free_margin": SUFFIX_FREE_MARGIN}
     for judge in SUFFIX_FREE_JUDGES:
-        scored = [sp for sp in held if any(f"auc_{judge}_{k}_{sp}" in summary for k in ("whole", "prefix"))]
-        diffs = [summary.get(f"auc_{judge}_minus_head_{k}_{sp}") for sp in scored for k in ("whole", "prefix")]
-        diffs = [d for d in diffs if d is not None]
-        decided = bool(held) and len(scored) == len(held) and bool(diffs)
+        by_split = {
+            sp: [d for k in ("whole", "prefix") if (d := summary.get(f"auc_{judge}_minus_head_{k}_{sp}")) is not None]
+            for sp in held
+        }
+        diffs = [d for ds in by_split.values() for d in ds]
+        decided = bool(held) and all(by_split.values())  # a paired difference on every held-out split
         out[f"{judge}_within_margin"] = bool(min(diffs) >= -SUFFIX_FREE_MARGIN) if decided else None
         out[f"{judge}_worst_minus_head"] = min(diffs) if decided else None
+        out[f"{judge}_not_scored_on"] = [sp for sp, ds in by_split.items() if not ds]
     return out

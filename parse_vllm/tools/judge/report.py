@@ -157,12 +157,17 @@ def markdown(s: dict[str, Any]) -> str:
                 lines += ["", f"{shown}, paired (the same tasks drawn for both): " + "; ".join(
                     f"{sp}{' (CV)' if sp in cv_sets else ''} {k} {_signed(s[f'auc_{key}_{k}_{sp}'])} "
                     f"{_ci(s.get(f'auc_{key}_{k}_{sp}_ci'))}" for sp, k in paired) + "."]  # fmt: skip
-    decided = [(n, label) for n, label in HELD_OUT_JUDGES if s.get(f"{n}_within_margin") is not None]
-    if decided:
+    ruled = [(n, label) for n, label in HELD_OUT_JUDGES if f"{n}_within_margin" in s]
+    if ruled:
+
+        def said(n: str) -> str:
+            if s[f"{n}_within_margin"] is None:
+                return f"undecided (not scored on {', '.join(s.get(f'{n}_not_scored_on') or ['any held-out set'])})"
+            return f"{'yes' if s[f'{n}_within_margin'] else 'no'} (worst {_signed(s[f'{n}_worst_minus_head'])})"
+
         lines += ["", f"Judge mode shipped: `{s.get('judge_mode')}`. Within {s['suffix_free_margin']:g} AUC of "
-                  "the head (or better) on every held-out split and kind: " + "; ".join(
-                      f"{label}, {'yes' if s[f'{n}_within_margin'] else 'no'} (worst "
-                      f"{_signed(s[f'{n}_worst_minus_head'])})" for n, label in decided) + "."]  # fmt: skip
+                  "the head (or better) on every held-out split and kind: "
+                  + "; ".join(f"{label}, {said(n)}" for n, label in ruled) + "."]  # fmt: skip
     if "goals" in s:
         lines += ["", "Goals (held out): " + "; ".join(
             f"{k} ≥ {v['goal']}: {_fmt(v['value'])} — {'met' if v['met'] else 'not met' if v['met'] is not None else 'not run'}"
