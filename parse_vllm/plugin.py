@@ -253,7 +253,7 @@ def check_same_tokenizer(vllm_config, target) -> None:
     if not mc.trust_remote_code and same_fast_tokenizer_files(mc.tokenizer, draft_path):
         return
     try:
-        draft = _vllm.get_tokenizer(draft_path, trust_remote_code=vllm_config.model_config.trust_remote_code)
+        draft = _vllm.get_tokenizer(draft_path, trust_remote_code=mc.trust_remote_code)
     except Exception:  # a draft folder without tokenizer files: vLLM uses the target's
         return
     if draft.get_vocab() != target.get_vocab():

@@ -430,17 +430,21 @@ def noise_floor_summary(baselines: list[dict]) -> dict:
         for b in baselines
         if b.get("s_per_task_repeats") is not None
     ]
-    spreads = [e["spread"] for e in entries if e["spread"] is not None]
-    probe_spreads = [e["probe_spread"] for e in entries if e.get("probe_spread") is not None]
     return {
         "config": "target",
         "what": "the target alone, timed in every repeat: repeat 2's time per task over repeat 1's (self_ratio, "
         "with its interval over tasks), and the spread of its repeats' mean time per task; probe_*: the same "
         "in probe units (timing.py), where every repeat was probed",
         "by_set_batch": entries,
-        "max_spread": max(spreads) if spreads else None,
-        "max_spread_probe": max(probe_spreads) if probe_spreads else None,
+        "max_spread": _largest(entries, "spread"),
+        "max_spread_probe": _largest(entries, "probe_spread"),
     }
+
+
+def _largest(entries: list[dict], key: str) -> float | None:
+    """The largest `key` of the noise floor's entries that have one."""
+    values = [e[key] for e in entries if e.get(key) is not None]
+    return max(values) if values else None
 
 
 def with_probe_noise_floor(nf: dict, timings_path) -> dict:
@@ -468,8 +472,7 @@ def with_probe_noise_floor(nf: dict, timings_path) -> dict:
                     )
                 e = {**e, **timing.probe_noise_floor(probes[key])}
         entries.append(e)
-    probe_spreads = [e["probe_spread"] for e in entries if e.get("probe_spread") is not None]
-    return {**nf, "by_set_batch": entries, "max_spread_probe": max(probe_spreads) if probe_spreads else None}
+    return {**nf, "by_set_batch": entries, "max_spread_probe": _largest(entries, "probe_spread")}
 
 
 def noise_floor_line(nf: dict) -> str:
