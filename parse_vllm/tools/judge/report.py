@@ -87,7 +87,7 @@ def markdown(s: dict[str, Any]) -> str:
         if ck := d.get("kl_check"):
             lines += ["", f"The KL judge's top-{ck['top_k']} KL against both models' full distributions ({sp}, "
                       f"{ck['answers']} answers, {ck['tokens']} tokens): " + "; ".join(
-                          f"{shown} median error {_fmt(ck[k]['median_abs'], 4)} ({_fmt(100 * ck[k]['median_rel'], 1)}%, "
+                          f"{shown} median error {ck[k]['median_abs']:.1e} ({_fmt(100 * ck[k]['median_rel'], 1)}%, "
                           f"mean KL {_fmt(ck[k]['mean_exact'], 3)}), correlation {_fmt(ck[k]['pearson'])} per token, "
                           f"{_fmt(ck[k]['window_mean_pearson'])} over window means"
                           for k, shown in (("td", "KL(target ‖ draft)"), ("dt", "KL(draft ‖ target)"))) + "."]  # fmt: skip
