@@ -1,5 +1,5 @@
 """The load test (scripts/load_test.py), small: 16 concurrent streaming
-clients, 64 mixed requests against `parse-vllm serve` with PARSE on the tiny
+clients, 48 mixed requests against `parse-vllm serve` with PARSE on the tiny
 models, then the target alone (a stock vLLM server) for the lossless ones.
 The full 32 x 500 run is in docs/load-test.md; the same script on the
 Ray executor is in test_ray.py."""
@@ -27,7 +27,7 @@ def figures(tiny_models, tmp_path_factory) -> dict:
         "--clients",
         "16",
         "--requests",
-        "64",
+        "48",
         "--target",
         str(tiny_models["target"]),
         "--draft",
@@ -48,16 +48,16 @@ def figures(tiny_models, tmp_path_factory) -> dict:
 
 
 def test_every_request_completes_without_errors(figures):
-    assert figures["requests"] == 64
+    assert figures["requests"] == 48
     assert figures["errors"] == 0, figures["error_examples"]
     assert figures["incomplete"] == 0, figures["incomplete_examples"]
-    assert figures["completion_tokens"] > 64
+    assert figures["completion_tokens"] > 48
 
 
 def test_lossless_requests_equal_the_target_alone(figures):
     assert figures["reference"].startswith("target-alone")
     assert figures["reference_failures"] == 0
-    assert figures["lossless_requests_compared"] >= 20
+    assert figures["lossless_requests_compared"] >= 20  # 20 of the 48 (make_jobs, seed 0)
     assert figures["mismatches_vs_target"] == 0, figures["mismatch_examples"]
 
 
@@ -101,6 +101,6 @@ def test_parse_worker_and_its_rpcs(figures):
 
 def test_memory_flat(figures):
     # Measured after a warm-up at the largest shapes; a per-request leak
-    # would grow with the 64 requests served (docs/load-test.md has the numbers).
+    # would grow with the 48 requests served (docs/load-test.md has the numbers).
     assert figures["rss_growth_mb"] is not None
     assert figures["rss_growth_second_half_mb"] < 64, figures["rss_samples_mb"]
