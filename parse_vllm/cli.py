@@ -242,7 +242,8 @@ DEMO_PAIRS = {
     "coder": dict(
         target="qwen2.5-coder-1.5b-instruct",
         draft="qwen2.5-coder-0.5b-instruct",
-        # the preset's settings (configs/qwen2.5-coder-1.5b-0.5b-cpu.yaml, README "Quality")
+        # the preset's settings (configs/qwen2.5-coder-1.5b-0.5b-cpu.yaml, README "Quality"), but
+        # `continue` for its `adaptive`, as its note says
         window=128,
         threshold=HEAD_THRESHOLD,  # the judge head's τ_head
         guard=0,
@@ -252,6 +253,11 @@ DEMO_PAIRS = {
             "two_stage": True,
             "judge_head": "qwen2.5-coder-1.5b-instruct",
         },
+        note=(
+            "on_reject continue, so every answer is drafted in windows the judge reads; the preset "
+            "serves on_reject adaptive, which at batch 1 on this CPU mostly runs token-level k 4 "
+            'instead (README "Choosing the arm")'
+        ),
         prompt=DEMO_QUESTION,
         test=DEMO_TEST,
         max_tokens=256,
@@ -391,6 +397,8 @@ def demo(argv: list[str]) -> int:
     )
     setting = f"τ = {pair['threshold']:g}, guard {pair['guard'] or 'off'}"
     print(f"engine: {mode['description']}")
+    if pair.get("note"):
+        print(f"settings: {pair['note']}")
     if args.tasks is not None:
         return _demo_tasks(pair, args, common, draft, setting)
     llm = _vllm.LLM(

@@ -91,13 +91,17 @@ def test_the_presets_the_issue_asks_for_are_there():
 
 
 def test_the_demo_runs_the_coder_preset_settings():
-    """`make demo` shows what the preset serves: one set of PARSE settings for the pair."""
+    """`make demo` runs the preset's PARSE settings for the pair, but `continue` for the
+    preset's `adaptive` (so it has windows to show), and says so."""
     preset = load_preset(ROOT / "configs" / "qwen2.5-coder-1.5b-0.5b-cpu.yaml")
     demo = cli.DEMO_PAIRS["coder"]
     assert demo["window"] == preset.speculative_config["num_speculative_tokens"]
     assert demo["threshold"] == preset.parse["threshold"]
     assert demo["guard"] == preset.parse.get("guard", 0)
-    assert demo["parse"] == {k: v for k, v in preset.parse.items() if k not in ("threshold", "guard", "boundaries")}
+    assert preset.parse["on_reject"] == "adaptive" and preset.parse["judge_chunks"] is True
+    served = {k: v for k, v in preset.parse.items() if k not in ("threshold", "guard", "boundaries", "judge_chunks")}
+    assert demo["parse"] == {**served, "on_reject": "continue"}
+    assert "continue" in demo["note"] and "adaptive" in demo["note"]
     assert preset.parse.get("boundaries", "sentence") == "sentence"
 
 
