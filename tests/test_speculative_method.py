@@ -43,6 +43,31 @@ def test_parse_method_becomes_vllms_draft_model_config_and_the_parse_section():
     assert additional == {"other_plugin": 1, "parse": {"threshold": 0.3, "guard": 2, "draft_chunk": 4}}
 
 
+def _readme_first_speculative_config() -> dict:
+    """The speculative_config of README's first `LLM(...)` example, its names as strings."""
+    import ast
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    call = next(
+        n for n in ast.walk(ast.parse(block)) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "LLM"
+    )
+    (spec,) = [k.value for k in call.keywords if k.arg == "speculative_config"]
+    names = {n.id: n.id for n in ast.walk(spec) if isinstance(n, ast.Name)}
+    return eval(compile(ast.Expression(spec), "README.md", "eval"), {"True": True, "False": False}, names)
+
+
+def test_readmes_first_example_is_a_valid_parse_config_with_adaptive_windows():
+    from parse_vllm.config import ParseConfig
+
+    spec, additional = named_speculative_config(_readme_first_speculative_config(), None)
+    assert spec == {"method": "draft_model", "model": "DRAFT", "num_speculative_tokens": 64}
+    cfg = ParseConfig.from_dict(additional["parse"])
+    assert cfg.on_reject == "adaptive" and cfg.judge_chunks and cfg.spec_tokens == 4
+
+
 def test_parse_method_alone_names_parse_with_its_defaults():
     spec, additional = named_speculative_config(_spec(), None)
     assert spec["method"] == "draft_model" and additional == {"parse": {}}
