@@ -56,7 +56,7 @@ def _readme_first_speculative_config() -> dict:
     )
     (spec,) = [k.value for k in call.keywords if k.arg == "speculative_config"]
     names = {n.id: n.id for n in ast.walk(spec) if isinstance(n, ast.Name)}
-    return eval(compile(ast.Expression(spec), "README.md", "eval"), {"True": True, "False": False}, names)
+    return eval(compile(ast.Expression(spec), "README.md", "eval"), {"__builtins__": {}}, names)
 
 
 def test_readmes_first_example_is_a_valid_parse_config_with_adaptive_windows():
