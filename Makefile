@@ -8,7 +8,7 @@ MODELS  := $(VENV)/.parse-vllm-models
 # make test: one pytest-xdist worker per core (at most 4), each test module whole on one
 # worker (module-scoped engines are built once); tests/conftest.py pins each worker to its core.
 TEST_JOBS   ?= $(shell n=$$(nproc); [ $$n -gt 4 ] && n=4; echo $$n)
-PYTEST_ARGS ?= -n $(TEST_JOBS) --dist loadfile
+PYTEST_ARGS ?= -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup models pair demo test test-fast bench bench-full bench-eagle3 bench-adaptive eval-coder judge-coder judge-coder-train judge-coder-compare clean
 

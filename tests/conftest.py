@@ -43,6 +43,40 @@ _one_core_per_xdist_worker()
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
+MODULE_SECONDS = Path(__file__).parent / "module_seconds.json"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-module-seconds",
+        metavar="PATH",
+        help="write each test module's worker-seconds (setup, call and teardown) into PATH, merged "
+        "with what it holds (tests/module_seconds.json orders the modules: fixtures/module_order.py)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    from fixtures.module_order import heaviest_first, load
+
+    order = heaviest_first([it.nodeid for it in items], load(MODULE_SECONDS))
+    items[:] = [items[i] for i in order]
+
+
+_MEASURED: list[tuple[str, float]] = []
+
+
+def pytest_runtest_logreport(report):
+    _MEASURED.append((report.nodeid, report.duration))
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--record-module-seconds")
+    if path and not hasattr(session.config, "workerinput"):  # the xdist controller, or a run without xdist
+        from fixtures.module_order import add_up, write
+
+        write(Path(path), add_up(_MEASURED), session.config.rootpath)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _torch_set_num_threads_restored():
     """vLLM's CPU worker replaces torch.set_num_threads with a no-op in its process, which
