@@ -7,8 +7,17 @@ accepts some draft tokens and rejects others, and with τ = 0 PARSE accepts
 what the token-level check rejected. `spec_tokens=2` gives requests that
 PARSE leaves to token-level speculation (logprobs) two draft tokens per step.
 
-Also here: start-up refusals of the server (the process exits non-zero with a
-message naming the field, and leaves no process behind).
+The server is started as README spells PARSE: `"method": "parse"` in
+--speculative-config with PARSE's options beside the draft (the plugin rewrites
+it into vLLM's draft-model config and the parse section; old spelling and
+rewrite: tests/test_speculative_method.py). Its periodic stats log runs every
+second, for the PARSE log line.
+
+Also here: per-request options through `vllm_xargs`, the PARSE counters on
+/metrics and in the periodic log (one server start shared with the checks
+above, where each had a module and a server of its own), and start-up refusals
+of the server (the process exits non-zero with a message naming the field, and
+leaves no process behind).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -30,14 +40,28 @@ from parse_vllm.tools.server_process import free_port
 pytestmark = pytest.mark.slow
 
 ACCEPT_ALL = {"vllm_xargs": {"parse_threshold": 0.0}}
+V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+# What vLLM logs (VllmConfig.use_v2_model_runner) when it reaches its Triton check, i.e. when
+# VLLM_USE_V2_MODEL_RUNNER is unset as it builds the config (tests/test_speculative_method.py):
+# absent from a server log, the plugin had set the variable first.
+V1_BY_TRITON = "Model Runner V2 requires Triton"
 # Judged, yet exactly the target's greedy output (the guard keeps only its argmax).
 LOSSLESS = {"vllm_xargs": {"parse_threshold": 1.0, "parse_guard": 1}}
 MESSAGES = [{"role": "user", "content": "Write two sentences about rivers."}]
 PROMPT = "The river flows to the sea because"
 
 
-def _serve_cmd(target, draft, port, parse: dict, window: int = WINDOW, extra: tuple[str, ...] = ()) -> list[str]:
+def _serve_cmd(
+    target, draft, port, parse: dict, window: int = WINDOW, extra: tuple[str, ...] = (), named: bool = False
+) -> list[str]:
+    """`parse-vllm serve` with the draft and PARSE's options `parse`: as vLLM's draft-model
+    config plus --additional-config, or with `named` as `"method": "parse"` (README)."""
     exe = shutil.which("parse-vllm", path=os.path.dirname(sys.executable)) or "parse-vllm"
+    spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": window}
+    if named:
+        parse_flags = ["--speculative-config", json.dumps({**spec, "method": "parse", **parse})]
+    else:
+        parse_flags = ["--speculative-config", json.dumps(spec), "--additional-config", json.dumps({"parse": parse})]
     return [
         exe,
         "serve",
@@ -61,10 +85,7 @@ def _serve_cmd(target, draft, port, parse: dict, window: int = WINDOW, extra: tu
         str(96 << 20),
         "--seed",
         "0",
-        "--speculative-config",
-        json.dumps({"method": "draft_model", "model": str(draft), "num_speculative_tokens": window}),
-        "--additional-config",
-        json.dumps({"parse": parse}),
+        *parse_flags,
         *extra,
     ]
 
@@ -109,9 +130,11 @@ def server(models, tmp_path_factory):
         port,
         {"threshold": 0.5, "spec_tokens": 2},
         extra=("--structured-outputs-config", compact),
+        named=True,
     )
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO"}
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO", "VLLM_LOG_STATS_INTERVAL": "1"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    env.pop(V2_ENV, None)  # the plugin sets it when PARSE is named (checked: V1_BY_TRITON)
     with running_server(cmd, log_path, env) as base:
         yield {"base": base, "log": log_path}
 
@@ -150,6 +173,20 @@ def _hf_logprobs(model, prompt_ids, out_ids):
         logits = model(torch.tensor([list(prompt_ids) + list(out_ids)])).logits[0]
     n = len(prompt_ids)
     return torch.log_softmax(logits[n - 1 : n - 1 + len(out_ids)].float(), -1)
+
+
+# -- PARSE named in the speculative config ----------------------------------------------------
+
+
+def test_parse_vllm_serve_with_parse_method_answers_an_openai_client(server, client):
+    """`parse-vllm serve` with `"method": "parse"` (this module's server) answers an OpenAI
+    client through PARSE's judged windows, and the plugin set runner V1 before vLLM looked
+    for Triton (the variable unset in the server's environment)."""
+    before = _metric(server, "parse:drafts_total")
+    reply = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=30, extra_body=ACCEPT_ALL)
+    assert reply.choices[0].message.content and reply.usage.completion_tokens <= 30
+    assert _metric(server, "parse:drafts_total") > before  # the answer came through PARSE's judged windows
+    assert V1_BY_TRITON not in Path(server["log"]).read_text()
 
 
 # -- completions and chat, streaming and not, usage ----------------------------------
@@ -432,6 +469,64 @@ def test_lossless_over_http(client, hf_target):
     )
     ref = _hf_logprobs(hf_target, out.prompt_token_ids, out.choices[0].token_ids)
     assert out.choices[0].token_ids == ref.argmax(-1).tolist()
+
+
+# -- PARSE per request through vllm_xargs, /metrics and the periodic log -----------------------
+
+
+def _chat(client, **extra):
+    return client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=40, temperature=0.0, seed=0, **extra
+    )
+
+
+def test_chat_completion_non_streaming_and_streaming(client):
+    full = _chat(client)
+    text = full.choices[0].message.content
+    assert text and full.usage.completion_tokens <= 40
+    chunks = _chat(client, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+
+
+def test_vllm_xargs_per_request(client):
+    # PARSE off and τ > 1 are both lossless: the target's own greedy answer.
+    off = _chat(client, extra_body={"vllm_xargs": {"parse": False}}).choices[0].message.content
+    strict = _chat(client, extra_body={"vllm_xargs": {"parse_threshold": 1.5}}).choices[0].message.content
+    assert off == strict
+    # τ = 0 accepts the draft's text, which differs from the target's here.
+    loose = _chat(client, extra_body={"vllm_xargs": {"parse_threshold": 0.0}}).choices[0].message.content
+    assert loose != off
+
+
+@pytest.mark.parametrize("xargs", [{"parse_threshold": "high"}, {"parse_tau": 0.3}, {"parse": "maybe"}])
+def test_bad_xargs_get_http_400(server, client, xargs):
+    from openai import BadRequestError
+
+    with pytest.raises(BadRequestError) as e:
+        _chat(client, extra_body={"vllm_xargs": xargs})
+    assert "parse" in str(e.value)
+    assert _chat(client).choices[0].message.content  # the server is fine
+
+
+def test_metrics_endpoint_and_log_line(server, client):
+    _chat(client, extra_body={"vllm_xargs": {"parse_threshold": 0.5}})
+    body = requests.get(server["base"] + "/metrics", timeout=10).text
+
+    def value(name):
+        vals = [float(l.rsplit(" ", 1)[1]) for l in body.splitlines() if l.startswith(name) and not l.startswith("#")]
+        return sum(vals) if vals else None
+
+    assert value("parse:drafts_total") > 0
+    assert value("parse:copies_total") > 0
+    assert value("parse:verification_passes_total") > 0
+    assert value("parse:tokens_accepted_semantic_total") > 0
+    assert value("vllm:spec_decode_num_drafts_total") > 0
+    assert value("vllm:spec_decode_num_accepted_tokens_total") > 0
+    deadline = time.time() + 30
+    while time.time() < deadline and "PARSE metrics:" not in Path(server["log"]).read_text():
+        time.sleep(1)
+    assert "PARSE metrics:" in Path(server["log"]).read_text()
 
 
 # -- start-up refusals of the server ---------------------------------------------------------
