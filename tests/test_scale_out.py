@@ -2,10 +2,17 @@
 executor with `tensor_parallel_size=2`, target and draft each split over the
 two ranks (`draft_tensor_parallel_size=2`).
 
-One engine at a time: the references (the TP 2 target alone, the draft alone)
-are generated first and their engines closed, then the TP 2 PARSE engine
-serves every check. The judgments are compared with plain single-process
-target forwards (HF transformers, float32), as test_offline does for TP 1.
+One engine at a time: the references (the target alone, the draft alone) are
+generated first and their engines closed, then the TP 2 PARSE engine serves
+every check. The references run at TP 1 in this process (a TP 2 engine starts
+two worker processes, each importing vLLM: ~35 s here, a TP 1 engine ~5). TP 2
+sums each row-parallel matmul in two halves, which moves a float32 logit by
+~1e-6, so a greedy choice can differ from TP 1's only where the top two
+log-probs are that close: the token comparisons stop at a reference's first
+such near tie (top two under TIE apart; rare, the logits have std ~3 over 49k
+tokens), and most tokens are compared. The judgments are compared with plain
+single-process target forwards (HF transformers, float32), as test_offline
+does for TP 1.
 
 vLLM's CPU executor binds each rank's OpenMP threads to a NUMA node of its
 own by default (VLLM_CPU_OMP_THREADS_BIND=auto), which refuses two ranks on a
@@ -34,6 +41,9 @@ pytestmark = pytest.mark.slow
 
 TP = 2
 MAX_TOKENS = 48
+# A reference token whose top two log-probs are closer than this may be another TP's
+# other choice (TP 2 moves a float32 logit by ~1e-6 against TP 1): comparisons stop there.
+TIE = 1e-4
 
 
 def _rank_cores() -> list[int]:
@@ -82,26 +92,43 @@ def prompt_ids(tiny_models):
     return [tok.encode(p) for p in PROMPTS]
 
 
-def _generate_alone(model, prompts, params):
-    llm = make_llm(**engine_kwargs(model, tensor_parallel_size=TP))
+def _generate_alone(model, prompts, params) -> tuple[list[list[int]], list[int]]:
+    """`model` alone at TP 1 (in this process): its greedy tokens per prompt, and per answer
+    how many tokens come before its first near tie (the top two log-probs under TIE apart;
+    the whole answer where there is none)."""
+    llm = make_llm(**engine_kwargs(model))
     try:
-        return ids(llm.generate([{"prompt_token_ids": p} for p in prompts], params))
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     finally:
         close_llm(llm)
+    clear = []
+    for o in outs:
+        tops = [sorted((x.logprob for x in lp.values()), reverse=True) for lp in o.outputs[0].logprobs]
+        clear.append(next((k for k, t in enumerate(tops) if t[0] - t[1] < TIE), len(tops)))
+    return ids(outs), clear
+
+
+def _assert_equal_up_to_near_ties(got, want, clear):
+    """Answer by answer, `got` equals the reference `want` up to the reference's first near
+    tie, and whole (its length too) where there is none; most reference tokens are compared."""
+    assert len(got) == len(want) == len(clear)
+    for g, w, n in zip(got, want, clear):
+        assert g[:n] == w[:n] and (n < len(w) or g == w), (g, w, n)
+    assert sum(clear) >= 0.8 * sum(map(len, want)), (clear, [len(w) for w in want])
 
 
 @pytest.fixture(scope="module")
 def target_alone(tiny_models, prompt_ids):
-    """The TP 2 target's greedy tokens (no speculation)."""
-    return _generate_alone(tiny_models["target"], prompt_ids, sp())
+    """The target's greedy tokens (no speculation, TP 1) and their near-tie-free lengths."""
+    return _generate_alone(tiny_models["target"], prompt_ids, sp(logprobs=2))
 
 
 @pytest.fixture(scope="module")
 def draft_after_first_token(tiny_models, prompt_ids, target_alone):
-    """The TP 2 draft's W greedy tokens after the prompt and the target's first token."""
-    return _generate_alone(
-        tiny_models["draft"], [p + t[:1] for p, t in zip(prompt_ids, target_alone)], sp(WINDOW, ignore_eos=True)
-    )
+    """The draft's W greedy tokens (TP 1) after the prompt and the target's first token, and
+    their near-tie-free lengths."""
+    first = [p + t[:1] for p, t in zip(prompt_ids, target_alone[0])]
+    return _generate_alone(tiny_models["draft"], first, sp(WINDOW, ignore_eos=True, logprobs=2))
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +148,8 @@ def test_two_ranks_each_with_the_parse_runner(parse_tp2):
 
 def test_greedy_guard_one_is_the_tp2_target(parse_tp2, prompt_ids, target_alone):
     """τ = 0.5 with the strictest token guard (1: only the target's argmax is
-    accepted): exactly the TP 2 target's own greedy tokens."""
+    accepted): exactly the target's own greedy tokens (up to a near tie between
+    TP 1's and TP 2's rounding, module docstring)."""
     import parse_vllm
 
     parse_vllm.reset_stats(parse_tp2)
@@ -130,21 +158,26 @@ def test_greedy_guard_one_is_the_tp2_target(parse_tp2, prompt_ids, target_alone)
             [{"prompt_token_ids": p} for p in prompt_ids], sp(extra_args={"parse_threshold": 0.5, "parse_guard": 1})
         )
     )
-    assert got == target_alone
+    _assert_equal_up_to_near_ties(got, *target_alone)
     stats = parse_vllm.get_stats(parse_tp2)
     assert stats["drafts"] > 0 and stats["tokens_accepted_semantic"] == 0
 
 
 def test_threshold_zero_takes_the_draft_whole(parse_tp2, prompt_ids, target_alone, draft_after_first_token):
-    """τ = 0: the target's first token, then the draft's W greedy tokens whole."""
+    """τ = 0: the target's first token, then the draft's W greedy tokens whole
+    (up to a near tie between TP 1's and TP 2's rounding, module docstring)."""
     got = ids(
         parse_tp2.generate(
             [{"prompt_token_ids": p} for p in prompt_ids],
             sp(1 + WINDOW, ignore_eos=True, extra_args={"parse_threshold": 0.0}),
         )
     )
-    want = [t[:1] + d for t, d in zip(target_alone, draft_after_first_token)]
-    assert got == want
+    (targets, target_clear), (drafts, draft_clear) = target_alone, draft_after_first_token
+    want = [t[:1] + d for t, d in zip(targets, drafts)]
+    # A near tie at the target's first token leaves nothing to compare: the draft's
+    # reference continues that token, which TP 2 may not have picked.
+    clear = [1 + dc if tc > 0 else 0 for tc, dc in zip(target_clear, draft_clear)]
+    _assert_equal_up_to_near_ties(got, want, clear)
 
 
 def test_judgments_equal_single_process_target_forwards(parse_tp2, prompt_ids, tiny_models):
