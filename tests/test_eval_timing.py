@@ -656,7 +656,8 @@ def test_every_timed_job_starts_from_an_emptied_cache_on_the_interleaved_schedul
 
 @pytest.mark.slow
 def test_without_the_cache_reset_a_later_job_finds_the_earlier_ones_prompts(tiny_models, monkeypatch):
-    """The control of the test above: the same two jobs on one engine, the reset skipped."""
+    """The control of the test above: the same two jobs twice on one engine, the reset done
+    before the first two and skipped before the last two."""
     from transformers import AutoTokenizer
 
     from parse_vllm.tools.benchmarks import common
@@ -671,7 +672,7 @@ def test_without_the_cache_reset_a_later_job_finds_the_earlier_ones_prompts(tiny
     ]
     job = {"set": "s", "batch": 1, "tau": None, "guard": None, "pass_guard": False, "prompts": prompts,
            "item_ids": ["a", "b"], "config": "target"}  # fmt: skip
-    jobs = [dict(job, repeat=r, order=r) for r in range(2)]
+    jobs = [dict(job, repeat=r, order=r) for r in range(4)]
     kw = {**run.engine_kwargs({"preset": None, "engine": {"dtype": "float32", "kv_cache_memory_bytes": 96 << 20}},
                               str(tiny_models["target"]), 512, 2)}  # fmt: skip
 
@@ -685,11 +686,19 @@ def test_without_the_cache_reset_a_later_job_finds_the_earlier_ones_prompts(tiny
         def write(self, *a):
             pass
 
+    resets = []
+    real_reset = tools_engine.reset_prefix_cache
+
+    def first_two_only(llm):  # one engine for both halves: the reset before jobs 0 and 1, none before 2 and 3
+        resets.append(None)  # counted, the engine not kept
+        if len(resets) <= 2:
+            real_reset(llm)
+
+    monkeypatch.setattr(tools_engine, "reset_prefix_cache", first_two_only)
     got = run.run_engine("target", kw, jobs, max_tokens=6, is_parse=False, progress=Bar(), warmup=prompts[0])
-    assert got[0]["prefix_cache"]["hits"] == got[1]["prefix_cache"]["hits"] > 0
-    monkeypatch.setattr(tools_engine, "reset_prefix_cache", lambda llm: None)
-    got = run.run_engine("target", kw, jobs, max_tokens=6, is_parse=False, progress=Bar(), warmup=prompts[0])
-    assert got[1]["prefix_cache"]["hits"] > got[0]["prefix_cache"]["hits"]
+    hits = [g["prefix_cache"]["hits"] for g in got]
+    assert len(resets) == len(jobs) and hits[0] == hits[1] > 0  # one reset asked for before each job
+    assert hits[2] > hits[1]  # the reset skipped: job 2 finds job 1's prompts
 
 
 @pytest.mark.slow

@@ -200,7 +200,7 @@ def _negated(head: Path, out: Path) -> Path:
 @pytest.fixture(scope="module")
 def run(tiny_models, tok, hf, tmp_path_factory):
     from parse_vllm.tools.eval.run import _render
-    from parse_vllm.tools.judge import prompts
+    from parse_vllm.tools.judge import probe, prompts
 
     root = tmp_path_factory.mktemp("mbpp")
     path = _mbpp(root / "mbpp.jsonl")
@@ -218,6 +218,9 @@ def run(tiny_models, tok, hf, tmp_path_factory):
     mp.setattr(jdata, "open_reader", lambda engine: hidden)
     mp.setattr(jdata, "open_logprob_reader", lambda engine: logprobs)
     mp.setattr(baselines, "open_topk_reader", _topk_reader(models))
+    # the data-size curve (no test reads it) at two shares of the tasks, not probe.CURVE_FRACTIONS' five: the
+    # same kind of fits, a third as many (about a quarter of the training's fits otherwise)
+    mp.setattr(probe, "CURVE_FRACTIONS", (0.5, 1.0))
     out = root / "out"
     base = [
         "train-judge", "--target", str(models["target"]), "--draft", str(models["draft"]), "--window", "16",

@@ -25,6 +25,11 @@ from parse_vllm.tools.judge import data as jdata  # noqa: E402
 NUM_TASKS = 12
 FAILED_BY_TARGET = {3, 8}  # tasks whose target answer is wrong: no prefix of theirs is labelled
 WINDOW = 16  # answers are ~30 tokens: two or three windows each
+# The trainings here draw the data-size curve at two shares of the training tasks, not probe.CURVE_FRACTIONS'
+# five: the same fits (C by grouped CV on a share of the tasks, scored out of fold; repeated draws below the
+# full share), about a third as many; the curve was over half of a training's fits, and no test reads its
+# points beyond the last (the full share).
+CURVE_FRACTIONS = (0.5, 1.0)
 
 
 def _answer(k: int, op: str) -> str:
@@ -248,6 +253,7 @@ def test_no_task_is_scored_by_a_model_that_saw_it(monkeypatch):
         return real(C, X_train, y_train, w_train, X_test)
 
     monkeypatch.setattr(probe, "fit_score", spy)
+    monkeypatch.setattr(probe, "CURVE_FRACTIONS", CURVE_FRACTIONS)
     ex = _made_up(seed=1, tasks=20, per_task=3, dim=4, task_column=True)
     probe.train(ex, "made-up", log=lambda *a: None)
     assert len(calls) > 100
@@ -292,8 +298,11 @@ def _argv(tiny_models, prompts: Path, out: Path, *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def trained(tiny_models, script, tmp_path_factory):
     """One whole run through the CLI on the fake tuning set (scripted writers, real features)."""
+    from parse_vllm.tools.judge import probe
+
     mp = pytest.MonkeyPatch()
     mp.setattr(jdata, "open_writer", script.writer)
+    mp.setattr(probe, "CURVE_FRACTIONS", CURVE_FRACTIONS)
     root = tmp_path_factory.mktemp("judge")
     prompts = _prompt_file(root / "tune.jsonl", range(NUM_TASKS), "t")
     out = root / "out"
@@ -614,6 +623,7 @@ def test_the_exported_head_reproduces_the_probe_on_held_out_rows(trained, tiny_m
 
 def test_a_rerun_skips_every_stage_and_a_cut_run_resumes_to_the_same_data(trained, tiny_models, script):
     from parse_vllm.judge_head import JudgeHead
+    from parse_vllm.tools.judge import probe
 
     mp = pytest.MonkeyPatch()
 
@@ -623,6 +633,7 @@ def test_a_rerun_skips_every_stage_and_a_cut_run_resumes_to_the_same_data(traine
     # the same command again: every stage is skipped, the head is trained again to the same bytes
     mp.setattr(jdata, "open_writer", no_engine)
     mp.setattr(jdata, "open_reader", no_engine)
+    mp.setattr(probe, "CURVE_FRACTIONS", CURVE_FRACTIONS)  # as `trained` ran
     before = JudgeHead.load(trained["out"] / "judge_head.safetensors")
     try:
         assert cli.main(_argv(tiny_models, trained["prompts"], trained["out"])) == 0
@@ -670,6 +681,7 @@ def test_a_rerun_skips_every_stage_and_a_cut_run_resumes_to_the_same_data(traine
     text = (b / "answers.jsonl").read_text()
     (killed / "data" / "tune" / "answers.jsonl").write_text(text[: len(text) - 40])
     mp.setattr(jdata, "open_writer", script.writer)
+    mp.setattr(jdata, "open_reader", _no_features)  # its labels are compared below, not its features
     try:
         assert cli.main(_argv(tiny_models, trained["prompts"], killed, "--data-only")) == 0
     finally:
@@ -680,6 +692,21 @@ def test_a_rerun_skips_every_stage_and_a_cut_run_resumes_to_the_same_data(traine
     # other settings on a folder built with these are refused
     rc = cli.main(_argv(tiny_models, trained["prompts"], out, "--samples", "1", "--data-only"))
     assert rc == 2
+
+
+class _ZeroFeatures:
+    """The features stage's reader where a test reads no feature (zeros, the tiny target's width):
+    no pooling engine started."""
+
+    def __call__(self, sequences):
+        return np.zeros((len(sequences), 128), dtype=np.float32)
+
+    def close(self):
+        pass
+
+
+def _no_features(engine):
+    return _ZeroFeatures()
 
 
 def test_evaluate_scores_a_held_out_set_with_the_head_without_training(trained, tiny_models, script, capsys):
@@ -750,6 +777,7 @@ def test_real_engines_write_the_answers_and_continuations_hf_greedy_writes(tiny_
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setattr(jdata.Job, "check_texts", lambda self, texts: [True] * len(texts))
+    monkeypatch.setattr(jdata, "open_reader", _no_features)  # the writers are tested here; features: above
     prompts = _prompt_file(tmp_path / "real.jsonl", range(2), "r")
     argv = _argv(tiny_models, prompts, tmp_path / "out", "--data-only", "--samples", "2")
     argv[argv.index("--max-tokens") + 1] = "12"
@@ -768,8 +796,12 @@ def test_real_engines_write_the_answers_and_continuations_hf_greedy_writes(tiny_
     for k in range(2):
         tok_prompts[f"r{k}"] = _render(tok, {"prompt": f"Write f(x) returning x + {k + 1}.", "messages": None})
 
+    loaded = {}
+
     def hf_greedy(model_dir, ids, n):
-        m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        if model_dir not in loaded:  # each model loaded once
+            loaded[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        m = loaded[model_dir]
         with torch.no_grad():
             out = m.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
         return out[0, len(ids) :].tolist()
