@@ -157,12 +157,14 @@ _BUILD = textwrap.dedent(
 def _static_cxx(tmp: Path) -> str:
     """A CXX that links libstdc++ statically (the compiler this build would use, plus
     -static-libstdc++), checked to do so on a small shared object; skips when the
-    toolchain cannot (no GCC/Clang driver, no libstdc++.a)."""
+    toolchain cannot (no GCC/Clang driver, no libstdc++.a).  It also compiles at -O0 without
+    debug information (after setup.py's -O3 and Python's -g, so it wins): the quickest compile,
+    and the code generated plays no part in which libstdc++ the link takes."""
     real = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not real:
         pytest.skip("no C++ compiler")
     wrapper = tmp / "static-cxx"
-    wrapper.write_text(f'#!/bin/sh\nexec {real} "$@" -static-libstdc++\n')
+    wrapper.write_text(f'#!/bin/sh\nexec {real} "$@" -O0 -g0 -static-libstdc++\n')
     wrapper.chmod(0o755)
     src = tmp / "probe.cpp"
     src.write_text(
@@ -180,9 +182,9 @@ def _static_cxx(tmp: Path) -> str:
 
 @pytest.mark.slow
 def test_a_toolchain_linking_libstdcxx_statically_still_gives_whole_messages(tmp_path):
-    """The CPU op built with `CXX` = g++ -static-libstdc++ (~1 min here): without setup.py's
-    -l:libstdc++.so.6 it had no NEEDED libstdc++.so.6, 171 locale symbols of its own, and
-    every malformed call of tests/test_kernel_cpu.py whose message holds a number raised it
+    """The CPU op built with `CXX` = g++ -static-libstdc++ (at -O0: see _static_cxx): without
+    setup.py's -l:libstdc++.so.6 it had no NEEDED libstdc++.so.6, 171 locale symbols of its own,
+    and every malformed call of tests/test_kernel_cpu.py whose message holds a number raised it
     cut at that number (26 of the 31 cases at 45fd9de; the GPU image's toolchain crashed)."""
     if not (ROOT / "setup.py").exists():
         pytest.skip("no setup.py: not a source checkout")
