@@ -307,20 +307,31 @@ def smollm2_alone(smollm2_pair):
     close_llm(llm)
 
 
-def test_trained_head_lossless_settings_are_the_target_and_eagle3_accepts_tokens(smollm2_pair, smollm2_alone):
+@pytest.fixture(scope="module")
+def smollm2_parse(smollm2_pair, smollm2_alone):  # the reference first
+    """The bundled target, its draft and the trained head in one engine (τ 0.5, prefix caching
+    off) for the two tests below, each request naming its τ (a request's options are the
+    engine's defaults overridden; nothing else reads the engine's τ). The second test rewrites
+    the runner's drafting: it is the engine's last user."""
+    llm = make_llm(**_real_kwargs(smollm2_pair, threshold=0.5), enable_prefix_caching=False)
+    yield llm
+    close_llm(llm)
+
+
+def test_trained_head_lossless_settings_are_the_target_and_eagle3_accepts_tokens(
+    smollm2_pair, smollm2_alone, smollm2_parse
+):
     prompts = _chat_prompts(smollm2_pair["smollm2-135m-instruct"])
-    llm = make_llm(**_real_kwargs(smollm2_pair, threshold=1.5))
-    try:
-        # τ > 1: the target's tokens, EAGLE-3 proposing them from the first step.
-        assert _ids(llm.generate(prompts, _params(40))) == smollm2_alone
-        stats = parse_vllm.get_stats(llm)
-        assert stats["token_level_accepted_tokens"].get("eagle3", 0) > 0
-        assert stats["drafts"] == 0
-        # guard 1 (τ 1): windows by the draft model, judged token by token only.
-        assert _ids(llm.generate(prompts, _params(40, parse_threshold=1.0, parse_guard=1))) == smollm2_alone
-        assert parse_vllm.get_stats(llm)["drafts"] > 0
-    finally:
-        close_llm(llm)
+    llm = smollm2_parse
+    parse_vllm.reset_stats(llm)
+    # τ > 1: the target's tokens, EAGLE-3 proposing them from the first step.
+    assert _ids(llm.generate(prompts, _params(40, parse_threshold=1.5))) == smollm2_alone
+    stats = parse_vllm.get_stats(llm)
+    assert stats["token_level_accepted_tokens"].get("eagle3", 0) > 0
+    assert stats["drafts"] == 0
+    # guard 1 (τ 1): windows by the draft model, judged token by token only.
+    assert _ids(llm.generate(prompts, _params(40, parse_threshold=1.0, parse_guard=1))) == smollm2_alone
+    assert parse_vllm.get_stats(llm)["drafts"] > 0
 
 
 def _overwrite_aux_after_drafting(worker) -> None:
@@ -348,26 +359,23 @@ def _overwrite_aux_after_drafting(worker) -> None:
     runner._draft = draft
 
 
-def test_eagle3_reads_the_targets_hidden_states_before_the_draft_model_drafts(smollm2_pair):
+def test_eagle3_reads_the_targets_hidden_states_before_the_draft_model_drafts(smollm2_pair, smollm2_parse):
     """Windows (τ 0.5) and EAGLE-3 (PARSE off) in the same steps: EAGLE-3's acceptance is
     the same when the target's auxiliary hidden states are overwritten after drafting."""
     prompts = _chat_prompts(smollm2_pair["smollm2-135m-instruct"])
     params = [_params(40, **x) for x in ({"parse": False}, {"parse_threshold": 0.5}, {"parse": False})]
-    llm = make_llm(**_real_kwargs(smollm2_pair, threshold=0.5), enable_prefix_caching=False)
-    try:
-        runs = []
-        for overwrite in (False, True):
-            if overwrite:
-                llm.collective_rpc(_overwrite_aux_after_drafting)
-            parse_vllm.reset_stats(llm)
-            outs = _ids(llm.generate(prompts, params))
-            stats = parse_vllm.get_stats(llm)
-            runs.append((outs, stats["token_level_accepted_tokens"].get("eagle3", 0), stats["drafter_passes"]))
-        (outs, accepted, passes), (outs2, accepted2, passes2) = runs
-        assert accepted > 0 and passes > 0
-        assert (outs2, accepted2, passes2) == (outs, accepted, passes)
-    finally:
-        close_llm(llm)
+    llm = smollm2_parse
+    runs = []
+    for overwrite in (False, True):
+        if overwrite:
+            llm.collective_rpc(_overwrite_aux_after_drafting)  # for good: no test uses the engine after this one
+        parse_vllm.reset_stats(llm)
+        outs = _ids(llm.generate(prompts, params))
+        stats = parse_vllm.get_stats(llm)
+        runs.append((outs, stats["token_level_accepted_tokens"].get("eagle3", 0), stats["drafter_passes"]))
+    (outs, accepted, passes), (outs2, accepted2, passes2) = runs
+    assert accepted > 0 and passes > 0
+    assert (outs2, accepted2, passes2) == (outs, accepted, passes)
 
 
 def test_server_with_eagle3_is_lossless_and_exports_counters(smollm2_pair, smollm2_alone, tmp_path):
