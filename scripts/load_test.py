@@ -395,7 +395,7 @@ def wait_idle(base: str, timeout: float = 60.0) -> tuple[float | None, dict | No
         )
         if idle or time.time() > deadline:
             return usage, blocks
-        time.sleep(1)
+        time.sleep(0.25)
 
 
 async def busy_kv_usage(base: str, model: str, max_tokens: int, timeout: float) -> tuple[float, int]:

@@ -90,7 +90,7 @@ class ServerProcess:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass  # not listening yet, or still loading
-            time.sleep(1)
+            time.sleep(0.25)  # a server is ready within a poll of its start, not a second later
         raise ServerStartError(f"server did not answer /health in {self.timeout:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self, chars: int = 4000) -> str:
