@@ -89,6 +89,12 @@ def _torch_set_num_threads_restored():
     torch.set_num_threads = real
 
 
+V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+# What vLLM logs (VllmConfig.use_v2_model_runner) when it reaches its Triton check, i.e. when
+# VLLM_USE_V2_MODEL_RUNNER is unset as it builds the config: where Triton works (a GPU), it
+# would go on to pick V2. Absent from a server log, the plugin had set the variable first.
+V1_BY_TRITON = "Model Runner V2 requires Triton"
+
 WINDOW = 16  # draft window W of the test engines
 TEST_DRAFT_CHUNK = 8  # draft tokens a window advances per step in the test engines
 BLOCK = 32

@@ -33,18 +33,13 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import BLOCK, WINDOW, running_server
+from conftest import BLOCK, V1_BY_TRITON, V2_ENV, WINDOW, running_server
 
 from parse_vllm.tools.server_process import free_port
 
 pytestmark = pytest.mark.slow
 
 ACCEPT_ALL = {"vllm_xargs": {"parse_threshold": 0.0}}
-V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
-# What vLLM logs (VllmConfig.use_v2_model_runner) when it reaches its Triton check, i.e. when
-# VLLM_USE_V2_MODEL_RUNNER is unset as it builds the config (tests/test_speculative_method.py):
-# absent from a server log, the plugin had set the variable first.
-V1_BY_TRITON = "Model Runner V2 requires Triton"
 # Judged, yet exactly the target's greedy output (the guard keeps only its argmax).
 LOSSLESS = {"vllm_xargs": {"parse_threshold": 1.0, "parse_guard": 1}}
 MESSAGES = [{"role": "user", "content": "Write two sentences about rivers."}]
@@ -511,18 +506,15 @@ def test_bad_xargs_get_http_400(server, client, xargs):
 
 def test_metrics_endpoint_and_log_line(server, client):
     _chat(client, extra_body={"vllm_xargs": {"parse_threshold": 0.5}})
-    body = requests.get(server["base"] + "/metrics", timeout=10).text
-
-    def value(name):
-        vals = [float(l.rsplit(" ", 1)[1]) for l in body.splitlines() if l.startswith(name) and not l.startswith("#")]
-        return sum(vals) if vals else None
-
-    assert value("parse:drafts_total") > 0
-    assert value("parse:copies_total") > 0
-    assert value("parse:verification_passes_total") > 0
-    assert value("parse:tokens_accepted_semantic_total") > 0
-    assert value("vllm:spec_decode_num_drafts_total") > 0
-    assert value("vllm:spec_decode_num_accepted_tokens_total") > 0
+    for name in (
+        "parse:drafts_total",
+        "parse:copies_total",
+        "parse:verification_passes_total",
+        "parse:tokens_accepted_semantic_total",
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+    ):
+        assert _metric(server, name) > 0, name
     deadline = time.time() + 30
     while time.time() < deadline and "PARSE metrics:" not in Path(server["log"]).read_text():
         time.sleep(1)

@@ -20,13 +20,21 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BLOCK, TEST_DRAFT_CHUNK, WINDOW, close_llm, engine_kwargs, make_llm, running_server
+from conftest import (
+    BLOCK,
+    TEST_DRAFT_CHUNK,
+    V1_BY_TRITON,
+    V2_ENV,
+    WINDOW,
+    close_llm,
+    engine_kwargs,
+    make_llm,
+    running_server,
+)
 
 from parse_vllm.config import ParseConfigError
 from parse_vllm.plugin import named_speculative_config
 from parse_vllm.tools.server_process import free_port
-
-V2_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 
 def _spec(**extra):
@@ -320,13 +328,6 @@ def _serve_cmd(tiny_models, port, spec, *extra):
 def _server_env():
     env = {k: v for k, v in os.environ.items() if k not in (V2_ENV, "PROMETHEUS_MULTIPROC_DIR")}
     return env
-
-
-# What vLLM logs (VllmConfig.use_v2_model_runner) when it reaches its Triton check, i.e.
-# when VLLM_USE_V2_MODEL_RUNNER is unset as it builds the config: where Triton works
-# (a GPU), it would go on to pick V2. Absent from a server log, the plugin had set the
-# variable first.
-V1_BY_TRITON = "Model Runner V2 requires Triton"
 
 
 def test_parse_vllm_serve_refuses_bad_parse_keys_before_any_engine(tiny_models):
