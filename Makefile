@@ -114,7 +114,8 @@ eval-coder: setup pair
 # k 4, lossless, is timed on HumanEval odd), the policy's goal runs (adaptive judged in parts beside
 # the target and k 4: odd's and MBPP test's first 24 at batch 1, beside the head's continue too,
 # which windows make the best arm there; odd's 82 and MBPP test's first 100 at batch 8, where
-# continue, 0.48x the best, is the row above), and SmolLM2 with its
+# continue, 0.48x the best, is the row above; MBPP test at batch 1 twice, the same command, whose
+# repeats the goals pool: scripts/bench_adaptive.py), and SmolLM2 with its
 # EAGLE-3 head at τ 0.9 (EAGLE-3 alone, PARSE alone,
 # PARSE + EAGLE-3 continue and adaptive; batch 1, 12 prompts). Every configuration twice,
 # interleaved, each timed job in a process of its own from an emptied prefix cache (the even and
@@ -136,8 +137,10 @@ bench-adaptive: setup models pair
 	  --spec-k 4 --taus $(JUDGE_TAU) --variants adaptive-k4-parts --out bench/adaptive/coder-odd-bs8
 	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --batch 8 --num-prompts 100 \
 	  --bs1-prompts 0 --spec-k 4 --taus $(JUDGE_TAU) --variants adaptive-k4-parts --out bench/adaptive/coder-mbpp-test-bs8
-	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --batch 1 --num-prompts 24 \
-	  --spec-k 4 --taus $(JUDGE_TAU) --variants k4 adaptive-k4-parts --out bench/adaptive/coder-mbpp-test-bs1
+	for run in coder-mbpp-test-bs1 coder-mbpp-test-bs1-run2; do \
+	  $(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --batch 1 --num-prompts 24 \
+	    --spec-k 4 --taus $(JUDGE_TAU) --variants k4 adaptive-k4-parts --out bench/adaptive/$$run || exit 1; \
+	done
 	$(VENV)/bin/parse-vllm eval $(CODER_PAIR) $(CODER_HEAD) --prompts $(MBPP):test --num-prompts 100 \
 	  --bs1-prompts 0 --spec-k --taus 0 $(JUDGE_TAU) --out bench/judge-coder/e2e-mbpp-test
 	$(PY) scripts/judge_e2e.py bench/judge-coder/e2e-odd --mbpp bench/judge-coder/e2e-mbpp-test \
@@ -147,7 +150,7 @@ bench-adaptive: setup models pair
 	  --variants continue e3 adaptive-e3 --taus 0.9 --engine '{"dtype": "float32"}' --no-nll --same-process
 	$(PY) scripts/bench_adaptive.py --coder bench/adaptive/coder-even bench/judge-coder/e2e-odd \
 	  bench/judge-coder/e2e-mbpp-test bench/adaptive/coder-odd-bs1 bench/adaptive/coder-odd-bs8 \
-	  bench/adaptive/coder-mbpp-test-bs8 bench/adaptive/coder-mbpp-test-bs1 \
+	  bench/adaptive/coder-mbpp-test-bs8 bench/adaptive/coder-mbpp-test-bs1 bench/adaptive/coder-mbpp-test-bs1-run2 \
 	  --smollm2 bench/adaptive/smollm2-eagle3 --out bench/adaptive
 	$(PY) scripts/bench_report.py --results bench/full
 

@@ -23,6 +23,7 @@ rows) keep their tok/s ratios, without intervals, and the tables say so.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import statistics
@@ -65,6 +66,7 @@ def rows_of(run: Path, pair: str) -> list[dict]:
     side (per-task times and tokens), tok/s over their work, pass@1 over their tasks."""
     summary = json.loads((run / "summary.json").read_text())
     timing.with_repeats(summary["rows"], run / "timings.jsonl")
+    experiment = experiment_of(run)
     table = CODER if pair == "coder" else SMOLLM2
     merged: dict[tuple, dict] = {}
     for r in summary["rows"]:
@@ -113,6 +115,7 @@ def rows_of(run: Path, pair: str) -> list[dict]:
             "split": split,
             "n": m["n"] or None,
             "run": str(run),
+            "experiment": experiment,
             "windows": m["windows"] if config in PARSE_CONFIGS else None,
             # the adaptive policy's token-level arm: its steps at each k (0: the target alone)
             "token_k_steps": m["token_k"] or None,
@@ -160,6 +163,47 @@ def rows_of(run: Path, pair: str) -> list[dict]:
             r["ratio"] = r["tok_s"] / max(x["tok_s"] for x in same) if same else None
             r["ratio_ci"], r["ratio_by_repeat"], r["verdict"] = None, None, (timing.TOO_FEW if few else None)
         r["tok_s_ci"] = r.get("tok_s_ci")
+    return out
+
+
+def experiment_of(run: Path) -> str | None:
+    """What the run timed, as a digest of its timings.jsonl settings (models, prompts, every
+    argument, the machine): two runs with the same digest are the same experiment run twice,
+    whose repeats the goals pool. None for a run without saved settings."""
+    path = run / "timings.jsonl"
+    if not path.is_file():
+        return None
+    with path.open() as f:
+        first = f.readline()
+    settings = json.loads(first).get("settings") if first.strip() else None
+    if settings is None:
+        return None
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def pooled(rows: list[dict]) -> list[dict]:
+    """Rows of several runs of one experiment as one run's: per configuration and τ, the runs'
+    repeats one after the other (repeat r of a run still beside repeat r of the same run's other
+    rows), s_per_task their mean. A configuration missing from a run is left out."""
+    runs = list(dict.fromkeys(r["run"] for r in rows))
+    out = []
+    for key in dict.fromkeys((r["config"], r["tau"]) for r in rows):
+        group = [r for r in rows if (r["config"], r["tau"]) == key]
+        if [r["run"] for r in group] != runs:
+            continue
+        reps = [rep for r in group for rep in timing.row_repeats(r)]
+        probe = [timing.row_repeats(r, probe=True) for r in group]
+        task_s = timing.per_task(reps)
+        out.append(
+            dict(
+                group[-1],
+                run=", ".join(runs),
+                task_s_repeats=reps,
+                task_probe_repeats=[rep for p in probe for rep in p] if all(probe) else None,
+                task_s=task_s,
+                s_per_task=statistics.fmean(task_s),
+            )
+        )
     return out
 
 
@@ -214,7 +258,9 @@ def goal_keys(rows: list[dict], tau: float | None = None) -> dict:
     the largest batch where both were run (``_batch``; the Coder sets pooled).
 
     Ratios compare rows of one run only (timed side by side): for a set and batch, the last
-    run given with a policy row; in it, adaptive-parts where it ran, else adaptive."""
+    run given with a policy row; in it, adaptive-parts where it ran, else adaptive. Earlier runs
+    of the same experiment (experiment_of) are pooled with it, their repeats as more repeats
+    (``_run`` names every run pooled)."""
     coder = [r for r in rows if r["pair"] == "coder" and r["split"] in GOAL_SETS]
     taus = {r["tau"] for r in coder if r["config"] in POLICY_CONFIGS}
     if tau is None:
@@ -228,7 +274,11 @@ def goal_keys(rows: list[dict], tau: float | None = None) -> dict:
             runs = [r["run"] for r in same if r["config"] in POLICY_CONFIGS and r["tau"] == tau]
             if not runs:
                 continue
-            same = [r for r in same if r["run"] == runs[-1]]
+            exp = next(r.get("experiment") for r in same if r["run"] == runs[-1])
+            pool = {r["run"] for r in same if exp is not None and r.get("experiment") == exp} | {runs[-1]}
+            same = [r for r in same if r["run"] in pool]
+            if len(pool) > 1:
+                same = pooled(same)
             policy = next(r for c in POLICY_CONFIGS for r in same if r["config"] == c and r["tau"] == tau)
             base = [
                 r
@@ -241,7 +291,11 @@ def goal_keys(rows: list[dict], tau: float | None = None) -> dict:
             f = speed(best, policy)
             key = f"policy_over_best_{name}_bs{batch}"
             out[key], out[f"{key}_ci"], out[f"{key}_by_repeat"] = f["ratio"], f["ci"], f["by_repeat"]
-            out[f"{key}_baseline"], out[f"{key}_policy"], out[f"{key}_run"] = best["config"], policy["config"], runs[-1]
+            out[f"{key}_baseline"], out[f"{key}_policy"], out[f"{key}_run"] = (
+                best["config"],
+                policy["config"],
+                policy["run"],
+            )
             if p := speed(best, policy, probe=True):  # the machine's changing speed taken out
                 out[f"{key}_probe"], out[f"{key}_probe_ci"] = p["ratio"], p["ci"]
                 out[f"{key}_probe_by_repeat"] = p["by_repeat"]
@@ -296,7 +350,7 @@ def goal_lines(keys: dict) -> list[str]:
                 text += f"; in probe units {probe}"
             lines.append(
                 f"| {name} | {batch} | {text} | {keys.get(f'{key}_policy', 'adaptive')} | {keys[f'{key}_baseline']} | "
-                f"`{keys.get(f'{key}_run', '—')}` | {met} |"
+                f"{', '.join(f'`{run}`' for run in keys.get(f'{key}_run', '—').split(', '))} | {met} |"
             )
     lines += ["", "| set | pass@1 adaptive | pass@1 target |", "|---|---:|---:|"]
     for name in GOAL_SETS.values():

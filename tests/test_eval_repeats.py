@@ -196,6 +196,42 @@ def test_the_policys_goal_keys_by_hand():
     assert keys["discarded_draft_per_rejection_after_batch"] == 1
 
 
+def test_runs_of_one_experiment_pool_their_repeats_in_the_goals(tmp_path):
+    """A set and batch timed twice with the same settings: the goal's ratio is over both runs'
+    repeats (each run's repeat r beside the same run's repeat r), and a run of other settings
+    given before them is left out."""
+    ba = load_script("bench_adaptive")
+    rows = [
+        _ba_row("token-k4", 1, "test", [[1.0, 1.0], [1.0, 1.0]], run="old", experiment="y"),
+        _ba_row("adaptive-parts", 1, "test", [[9.0, 9.0], [9.0, 9.0]], tau=0.75, run="old", experiment="y"),
+        _ba_row("target", 1, "test", [[5.0, 5.0], [5.0, 5.0]], run="c", experiment="x"),
+        _ba_row("token-k4", 1, "test", [[2.0, 2.0], [2.0, 2.0]], run="c", experiment="x"),
+        _ba_row("adaptive-parts", 1, "test", [[2.0, 2.0], [4.0, 4.0]], tau=0.75, run="c", experiment="x"),
+        _ba_row("target", 1, "test", [[5.0, 5.0], [5.0, 5.0]], run="d", experiment="x"),
+        _ba_row("token-k4", 1, "test", [[3.0, 3.0], [3.0, 3.0]], run="d", experiment="x"),
+        _ba_row("adaptive-parts", 1, "test", [[3.0, 3.0], [3.0, 3.0]], tau=0.75, run="d", experiment="x"),
+    ]  # fmt: skip
+    keys = ba.goal_keys(rows)
+    # k 4 is the best (2.5 s a task over both runs against the target's 5): 20 s over adaptive's 24;
+    # repeats: c's 4 / 4 and 4 / 8, d's 6 / 6 twice
+    assert keys["policy_over_best_mbpp_test_bs1"] == pytest.approx(20 / 24)
+    assert keys["policy_over_best_mbpp_test_bs1_by_repeat"] == pytest.approx([1.0, 0.5, 1.0, 1.0])
+    assert keys["policy_over_best_mbpp_test_bs1_run"] == "c, d"
+    assert "`c`, `d` | **not met** |" in "\n".join(ba.goal_lines(keys))  # repeat 2 of c: 0.5x
+    # the last run alone where the two differ in what they timed
+    keys = ba.goal_keys(rows[:5] + [dict(r, experiment="z") for r in rows[5:]])
+    assert (
+        keys["policy_over_best_mbpp_test_bs1"] == pytest.approx(1.0)
+        and keys["policy_over_best_mbpp_test_bs1_run"] == "d"
+    )
+    # a run's digest is of its saved settings: equal settings, equal digests; none saved, none
+    for name, settings in (("a", {"args": {"batch": 1}}), ("b", {"args": {"batch": 1}}), ("e", {"args": {"batch": 8}})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "timings.jsonl").write_text(json.dumps({"settings": settings}) + "\n")
+    digest = {n: ba.experiment_of(tmp_path / n) for n in "abe"}
+    assert digest["a"] == digest["b"] != digest["e"] and ba.experiment_of(tmp_path) is None
+
+
 def _strip_speeds(summary: dict) -> dict:
     """A summary as eval wrote it before runs kept their repeats: no task_s_repeats, no
     per-repeat speed-ups, the intervals over tasks alone."""
