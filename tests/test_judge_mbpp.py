@@ -219,8 +219,10 @@ def run(tiny_models, tok, hf, tmp_path_factory):
     mp.setattr(jdata, "open_logprob_reader", lambda engine: logprobs)
     mp.setattr(baselines, "open_topk_reader", _topk_reader(models))
     # the data-size curve (no test reads it) at two shares of the tasks, not probe.CURVE_FRACTIONS' five: the
-    # same kind of fits, a third as many (about a quarter of the training's fits otherwise)
+    # same kind of fits, a third as many (about a quarter of the training's fits otherwise); C from three
+    # values, not probe.C_GRID's nine (no test reads which C was chosen)
     mp.setattr(probe, "CURVE_FRACTIONS", (0.5, 1.0))
+    mp.setattr(probe, "C_GRID", (1e-4, 1e-2, 1.0))
     out = root / "out"
     base = [
         "train-judge", "--target", str(models["target"]), "--draft", str(models["draft"]), "--window", "16",

@@ -30,6 +30,9 @@ WINDOW = 16  # answers are ~30 tokens: two or three windows each
 # full share), about a third as many; the curve was over half of a training's fits, and no test reads its
 # points beyond the last (the full share).
 CURVE_FRACTIONS = (0.5, 1.0)
+# and choose C from three values, not probe.C_GRID's nine (every other one where a grid is halved): a
+# third as many fits in each grouped CV; no test here reads which C was chosen
+C_GRID = (1e-4, 1e-2, 1.0)
 
 
 def _answer(k: int, op: str) -> str:
@@ -303,6 +306,7 @@ def trained(tiny_models, script, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setattr(jdata, "open_writer", script.writer)
     mp.setattr(probe, "CURVE_FRACTIONS", CURVE_FRACTIONS)
+    mp.setattr(probe, "C_GRID", C_GRID)
     root = tmp_path_factory.mktemp("judge")
     prompts = _prompt_file(root / "tune.jsonl", range(NUM_TASKS), "t")
     out = root / "out"
@@ -634,6 +638,7 @@ def test_a_rerun_skips_every_stage_and_a_cut_run_resumes_to_the_same_data(traine
     mp.setattr(jdata, "open_writer", no_engine)
     mp.setattr(jdata, "open_reader", no_engine)
     mp.setattr(probe, "CURVE_FRACTIONS", CURVE_FRACTIONS)  # as `trained` ran
+    mp.setattr(probe, "C_GRID", C_GRID)
     before = JudgeHead.load(trained["out"] / "judge_head.safetensors")
     try:
         assert cli.main(_argv(tiny_models, trained["prompts"], trained["out"])) == 0

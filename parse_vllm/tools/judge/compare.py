@@ -42,7 +42,11 @@ FITS_FILE = "baseline_judges.npz"
 JUDGES = ("kl", "suffix_free", "suffix_free_kl", "head_kl")
 SUFFIX_FREE_JUDGES = ("suffix_free", "suffix_free_kl")  # the judges that need no verification pass
 SUFFIX_FREE_MARGIN = 0.02  # a suffix-free judge this close to the head's AUC (or better) would ship
-GRID = probe.C_GRID[::2]  # C for the compared judges and inside the selection-nested folds
+
+
+def grid() -> tuple[float, ...]:
+    """C for the compared judges and inside the selection-nested folds: every other C of probe.C_GRID."""
+    return probe.C_GRID[::2]
 
 
 def available(ex: probe.Examples) -> bool:
@@ -101,8 +105,8 @@ def train(ex: probe.Examples, head_features: tuple[str, ...], log=print, judges=
             continue
         X = ex.features(names)
         with probe.boosting(names, H):
-            oof[name], per_fold = probe.nested_oof(X, ex, grid=GRID)
-            C, _ = probe.choose_c(X, ex, grid=GRID)
+            oof[name], per_fold = probe.nested_oof(X, ex, grid=grid())
+            C, _ = probe.choose_c(X, ex, grid=grid())
             fits[name] = LinearJudge.of(probe.fit(C, X, ex.label, ex.weight), names)
         chosen_c[name] = {"C": C, "C_per_fold": per_fold}
         w, p = probe.kind_aucs(oof[name], ex)
@@ -143,13 +147,13 @@ def load(path: Path) -> tuple[str, dict[str, LinearJudge]]:
 
 def choose_features(ex: probe.Examples, features: str) -> tuple[str, ...]:
     """The head's feature choice (probe.choose_feature_set for a --features mode) made on `ex`
-    alone, each candidate set scored by its best grouped-CV score over GRID (not nested: `ex`
+    alone, each candidate set scored by its best grouped-CV score over grid() (not nested: `ex`
     is already one outer fold's training part)."""
     H = ex.hidden.shape[1]
 
     def cv_score(names: tuple[str, ...]) -> float:
         with probe.boosting(names, H):
-            _, table = probe.choose_c(ex.features(names), ex, grid=GRID)
+            _, table = probe.choose_c(ex.features(names), ex, grid=grid())
         return max(r["score"] for r in table)
 
     return probe.choose_feature_set(ex, features, cv_score)
@@ -167,7 +171,7 @@ def selection_nested_oof(ex: probe.Examples, features: str, log=print) -> tuple[
         keep = choose_features(inner, features)
         X = ex.features(keep)
         with probe.boosting(keep, H):
-            C, _ = probe.choose_c(X[tr], inner, grid=GRID)
+            C, _ = probe.choose_c(X[tr], inner, grid=grid())
             out[te] = probe.fit_score(C, X[tr], ex.label[tr], ex.weight[tr], X[te])
         folds.append({"features": list(keep), "C": C})
         log(f"compare: selection-nested fold {k + 1}/{probe.OUTER_FOLDS}: {','.join(keep)}, C {C:g}")

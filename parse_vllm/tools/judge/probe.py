@@ -280,17 +280,18 @@ def oof(X: np.ndarray, ex: Examples, C: float, folds: int) -> np.ndarray:
     return out
 
 
-def choose_c(X: np.ndarray, ex: Examples, folds: int = INNER_FOLDS, grid=C_GRID) -> tuple[float, list[dict]]:
-    """C of the best grouped-CV AUC (the mean of the whole-answer and prefix AUCs), and the grid's scores."""
+def choose_c(X: np.ndarray, ex: Examples, folds: int = INNER_FOLDS, grid=None) -> tuple[float, list[dict]]:
+    """C of the best grouped-CV AUC (the mean of the whole-answer and prefix AUCs), and the
+    grid's scores (grid: default C_GRID, read at the call, as every grid here is)."""
     table = []
-    for C in grid:
+    for C in C_GRID if grid is None else grid:
         w, p = kind_aucs(oof(X, ex, C, folds), ex)
         table.append({"C": C, "auc_whole": w, "auc_prefix": p, "score": _mean([w, p])})
     best = max(table, key=lambda r: (r["score"], -r["C"]))
     return best["C"], table
 
 
-def nested_oof(X: np.ndarray, ex: Examples, grid=C_GRID) -> tuple[np.ndarray, list[float]]:
+def nested_oof(X: np.ndarray, ex: Examples, grid=None) -> tuple[np.ndarray, list[float]]:
     """Out-of-fold decision values [N] where each outer fold's C was chosen on the other folds."""
     from sklearn.model_selection import GroupKFold
 
