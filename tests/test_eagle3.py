@@ -202,9 +202,13 @@ def _head_setup(worker):
 def test_the_head_is_warmed_up_and_given_cuda_graph_keys_beside_vllms_drafter(tiny_models, tiny_head):
     """vLLM warms up, profiles and captures only its own drafter; the head rides along in
     the same runs (on a GPU: compiled before the first request, captured in CUDA graphs).
-    Here with compilation on, as a GPU engine runs: vLLM's CPU worker warms up then."""
+    Here with compilation on, as a GPU engine runs: vLLM's CPU worker warms up then. The
+    model is traced by Dynamo once and run by the eager backend (mode DYNAMO_TRACE_ONCE, which
+    the CPU platform keeps as given, where it turns VLLM_COMPILE into Inductor's C++ build):
+    the warm-up runs the same, without half a minute of code generation."""
     kw = _with_proposer(tiny_models, {"method": "eagle3", "model": str(tiny_head)}, threshold=1.5)
-    llm = make_llm(**{**kw, "enforce_eager": False})
+    compile_eager = {"mode": 2, "backend": "eager"}  # CompilationMode.DYNAMO_TRACE_ONCE
+    llm = make_llm(**{**kw, "enforce_eager": False, "compilation_config": compile_eager})
     try:
         ((dummy_runs, keys_initialized),) = llm.collective_rpc(_head_setup)
         assert dummy_runs >= 1 and keys_initialized
