@@ -165,8 +165,9 @@ def summarize(results: list[dict]) -> dict:
     }
 
 
-def server_argv(pair: dict, batch: int, port: int, with_parse: bool) -> tuple[list[str], str, float]:
-    """(the serve command, its model name, the preset's τ)."""
+def server_argv(pair: dict, batch: int, port: int, with_parse: bool) -> tuple[list[str], str]:
+    """(the serve command, its model name). PARSE-on requests name no τ: the server's is the
+    preset's (a number, or `head`: its judge head's τ_head)."""
     preset = load_preset(ROOT / pair["preset"])
     parse = {**preset.parse, **(pair.get("parse_options") or {})}
     target, draft = pair.get("models") or _paths(pair)
@@ -178,7 +179,13 @@ def server_argv(pair: dict, batch: int, port: int, with_parse: bool) -> tuple[li
         spec = {**preset.speculative_config, "model": str(draft)}
         flags += ["--speculative-config", json.dumps(spec), "--additional-config", json.dumps({"parse": parse})]
     cmd = [sys.executable, "-m", "parse_vllm.cli", "serve", *flags]
-    return cmd, str(target), float(parse.get("threshold", 0.5))
+    return cmd, str(target)
+
+
+def request_xargs(engine: str, job: dict) -> dict | None:
+    """A request's vllm_xargs: PARSE off where the schedule says so; nothing for PARSE-on
+    requests (the server's τ, the preset's) or on the target alone."""
+    return {"parse": False} if engine == "parse" and not job["parse"] else None
 
 
 def measure_pair(
@@ -194,15 +201,13 @@ def measure_pair(
         row: dict = {"schedule": jobs}
         for engine in ("parse", "target"):
             port = free_port()
-            cmd, model, tau = server_argv(pair, batch, port, engine == "parse")
+            cmd, model = server_argv(pair, batch, port, engine == "parse")
             log = Path(tempfile.mkstemp(suffix=f"-{name}-{engine}-bs{batch}.log")[1])
             with ServerProcess(cmd, log, f"http://127.0.0.1:{port}", env=env, timeout=900) as server:
                 warm = [{"idx": -1, "at": 0.0, "question": QUESTIONS[0], "parse": engine == "parse"}]
 
-                def xargs_of(job, engine=engine, tau=tau):
-                    if engine == "target":
-                        return None
-                    return {"parse_threshold": tau} if job["parse"] else {"parse": False}
+                def xargs_of(job, engine=engine):
+                    return request_xargs(engine, job)
 
                 asyncio.run(run_schedule(server.base, model, warm, 8, xargs_of))
                 results = asyncio.run(run_schedule(server.base, model, jobs, pair["max_tokens"], xargs_of))

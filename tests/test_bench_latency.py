@@ -44,6 +44,21 @@ def test_figures_count_gaps_between_chunks():
     assert s["all"]["tokens"] == 13 and s["throughput_tok_s"] == pytest.approx(13 / 4.0)
 
 
+def test_a_preset_with_the_heads_tau_serves_it_and_requests_name_none(tmp_path):
+    """The Coder preset's τ is `head` (its judge head's τ_head): the server gets it as the
+    preset says, and a PARSE-on request names no τ of its own; PARSE-off ones turn PARSE off."""
+    mod = _module()
+    pair = {**mod.PAIRS["coder"], "models": (tmp_path / "target", tmp_path / "draft")}
+    cmd, model = mod.server_argv(pair, 8, 8000, True)
+    assert json.loads(cmd[cmd.index("--additional-config") + 1])["parse"]["threshold"] == "head"
+    assert model == str(tmp_path / "target") and cmd[cmd.index("--max-num-seqs") + 1] == "8"
+    assert mod.request_xargs("parse", {"parse": True}) is None
+    assert mod.request_xargs("parse", {"parse": False}) == {"parse": False}
+    assert mod.request_xargs("target", {"parse": False}) is None
+    plain, _ = mod.server_argv(pair, 8, 8000, False)
+    assert "--speculative-config" not in plain and "--additional-config" not in plain
+
+
 @pytest.mark.slow
 def test_the_benchmark_runs_both_servers_and_compares(tiny_models, tmp_path):
     cmd = [sys.executable, str(SCRIPT), "--pairs", "smollm2", "--batches", "2", "--out", str(tmp_path)]
