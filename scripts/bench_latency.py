@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -206,9 +207,7 @@ def measure_pair(
             with ServerProcess(cmd, log, f"http://127.0.0.1:{port}", env=env, timeout=900) as server:
                 warm = [{"idx": -1, "at": 0.0, "question": QUESTIONS[0], "parse": engine == "parse"}]
 
-                def xargs_of(job, engine=engine):
-                    return request_xargs(engine, job)
-
+                xargs_of = functools.partial(request_xargs, engine)
                 asyncio.run(run_schedule(server.base, model, warm, 8, xargs_of))
                 results = asyncio.run(run_schedule(server.base, model, jobs, pair["max_tokens"], xargs_of))
                 row[engine] = {"figures": summarize(results), "requests": results}

@@ -287,7 +287,7 @@ def close_llm(llm) -> None:
         pass
     del llm
     gc.collect()
-    gc.freeze()  # the next engine's start collects over what is left (pytest_runtest_setup)
+    gc.freeze()  # as pytest_runtest_setup does: the next engine in this test starts over a frozen heap
 
 
 def finish_engine_steps(llm, timeout: float = 30.0) -> None:
